@@ -1,0 +1,101 @@
+"""Program + code images -> .svod bytes (format 1; docs/bundle-format.md).
+
+Deterministic: no timestamps, no paths, no dict ordering left to chance; the same model and options
+with the same compiler version give the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import msgpack
+import numpy as np
+import zstandard
+
+from svodc import __version__
+from svodc.codegen.link import CodeImage
+from svodc.program import Buffer, BufferKind, Program
+from svodc.target import Target
+from svodrt import features as feature_table
+from svodrt.format import (
+    FLAG_MANIFEST_ZSTD,
+    FORMAT_MAJOR,
+    FORMAT_MINOR,
+    HEADER_SIZE,
+    Header,
+    align_up,
+)
+
+ZSTD_LEVEL = 10
+
+
+def _buffer_entry(b: Buffer) -> dict:
+    entry = {"id": b.id, "kind": b.kind.value, "name": b.name, "dtype": b.dtype.name, "shape": list(b.shape)}
+    if b.kind in (BufferKind.INPUT, BufferKind.OUTPUT):
+        entry["slot"] = b.slot
+    else:
+        entry["offset"] = b.offset
+    return entry
+
+
+def _weights_blob(program: Program) -> bytes:
+    blob = bytearray(program.weights_size)
+    for w in program.weights:
+        assert w.data is not None
+        raw = np.ascontiguousarray(w.data.array).astype(w.data.array.dtype.newbyteorder("<"), copy=False)
+        data = raw.tobytes()
+        blob[w.offset: w.offset + len(data)] = data
+    return bytes(blob)
+
+
+def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model_digest: str,
+                 extra: dict | None = None) -> bytes:
+    sections: list[tuple[dict, bytes]] = []
+    weights = _weights_blob(program)
+    sections.append(({"name": "weights", "kind": "weights"}, weights))
+    variants = []
+    for target, image in images:
+        sections.append(({"name": f"code.{target.arch}.{target.cpu}", "kind": "code"}, image.data))
+        variants.append({
+            "arch": target.arch,
+            "cpu": target.cpu,
+            "features": list(target.features),
+            "feature_bits": feature_table.to_bits(target.arch, target.features),
+            "section": len(sections) - 1,
+            "entry": image.symbols["svod_entry"],
+            "kernels": [image.symbols[k.name] for k in program.kernels],
+            "fixups": list(image.fixups),
+        })
+
+    out = bytearray(HEADER_SIZE)
+    table = []
+    for meta, data in sections:
+        offset = align_up(len(out))
+        out += bytes(offset - len(out))
+        out += data
+        table.append({**meta, "offset": offset, "length": len(data), "sha256": hashlib.sha256(data).digest()})
+
+    manifest = {
+        "format": [FORMAT_MAJOR, FORMAT_MINOR],
+        "producer": {"name": "svodc", "version": __version__},
+        "model": {"sha256": model_digest, "producer": program.producer},
+        "byte_order": "little",
+        "inputs": [_buffer_entry(b) for b in program.inputs],
+        "outputs": [_buffer_entry(b) for b in program.outputs],
+        "arena_size": program.arena_size,
+        "weights_size": program.weights_size,
+        "sections": table,
+        "variants": variants,
+        "buffers": [_buffer_entry(b) for b in program.weights + program.scratch],
+        "kernels": [{"name": k.name, "params": [b.id for b in k.params], "provenance": k.provenance}
+                    for k in program.kernels],
+        **(extra or {}),
+    }
+    raw = msgpack.packb(manifest, use_bin_type=True)
+    stored = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True).compress(raw)
+    manifest_offset = len(out)
+    out += stored
+    header = Header(FORMAT_MAJOR, FORMAT_MINOR, HEADER_SIZE, FLAG_MANIFEST_ZSTD, 0, len(out), manifest_offset,
+                    len(stored), len(raw), hashlib.sha256(raw).digest()[:8])
+    out[:HEADER_SIZE] = header.pack()
+    return bytes(out)

@@ -1,0 +1,107 @@
+"""svodc command line: compile and inspect.
+
+Errors print one line and exit non-zero; --debug shows the full traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from svodc.errors import SvodcError
+
+
+def _pairs(values: tuple[str, ...], what: str) -> list[tuple[str, str]]:
+    out = []
+    for v in values:
+        name, sep, val = v.rpartition("=")
+        if not sep or not name or not val:
+            raise click.BadParameter(f"{v!r}: expected NAME=VALUE", param_hint=what)
+        out.append((name, val))
+    return out
+
+
+def _int(v: str, what: str) -> int:
+    try:
+        n = int(v)
+    except ValueError:
+        raise click.BadParameter(f"{v!r} is not an integer", param_hint=what) from None
+    if n < 0:
+        raise click.BadParameter(f"{v!r} must be >= 0", param_hint=what)
+    return n
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (SvodcError, OSError) as e:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            click.echo(f"svodc: error: {e}", err=True)
+            sys.exit(1)
+        except Exception as e:
+            from svodrt.errors import SvodError
+
+            if isinstance(e, SvodError) and not (ctx.obj and ctx.obj.get("debug")):
+                click.echo(f"svodc: error: {e}", err=True)
+                sys.exit(1)
+            raise
+
+
+@click.group(cls=_Group)
+@click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
+@click.version_option(package_name="svod", prog_name="svodc")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """Svod ahead-of-time compiler: ONNX model -> .svod bundle."""
+    ctx.obj = {"debug": debug}
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Bundle path (default: MODEL with .svod).")
+@click.option("--target", default="host", show_default=True,
+              help="host, or x86_64-linux-gnu[:CPU[,CPU...]] (one code variant per CPU).")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Fix a symbolic input dimension.")
+@click.option("--input-shape", "shapes", multiple=True, metavar="NAME=DxDx...", help="Fix an input's shape.")
+@click.option("-O", "opt_level", type=click.IntRange(0, 3), default=3, show_default=True, help="LLVM opt level.")
+@click.option("-j", "--jobs", type=click.IntRange(0), default=0, help="Compile workers (0: one per core).")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing on success.")
+def compile(model: str, output: str | None, target: str, dims: tuple[str, ...], shapes: tuple[str, ...],
+            opt_level: int, jobs: int, quiet: bool) -> None:
+    """Compile MODEL (.onnx) into a .svod bundle."""
+    from svodc.api import compile_to_file
+    from svodc.options import CompileOptions
+
+    dim_map = {n: _int(v, "--dim") for n, v in _pairs(dims, "--dim")}
+    shape_map = {}
+    for n, v in _pairs(shapes, "--input-shape"):
+        shape_map[n] = tuple(_int(d, "--input-shape") for d in v.lower().split("x"))
+    out = Path(output) if output else Path(model).with_suffix(".svod")
+    options = CompileOptions(dims=dim_map, input_shapes=shape_map, opt_level=opt_level, jobs=jobs)
+    t0 = time.perf_counter()
+
+    def progress(stage: str) -> None:
+        if not quiet:
+            click.echo(f"  {stage} ({time.perf_counter() - t0:.2f}s)", err=True)
+
+    path = compile_to_file(model, out, target=target, options=options, progress=progress)
+    if not quiet:
+        click.echo(f"wrote {path} ({path.stat().st_size:,} bytes) in {time.perf_counter() - t0:.2f}s")
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(exists=True, dir_okay=False))
+def inspect(bundle: str) -> None:
+    """Describe a bundle: inputs, outputs, code variants, kernels, memory."""
+    from svodrt.describe import describe
+
+    click.echo(describe(bundle, verbose=True))
+
+
+if __name__ == "__main__":
+    main()

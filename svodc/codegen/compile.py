@@ -1,0 +1,149 @@
+"""LLVM IR -> object code in worker processes, then our linker -> one code image per target.
+
+LLVM aborts the process on a fatal error, so it never runs in the compiler's own process: kernels
+are compiled in a pool of workers, in chunks (which also uses every core). A worker that dies
+becomes a CodegenError naming the kernels it was compiling.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+
+from svodc.codegen.elf import read_object
+from svodc.codegen.link import CodeImage, link
+from svodc.codegen.module import ENTRY, entry_module, kernel_module
+from svodc.codegen.transcendental import pm_transcendental
+from svodc.errors import CodegenError
+from svodc.ir.rewrite import debug_level, graph_rewrite
+from svodc.ir.symbolic import pm_symbolic
+from svodc.options import CompileOptions
+from svodc.program import Kernel, Program
+from svodc.target import Target
+
+
+@dataclass(frozen=True)
+class LLVMJob:
+    name: str
+    ir: str
+    triple: str
+    cpu: str
+    features: str
+    opt_level: int
+    codemodel: str
+    want_asm: bool
+
+
+def _llvm_init():
+    import llvmlite.binding as llvm
+
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    return llvm
+
+
+def compile_llvm(job: LLVMJob) -> tuple[bytes, str]:
+    """Run in a worker: parse, optimize, emit an ELF object (and assembly text when asked)."""
+    llvm = _llvm_init()
+    try:
+        mod = llvm.parse_assembly(job.ir)
+        mod.verify()
+    except RuntimeError as e:
+        raise CodegenError(f"LLVM rejected the IR of {job.name}: {e}") from None
+    tm = llvm.Target.from_triple(job.triple).create_target_machine(
+        cpu=job.cpu, features=job.features, opt=job.opt_level, reloc="pic", codemodel=job.codemodel)
+    if job.opt_level > 0:
+        pto = llvm.create_pipeline_tuning_options(speed_level=job.opt_level)
+        pto.loop_vectorization = True
+        pto.slp_vectorization = True
+        pb = llvm.create_pass_builder(tm, pto)
+        pb.getModulePassManager().run(mod, pb)
+    asm = ""
+    if job.want_asm:
+        asm = tm.emit_assembly(llvm.parse_assembly(str(mod)))  # emitting mutates a module: use a copy
+    return tm.emit_object(mod), asm
+
+
+def prepare_kernel(kernel: Kernel) -> Kernel:
+    """Target-level rewrites on a kernel's loop AST before emission."""
+    ast = graph_rewrite(kernel.ast, pm_transcendental)
+    ast = graph_rewrite(ast, pm_symbolic)
+    return Kernel(kernel.name, ast, kernel.params, kernel.provenance)
+
+
+def _chunks(items: list, n: int) -> list[list]:
+    n = max(1, min(n, len(items)))
+    return [items[i::n] for i in range(n)]
+
+
+def compile_program(program: Program, target: Target, options: CompileOptions) -> CodeImage:
+    kernels = [prepare_kernel(k) for k in program.kernels]
+    nin = len(program.inputs)
+    jobs_n = options.jobs or os.cpu_count() or 1
+    dbg = debug_level()
+    jobs = []
+    for i, chunk in enumerate(_chunks(kernels, jobs_n * 2)):
+        jobs.append(LLVMJob(f"kernels[{', '.join(k.name for k in chunk[:4])}{'...' if len(chunk) > 4 else ''}]",
+                            kernel_module(chunk, nin, target, f"chunk{i}"), target.triple, target.llvm_cpu,
+                            target.llvm_features, options.opt_level, target.codemodel, dbg >= 4))
+    jobs.append(LLVMJob("entry", entry_module([k.name for k in kernels], target), target.triple, target.llvm_cpu,
+                        target.llvm_features, options.opt_level, target.codemodel, dbg >= 4))
+    if dbg >= 3:
+        for j in jobs:
+            print(f"===== LLVM IR {j.name} =====\n{j.ir}", file=sys.stderr)
+    results = run_jobs(jobs, jobs_n)
+    if dbg >= 4:
+        for j, (_, asm) in zip(jobs, results, strict=True):
+            print(f"===== assembly {j.name} =====\n{asm}", file=sys.stderr)
+    objects = [read_object(obj, j.name) for j, (obj, _) in zip(jobs, results, strict=True)]
+    return link(objects, [ENTRY, *(k.name for k in kernels)])
+
+
+def run_jobs(jobs: list[LLVMJob], workers: int) -> list[tuple[bytes, str]]:
+    """Compile jobs in `workers` fresh worker processes; results in job order."""
+    groups = _chunks(list(range(len(jobs))), workers)
+    results: list[tuple[bytes, str] | None] = [None] * len(jobs)
+
+    def run_group(indices: list[int]) -> None:
+        proc = subprocess.Popen([sys.executable, "-m", "svodc.codegen.worker"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        feeder = threading.Thread(target=_feed, args=(proc, pickle.dumps([jobs[i] for i in indices])))
+        feeder.start()
+        done = 0
+        for i in indices:
+            head = proc.stdout.read(8)
+            if len(head) < 8:
+                break
+            msg = pickle.loads(proc.stdout.read(struct.unpack("<Q", head)[0]))
+            if msg[0] == "error":
+                proc.kill()
+                raise CodegenError(msg[1])
+            results[i] = (msg[1], msg[2])
+            done += 1
+        feeder.join()
+        err = proc.stderr.read().decode(errors="replace").strip()
+        code = proc.wait()
+        if done < len(indices):
+            job = jobs[indices[done]]
+            raise CodegenError(f"LLVM crashed while compiling {job.name} (worker exit code {code}): "
+                               f"{err.splitlines()[-1] if err else 'no message'}; rerun with SVOD_DEBUG=3 to see "
+                               "the IR, and please report it")
+
+    with cf.ThreadPoolExecutor(max_workers=len(groups)) as pool:
+        for fut in [pool.submit(run_group, g) for g in groups]:
+            fut.result()
+    return results  # type: ignore[return-value]
+
+
+def _feed(proc: subprocess.Popen, data: bytes) -> None:
+    try:
+        proc.stdin.write(data)
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass

@@ -1,0 +1,210 @@
+"""Loop-level kernel AST -> LLVM IR text.
+
+Structure of the emitted code: each loop is a scope holding a list of lines; a closed loop is
+rendered into its parent's lines. Every value is emitted into the outermost scope where all the
+loop indices it depends on are defined (its "free" ranges), so loop-invariant work -- including a
+whole LOOP_REDUCE -- sits outside the loops it does not depend on, and a reduction shared by many
+output elements is computed once per the loops it needs. Values are cached per scope (common
+subexpressions are emitted once).
+
+Loop counters and accumulators live in allocas in the entry block; LLVM's mem2reg turns them into
+SSA phis, which keeps this emitter free of phi bookkeeping.
+
+The kernel function: `void @NAME(ptr %bufs, ptr %dims, i32 %thread, i32 %nthreads)`. It computes
+its parameter pointers from the call's buffer table (inputs, outputs, arena, weights) and calls the
+body `@NAME.body(ptr noalias %p0, ..., i32 %thread, i32 %nthreads)`: distinct live buffers never
+overlap (the memory plan guarantees it), so `noalias` is true and lets LLVM vectorize.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from svodc.codegen.llvm_types import const, ltype, mem_type
+from svodc.ir.dtypes import dtypes
+from svodc.ir.ops import Ops, ParamArg, RangeArg, RangeKind
+from svodc.ir.uop import UOp, toposort
+from svodc.program import Buffer, BufferKind, Kernel
+
+FN_ATTRS = 'nounwind "no-builtins" "frame-pointer"="none"'
+
+
+@dataclass(eq=False)
+class Scope:
+    range: UOp | None
+    lines: list[str] = field(default_factory=list)
+    cache: dict[UOp, str] = field(default_factory=dict)
+    ivar: str = ""  # the loop index value inside the loop
+    ivar_ptr: str = ""
+    start: str = "0"
+    end: str = "0"
+
+
+class KernelEmitter:
+    def __init__(self, name: str, ast: UOp):
+        self.name = name
+        self.ast = ast
+        self._n = 0
+        self.allocas: list[str] = []
+        self.stack: list[Scope] = [Scope(None)]
+        self.range_pos: dict[UOp, int] = {}
+        self.free: dict[UOp, frozenset[UOp]] = {}
+        self.params: dict[int, str] = {}
+        self.uses_intrinsics: set[str] = set()
+        for n in toposort([ast]):
+            if n.op is Ops.RANGE:
+                self.free[n] = frozenset({n})
+            elif n.op is Ops.LOOP_REDUCE:
+                self.free[n] = self.free[n.src[0]] - frozenset(n.src[1:])
+            else:
+                self.free[n] = frozenset().union(*(self.free[s] for s in n.src)) if n.src else frozenset()
+
+    def fresh(self, hint: str = "v") -> str:
+        self._n += 1
+        return f"%{hint}{self._n}"
+
+    # ------------------------------------------------------------------ scopes and loops
+    def open_loop(self, r: UOp, start: str, end: str) -> None:
+        ptr = self.fresh("i.addr")
+        self.allocas.append(f"{ptr} = alloca i64")
+        scope = Scope(r, ivar=self.fresh("i"), ivar_ptr=ptr, start=start, end=end)
+        self.range_pos[r] = len(self.stack)
+        self.stack.append(scope)
+
+    def close_loop(self) -> None:
+        s = self.stack.pop()
+        del self.range_pos[s.range]
+        k = self._n = self._n + 1
+        head, body, done, nxt, cond = f"L{k}.head", f"L{k}.body", f"L{k}.done", f"%i.next{k}", f"%c{k}"
+        parent = self.stack[-1].lines
+        parent += [f"  store i64 {s.start}, ptr {s.ivar_ptr}", f"  br label %{head}", f"{head}:",
+                   f"  {s.ivar} = load i64, ptr {s.ivar_ptr}", f"  {cond} = icmp slt i64 {s.ivar}, {s.end}",
+                   f"  br i1 {cond}, label %{body}, label %{done}", f"{body}:"]
+        parent += s.lines
+        parent += [f"  {nxt} = add nsw i64 {s.ivar}, 1", f"  store i64 {nxt}, ptr {s.ivar_ptr}",
+                   f"  br label %{head}", f"{done}:"]
+
+    def target_scope(self, n: UOp) -> Scope:
+        free = self.free[n]
+        depth = max((self.range_pos[r] for r in free), default=0)
+        return self.stack[depth]
+
+    def emit_line(self, scope: Scope, rhs: str, hint: str = "v") -> str:
+        v = self.fresh(hint)
+        scope.lines.append(f"  {v} = {rhs}")
+        return v
+
+    # ------------------------------------------------------------------ values
+    def value(self, n: UOp) -> str:
+        if n.op is Ops.CONST:
+            return const(n.dtype, n.arg)
+        if n.op is Ops.PARAM:
+            assert isinstance(n.arg, ParamArg)
+            return f"%p{n.arg.index}"
+        if n.op is Ops.RANGE:
+            return self.stack[self.range_pos[n]].ivar
+        scope = self.target_scope(n)
+        hit = scope.cache.get(n)
+        if hit is not None:
+            return hit
+        if n.op is Ops.LOOP_REDUCE:
+            v = self.emit_reduce(n, scope)
+        else:
+            from svodc.codegen.llvm_alu import emit_alu
+
+            v = emit_alu(self, scope, n, [self.value(s) for s in n.src])
+        scope.cache[n] = v
+        return v
+
+    def emit_reduce(self, n: UOp, scope: Scope) -> str:
+        from svodc.codegen.llvm_alu import combine, reduce_init
+
+        acc = self.fresh("acc")
+        t = ltype(n.dtype)
+        self.allocas.append(f"{acc} = alloca {t}")
+        scope.lines.append(f"  store {t} {reduce_init(n)}, ptr {acc}")
+        depth = self.stack.index(scope)
+        saved_stack, saved_pos = self.stack, self.range_pos
+        self.stack = self.stack[: depth + 1]
+        self.range_pos = {r: p for r, p in saved_pos.items() if p <= depth}
+        for r in n.src[1:]:
+            self.open_loop(r, "0", self.value(r.src[0]))
+        inner = self.value(n.src[0])
+        body = self.stack[-1]
+        cur = self.emit_line(body, f"load {t}, ptr {acc}")
+        new = combine(self, body, n, cur, inner)
+        body.lines.append(f"  store {t} {new}, ptr {acc}")
+        for _ in n.src[1:]:
+            self.close_loop()
+        self.stack, self.range_pos = saved_stack, saved_pos
+        return self.emit_line(scope, f"load {t}, ptr {acc}")
+
+    def emit_store(self, store: UOp) -> None:
+        buf, idx, val = store.src
+        ranges = sorted(self.free[store], key=lambda r: r.arg.id)
+        for r in ranges:
+            assert isinstance(r.arg, RangeArg)
+            end = self.value(r.src[0])
+            if r.arg.kind is RangeKind.PARALLEL:
+                start, stop = self.thread_split(end)
+                self.open_loop(r, start, stop)
+            else:
+                self.open_loop(r, "0", end)
+        v = self.value(val)
+        i = self.value(idx)
+        scope = self.stack[-1]
+        ptr = self.emit_line(scope, f"getelementptr inbounds {mem_type(val.dtype)}, ptr {self.value(buf)}, i64 {i}",
+                             "ptr")
+        if val.dtype is dtypes.bool:
+            v = self.emit_line(scope, f"zext i1 {v} to i8")
+        scope.lines.append(f"  store {mem_type(val.dtype)} {v}, ptr {ptr}")
+        for _ in ranges:
+            self.close_loop()
+
+    def thread_split(self, total: str) -> tuple[str, str]:
+        """This thread's share [start, stop) of a parallel loop of `total` iterations."""
+        top = self.stack[0]
+        t = self.emit_line(top, "sext i32 %thread to i64")
+        nt = self.emit_line(top, "sext i32 %nthreads to i64")
+        t1 = self.emit_line(top, f"add nsw i64 {t}, 1")
+        a = self.emit_line(top, f"mul nsw i64 {total}, {t}")
+        b = self.emit_line(top, f"mul nsw i64 {total}, {t1}")
+        return self.emit_line(top, f"sdiv i64 {a}, {nt}"), self.emit_line(top, f"sdiv i64 {b}, {nt}")
+
+    # ------------------------------------------------------------------ the function
+    def render_body(self, nparams: int) -> str:
+        for store in self.ast.src:
+            self.emit_store(store)
+        params = ", ".join(f"ptr noalias %p{i}" for i in range(nparams))
+        lines = [f"define internal void @{self.name}.body({params}, i32 %thread, i32 %nthreads) #0 {{",
+                 "entry:", *[f"  {a}" for a in self.allocas], *self.stack[0].lines, "  ret void", "}"]
+        return "\n".join(lines)
+
+
+def param_pointer(buf: Buffer, nin: int) -> tuple[int, int]:
+    """(index in the buffer table, byte offset) where a kernel parameter lives.
+    Table layout, fixed by the entry ABI: [0] arena, [1] weights, [2 .. 2+nin) inputs, then outputs."""
+    if buf.kind is BufferKind.SCRATCH:
+        return 0, buf.offset
+    if buf.kind is BufferKind.WEIGHT:
+        return 1, buf.offset
+    if buf.kind is BufferKind.INPUT:
+        return 2 + buf.slot, 0
+    return 2 + nin + buf.slot, 0
+
+
+def render_kernel(kernel: Kernel, nin: int) -> tuple[str, set[str]]:
+    """The kernel's body function and its buffer-table wrapper, and the intrinsics they declare."""
+    em = KernelEmitter(kernel.name, kernel.ast)
+    body = em.render_body(len(kernel.params))
+    lines = [f"define void @{kernel.name}(ptr %bufs, ptr %dims, i32 %thread, i32 %nthreads) #0 {{", "entry:"]
+    args = []
+    for i, buf in enumerate(kernel.params):
+        slot, offset = param_pointer(buf, nin)
+        lines.append(f"  %s{i} = getelementptr inbounds ptr, ptr %bufs, i64 {slot}")
+        lines.append(f"  %b{i} = load ptr, ptr %s{i}")
+        lines.append(f"  %a{i} = getelementptr inbounds i8, ptr %b{i}, i64 {offset}")
+        args.append(f"ptr %a{i}")
+    lines.append(f"  call void @{kernel.name}.body({', '.join(args)}, i32 %thread, i32 %nthreads)")
+    lines += ["  ret void", "}"]
+    return body + "\n\n" + "\n".join(lines), em.uses_intrinsics

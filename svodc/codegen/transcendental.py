@@ -1,0 +1,247 @@
+"""Transcendental functions as polynomial rewrites in the IR.
+
+A code image may not call libm (it has no symbols to call), and LLVM's exp/log/sin intrinsics become
+libm calls on CPUs (and abort on NVPTX). So EXP, EXP2, LOG, LOG2, POW, TANH, ERF, SIN, TRUNC and
+FLOOR are rewritten here into +, *, comparisons, selects and bit manipulation, which every backend
+compiles inline.
+
+float32 follows the Cephes single-precision algorithms (range reduction + minimax polynomial, about
+1-2 ulp); float64 EXP/LOG use Taylor series on a reduced range to double precision; other float64
+functions and float16 compute in float32 (float16 loses nothing by it).
+
+Invariants: NaN in gives NaN out; +-inf and zeros give the IEEE results; no float->int conversion
+of an out-of-range value (CAST is saturating in the IR, and inputs are clamped first).
+"""
+
+from __future__ import annotations
+
+import math
+
+from svodc.ir.dtypes import DType, dtypes
+from svodc.ir.ops import Ops
+from svodc.ir.pattern import PatternMatcher, UPat
+from svodc.ir.uop import UOp
+
+F32, F64, I32, I64 = dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64
+
+
+def _c(x: UOp, v: float) -> UOp:
+    return UOp.const(x.dtype, v)
+
+
+def poly(x: UOp, coeffs: list[float]) -> UOp:
+    """Horner: coeffs[0]*x^(n-1) + ... + coeffs[-1]."""
+    acc = _c(x, coeffs[0])
+    for c in coeffs[1:]:
+        acc = acc * x + _c(x, c)
+    return acc
+
+
+def _bits_int(dt: DType) -> DType:
+    return I32 if dt is F32 else I64
+
+
+def _mantissa_bits(dt: DType) -> int:
+    return 23 if dt is F32 else 52
+
+
+def _exp_bias(dt: DType) -> int:
+    return 127 if dt is F32 else 1023
+
+
+def pow2i(k: UOp, dt: DType) -> UOp:
+    """2**k for an integer k in the normal exponent range of dt, built from its bits."""
+    it = _bits_int(dt)
+    biased = k.cast(it) + UOp.const(it, _exp_bias(dt))
+    return UOp(Ops.BITCAST, dt, (biased * UOp.const(it, 1 << _mantissa_bits(dt)),))
+
+
+def round_nearest(x: UOp) -> UOp:
+    """Round to nearest (ties to even) for |x| < 2**22 (f32) / 2**51 (f64): the add-magic trick."""
+    magic = _c(x, 12582912.0 if x.dtype is F32 else 6755399441055744.0)
+    return (x + magic) - magic
+
+
+def scale_by_pow2(p: UOp, n: UOp) -> UOp:
+    """p * 2**n for integral n in [-2*emax, 2*emax], in two steps so each factor is a normal number."""
+    it = _bits_int(p.dtype)
+    ni = n.cast(it)
+    n1 = ni // UOp.const(it, 2)  # IDIV floors
+    n2 = ni - n1
+    return p * pow2i(n1, p.dtype) * pow2i(n2, p.dtype)
+
+
+def exp_f32(x: UOp) -> UOp:
+    xc = x.maximum(_c(x, -104.0)).minimum(_c(x, 89.0))
+    n = round_nearest(xc * _c(x, 1.4426950408889634))
+    r = xc - n * _c(x, 0.693359375) - n * _c(x, -2.12194440e-4)
+    p = poly(r, [1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
+                 5.0000001201e-1]) * (r * r) + r + _c(x, 1.0)
+    return scale_by_pow2(p, n)
+
+
+def exp_f64(x: UOp) -> UOp:
+    xc = x.maximum(_c(x, -746.0)).minimum(_c(x, 710.0))
+    n = round_nearest(xc * _c(x, 1.4426950408889634))
+    r = xc - n * _c(x, 6.93147180369123816490e-01) - n * _c(x, 1.90821492927058770002e-10)
+    p = poly(r, [1 / math.factorial(k) for k in range(13, -1, -1)])
+    return scale_by_pow2(p, n)
+
+
+def exp(x: UOp) -> UOp:
+    return exp_f32(x) if x.dtype is F32 else exp_f64(x)
+
+
+def exp2(x: UOp) -> UOp:
+    hi = 129.0 if x.dtype is F32 else 1025.0
+    xc = x.maximum(_c(x, -hi - 22)).minimum(_c(x, hi))
+    n = round_nearest(xc)
+    f = (xc - n) * _c(x, math.log(2))
+    return scale_by_pow2(exp(f), n)
+
+
+def _frexp_normalized(x: UOp) -> tuple[UOp, UOp]:
+    """For x > 0: (m, e) with x = m * 2**e, m in [sqrt(1/2), sqrt(2)), e integral (as a float)."""
+    dt, it = x.dtype, _bits_int(x.dtype)
+    mb = _mantissa_bits(dt)
+    tiny = x.lt(_c(x, 2.0 ** (-126 if dt is F32 else -1022)))
+    xs = tiny.where(x * _c(x, 2.0 ** mb), x)  # subnormals: scale into the normal range
+    bits = UOp(Ops.BITCAST, it, (xs,))
+    e = (bits // UOp.const(it, 1 << mb)).alu(Ops.AND, UOp.const(it, (1 << (dt.bits - mb - 1)) - 1))
+    e = e - UOp.const(it, _exp_bias(dt) - 1)  # so that m is in [0.5, 1)
+    half_bits = UOp.const(it, (_exp_bias(dt) - 1) << mb)
+    mant_mask = UOp.const(it, (1 << mb) - 1)
+    m = UOp(Ops.BITCAST, dt, (bits.alu(Ops.AND, mant_mask).alu(Ops.OR, half_bits),))
+    ef = e.cast(dt) - tiny.where(_c(x, float(mb)), _c(x, 0.0))
+    low = m.lt(_c(x, math.sqrt(0.5)))
+    m = low.where(m + m, m)
+    ef = low.where(ef - _c(x, 1.0), ef)
+    return m, ef
+
+
+def _log_special(x: UOp, y: UOp) -> UOp:
+    nan, inf = _c(x, math.nan), _c(x, math.inf)
+    y = x.eq(_c(x, math.inf)).where(inf, y)
+    y = x.eq(_c(x, 0.0)).where(_c(x, -math.inf), y)
+    y = x.lt(_c(x, 0.0)).where(nan, y)
+    return x.ne(x).where(x, y)
+
+
+def log(x: UOp) -> UOp:
+    finite_pos = _c(x, 0.0).lt(x).alu(Ops.AND, x.lt(_c(x, math.inf)))
+    safe = finite_pos.where(x, _c(x, 1.0))  # _log_special supplies the other cases
+    m, e = _frexp_normalized(safe)
+    if x.dtype is F32:
+        f = m - _c(x, 1.0)
+        z = f * f
+        y = poly(f, [7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1, 1.4249322787e-1,
+                     -1.6668057665e-1, 2.0000714765e-1, -2.4999993993e-1, 3.3333331174e-1]) * f * z
+        y = y + e * _c(x, -2.12194440e-4) - _c(x, 0.5) * z
+        out = f + y + e * _c(x, 0.693359375)
+    else:
+        s = (m - _c(x, 1.0)) / (m + _c(x, 1.0))
+        s2 = s * s
+        series = poly(s2, [1 / k for k in range(21, 0, -2)])
+        out = _c(x, 2.0) * s * series + e * _c(x, math.log(2))
+    return _log_special(x, out)
+
+
+def log2(x: UOp) -> UOp:
+    return log(x) * _c(x, 1.4426950408889634)
+
+
+def trunc(x: UOp) -> UOp:
+    """Round toward zero without libm. |x| >= 2**mantissa (and inf, NaN) is already integral; below
+    that the value fits the same-width integer, so a (saturating) int round trip truncates it."""
+    it = _bits_int(x.dtype)
+    integral = x.alu(Ops.ABS).lt(_c(x, 2.0 ** _mantissa_bits(x.dtype))).alu(Ops.NOT)
+    t = x.cast(it).cast(x.dtype)
+    t = t.eq(_c(x, 0.0)).where(x.lt(_c(x, 0.0)).where(_c(x, -0.0), _c(x, 0.0)), t)  # keep the sign of -0.5
+    return integral.where(x, t)
+
+
+def floor(x: UOp) -> UOp:
+    t = trunc(x)
+    return t.lt(x).alu(Ops.NOT).alu(Ops.AND, t.ne(x)).where(t - _c(x, 1.0), t)
+
+
+def pow_(x: UOp, y: UOp) -> UOp:
+    ax = x.alu(Ops.ABS)
+    r = exp2(y * log2(ax))
+    y_int = trunc(y).eq(y)
+    half = trunc(y * _c(y, 0.5))
+    y_odd = y_int.alu(Ops.AND, (half + half).ne(y))
+    neg = x.lt(_c(x, 0.0))
+    r = neg.where(y_int.where(y_odd.where(r.alu(Ops.NEG), r), _c(x, math.nan)), r)
+    zero = x.eq(_c(x, 0.0))
+    zero_val = y.lt(_c(y, 0.0)).where(_c(x, math.inf), y_odd.where(x, _c(x, 0.0)))
+    r = zero.where(zero_val, r)
+    r = x.eq(_c(x, 1.0)).where(_c(x, 1.0), r)
+    return y.eq(_c(y, 0.0)).where(_c(x, 1.0), r)
+
+
+def tanh(x: UOp) -> UOp:
+    ax = x.alu(Ops.ABS)
+    z = x * x
+    small = poly(z, [-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1,
+                     -3.33332819422e-1]) * z * x + x
+    e = exp(_c(x, 2.0) * ax.minimum(_c(x, 9.0)))
+    large = _c(x, 1.0) - _c(x, 2.0) / (e + _c(x, 1.0))
+    large = x.lt(_c(x, 0.0)).where(large.alu(Ops.NEG), large)
+    return ax.lt(_c(x, 0.625)).where(small, large)
+
+
+def erf(x: UOp) -> UOp:
+    ax = x.alu(Ops.ABS)
+    z = x * x
+    # |x| < 1: the Maclaurin series 2/sqrt(pi) * sum (-1)^k x^(2k+1) / (k! (2k+1)), 11 terms.
+    series = [(-1) ** k / (math.factorial(k) * (2 * k + 1)) for k in range(10, -1, -1)]
+    small = poly(z, series) * x * _c(x, 2 / math.sqrt(math.pi))
+    # |x| >= 1: Abramowitz & Stegun 7.1.26 (absolute error < 1.5e-7).
+    t = _c(x, 1.0) / (_c(x, 1.0) + _c(x, 0.3275911) * ax)
+    p = poly(t, [1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592]) * t
+    large = _c(x, 1.0) - p * exp((ax * ax).minimum(_c(x, 100.0)).alu(Ops.NEG))
+    large = x.lt(_c(x, 0.0)).where(large.alu(Ops.NEG), large)
+    return ax.lt(_c(x, 1.0)).alu(Ops.OR, x.ne(x)).where(small, large)
+
+
+def sin(x: UOp) -> UOp:
+    k = round_nearest(x * _c(x, 2 / math.pi))
+    r = x - k * _c(x, 1.5703125) - k * _c(x, 4.837512969970703125e-4) - k * _c(x, 7.54978995489188216e-8)
+    r2 = r * r
+    s = poly(r2, [-1.9515295891e-4, 8.3321608736e-3, -1.6666654611e-1]) * r2 * r + r
+    c = poly(r2, [2.443315711809948e-5, -1.388731625493765e-3, 4.166664568298827e-2]) * r2 * r2 \
+        - _c(x, 0.5) * r2 + _c(x, 1.0)
+    q = k.cast(I64).alu(Ops.AND, UOp.const(I64, 3))
+    odd = q.alu(Ops.AND, UOp.const(I64, 1)).ne(UOp.const(I64, 0))
+    v = odd.where(c, s)
+    return q.lt(UOp.const(I64, 2)).where(v, v.alu(Ops.NEG))
+
+
+_IMPL = {Ops.EXP: exp, Ops.EXP2: exp2, Ops.LOG: log, Ops.LOG2: log2, Ops.TANH: tanh, Ops.ERF: erf,
+         Ops.SIN: sin, Ops.TRUNC: trunc, Ops.FLOOR: floor}
+_NATIVE = {F32: {Ops.EXP, Ops.EXP2, Ops.LOG, Ops.LOG2, Ops.TANH, Ops.ERF, Ops.SIN, Ops.TRUNC, Ops.FLOOR},
+           F64: {Ops.EXP, Ops.EXP2, Ops.LOG, Ops.LOG2, Ops.TRUNC, Ops.FLOOR}}
+
+
+def _rewrite_unary(n: UOp) -> UOp | None:
+    if n.op not in _IMPL or not n.dtype.is_float:
+        return None
+    x = n.src[0]
+    if n.op in _NATIVE.get(n.dtype, set()):
+        return _IMPL[n.op](x)
+    return UOp(n.op, F32, (x.cast(F32),)).cast(n.dtype)  # computed in float32
+
+
+def _rewrite_pow(n: UOp) -> UOp | None:
+    if not n.dtype.is_float:
+        return None
+    if n.dtype in (F32, F64):
+        return pow_(n.src[0], n.src[1])
+    return UOp(Ops.POW, F32, tuple(s.cast(F32) for s in n.src)).cast(n.dtype)
+
+
+pm_transcendental = PatternMatcher([
+    (UPat(tuple(_IMPL), name="n"), _rewrite_unary),
+    (UPat(Ops.POW, name="n"), _rewrite_pow),
+], name="transcendental")

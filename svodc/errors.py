@@ -1,0 +1,61 @@
+"""The compiler's exception types: one per class of failure. Each message says what failed, where
+(node, input, kernel, symbol) and what to do about it. The CLI prints the message on one line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class SvodcError(Exception):
+    """Base of every error svodc raises on purpose."""
+
+
+class ModelLoadError(SvodcError):
+    """The model file cannot be read or is not a valid ONNX model."""
+
+
+class InvalidModelError(SvodcError):
+    """The model is readable but inconsistent (a cycle, a dangling input, a bad attribute)."""
+
+
+@dataclass(frozen=True)
+class UnsupportedNode:
+    name: str
+    op_type: str
+    domain: str
+    opset: int
+    reason: str
+
+    def __str__(self) -> str:
+        dom = self.domain or "ai.onnx"
+        return f"{self.name or '<unnamed>'} ({dom}::{self.op_type}, opset {self.opset}): {self.reason}"
+
+
+class UnsupportedModelError(SvodcError):
+    """Some nodes cannot be compiled. Lists every one of them, not just the first."""
+
+    def __init__(self, nodes: list[UnsupportedNode]):
+        self.nodes = nodes
+        listing = "; ".join(str(n) for n in nodes)
+        super().__init__(f"{len(nodes)} unsupported node{'s' if len(nodes) != 1 else ''}: {listing}")
+
+
+class InputShapeError(SvodcError):
+    """A graph input has a dimension that is not known at compile time and was not fixed."""
+
+
+class TargetError(SvodcError):
+    """The target string names an architecture, CPU or feature svodc does not know."""
+
+
+class CodegenError(SvodcError):
+    """LLVM rejected or crashed on generated code (a compiler bug: please report it)."""
+
+
+class LinkError(SvodcError):
+    """The code image cannot be linked: an undefined symbol, an unsupported relocation, or a
+    writable section. A code image must be self-contained and read-only."""
+
+
+class OutputWriteError(SvodcError):
+    """The bundle cannot be written to the requested path."""

@@ -1,0 +1,175 @@
+"""Shape and data-movement ONNX ops, and constants. Shapes are static here, so Shape, Size and the
+arithmetic on them become constants that fold at compile time."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import numpy_helper
+
+from svodc.frontend.context import NodeContext, Unsupported
+from svodc.frontend.dtypes import onnx_to_dtype
+from svodc.frontend.registry import onnx_op
+from svodc.ir import tensor as T
+from svodc.ir.dtypes import dtypes
+from svodc.ir.ops import ConstData, Ops
+from svodc.ir.uop import UOp
+
+
+def weight(array: np.ndarray) -> UOp:
+    array = np.asarray(array)
+    return UOp(Ops.WEIGHT, dtypes.from_numpy(array.dtype), (), ConstData(array))
+
+
+@onnx_op("Reshape", 1, 5, 13, 14, 19, 21)
+def reshape(ctx: NodeContext) -> UOp:
+    x = ctx.input(0)
+    shape = ctx.ints("shape") if ctx.version < 5 else [int(v) for v in ctx.const_input(1, "shape")]
+    allowzero = ctx.version >= 14 and ctx.attr("allowzero", 0)
+    out = []
+    for i, d in enumerate(shape):
+        if d == 0 and not allowzero:
+            if i >= x.ndim:
+                raise Unsupported(f"shape[{i}] = 0 copies a dimension the input (rank {x.ndim}) does not have")
+            out.append(x.shape[i])
+        else:
+            out.append(d)
+    if out.count(-1) > 1:
+        raise Unsupported("shape has more than one -1")
+    if -1 in out:
+        known = int(np.prod([d for d in out if d != -1]))
+        total = T.numel(x)
+        if known == 0 or total % known:
+            raise Unsupported(f"cannot reshape {x.shape} to {shape}")
+        out[out.index(-1)] = total // known
+    if int(np.prod(out)) != T.numel(x):
+        raise Unsupported(f"cannot reshape {x.shape} to {shape}")
+    return T.reshape(x, out)
+
+
+@onnx_op("Flatten", 1, 9, 11, 13, 21)
+def flatten(ctx: NodeContext) -> UOp:
+    x = ctx.input(0)
+    axis = ctx.attr("axis", 1)
+    axis = axis + x.ndim if axis < 0 else axis
+    if not 0 <= axis <= x.ndim:
+        raise Unsupported(f"axis {axis} out of range for rank {x.ndim}")
+    return T.reshape(x, (int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:]))))
+
+
+@onnx_op("Transpose", 1, 13, 21)
+def transpose(ctx: NodeContext) -> UOp:
+    x = ctx.input(0)
+    perm = ctx.ints("perm", list(range(x.ndim))[::-1])
+    return T.permute(x, [p % x.ndim for p in perm])
+
+
+@onnx_op("Concat", 1, 4, 11, 13)
+def concat(ctx: NodeContext) -> UOp:
+    xs = [x for x in ctx.inputs if x is not None]
+    axis = ctx.attr("axis", 1 if ctx.version < 4 else None)
+    if axis is None:
+        raise Unsupported("attribute 'axis' is required")
+    return T.concat(xs, axis)
+
+
+def _axes_arg(ctx: NodeContext, since_input: int) -> list[int] | None:
+    if ctx.version < since_input:
+        return ctx.ints("axes")
+    a = ctx.optional_const_input(1, "axes")
+    return None if a is None else [int(v) for v in a.reshape(-1)]
+
+
+@onnx_op("Unsqueeze", 1, 11, 13, 21)
+def unsqueeze(ctx: NodeContext) -> UOp:
+    x = ctx.input(0)
+    axes = _axes_arg(ctx, 13)
+    if axes is None:
+        raise Unsupported("axes are required")
+    rank = x.ndim + len(axes)
+    axes = sorted(a % rank for a in axes)
+    shape = list(x.shape)
+    for a in axes:
+        shape.insert(a, 1)
+    return T.reshape(x, shape)
+
+
+@onnx_op("Squeeze", 1, 11, 13, 21)
+def squeeze(ctx: NodeContext) -> UOp:
+    x = ctx.input(0)
+    axes = _axes_arg(ctx, 13)
+    if axes is None:
+        axes = [i for i, d in enumerate(x.shape) if d == 1]
+    axes = {a % x.ndim for a in axes}
+    if any(x.shape[a] != 1 for a in axes):
+        raise Unsupported(f"cannot squeeze axes {sorted(axes)} of shape {x.shape}")
+    return T.reshape(x, [d for i, d in enumerate(x.shape) if i not in axes])
+
+
+@onnx_op("Shape", 1, 13, 15, 19, 21)
+def shape(ctx: NodeContext) -> UOp:
+    dims = list(ctx.input(0).shape)
+    start, end = ctx.attr("start", 0), ctx.attr("end", None)
+    return weight(np.array(dims[start:end] if end is not None else dims[start:], dtype=np.int64))
+
+
+@onnx_op("Size", 1, 13, 19, 21)
+def size(ctx: NodeContext) -> UOp:
+    return weight(np.array(T.numel(ctx.input(0)), dtype=np.int64))
+
+
+@onnx_op("ConstantOfShape", 9, 20, 21)
+def constant_of_shape(ctx: NodeContext) -> UOp:
+    dims = [int(v) for v in ctx.const_input(0, "shape").reshape(-1)]
+    value = ctx.attr("value")
+    if value is None:
+        value = np.zeros(1, dtype=np.float32)
+    value = np.asarray(value).reshape(-1)
+    dtype = dtypes.from_numpy(value.dtype)
+    return T.const(value[0].item(), dtype, dims)
+
+
+@onnx_op("Constant", 1, 9, 11, 12, 13, 19, 21)
+def constant(ctx: NodeContext) -> UOp:
+    for name, a in ctx._attrs.items():
+        if name == "value":
+            t = a.t
+            dtype = onnx_to_dtype(t.data_type, where="attribute 'value'")
+            return UOp(Ops.WEIGHT, dtype, (), ConstData(np.asarray(numpy_helper.to_array(t), dtype=dtype.np)))
+        if name == "value_float":
+            return weight(np.array(a.f, dtype=np.float32))
+        if name == "value_floats":
+            return weight(np.array(list(a.floats), dtype=np.float32))
+        if name == "value_int":
+            return weight(np.array(a.i, dtype=np.int64))
+        if name == "value_ints":
+            return weight(np.array(list(a.ints), dtype=np.int64))
+        raise Unsupported(f"Constant with attribute {name!r} is not supported")
+    raise Unsupported("Constant has no value attribute")
+
+
+@onnx_op("Gather", 1, 11, 13)
+def gather(ctx: NodeContext) -> UOp:
+    """Gather with constant indices: a composition of slices and a concat (index arithmetic)."""
+    x = ctx.input(0)
+    indices = ctx.const_input(1, "indices").astype(np.int64)
+    axis = T.norm_axis(ctx.attr("axis", 0), x.ndim)
+    n = x.shape[axis]
+    if ((indices < -n) | (indices >= n)).any():
+        raise Unsupported(f"indices out of range for axis {axis} of size {n}")
+    flat = np.where(indices < 0, indices + n, indices).reshape(-1)
+    parts = []
+    for i in flat:
+        bounds = [(0, d) for d in x.shape]
+        bounds[axis] = (int(i), int(i) + 1)
+        parts.append(T.shrink(x, bounds))
+    out = T.concat(parts, axis) if parts else None
+    if out is None:
+        raise Unsupported("Gather with no indices is not supported")
+    return T.reshape(out, x.shape[:axis] + indices.shape + x.shape[axis + 1:])
+
+
+@onnx_op("Expand", 8, 13)
+def expand(ctx: NodeContext) -> UOp:
+    x = ctx.input(0)
+    target = [int(v) for v in ctx.const_input(1, "shape").reshape(-1)]
+    return T.broadcast_to(x, T.broadcast_shape(x.shape, target))

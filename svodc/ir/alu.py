@@ -1,0 +1,151 @@
+"""The semantics of ALU ops, as numpy functions: the one definition that constant folding, the
+reference interpreter and the codegen tests agree on.
+
+Integer arithmetic wraps at the dtype's width. Integer DIV truncates toward zero and defines x/0 = 0
+(ONNX leaves it undefined; a code image must never trap). IDIV/MOD are floor division and modulo,
+used for index arithmetic. MAX/MIN propagate NaN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from svodc.ir.dtypes import DType, dtypes
+from svodc.ir.ops import Ops
+
+
+def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    safe = np.where(b == 0, 1, b)
+    if a.dtype.kind == "u":
+        q = a // safe
+    else:
+        q = np.trunc(a.astype(np.float64) / safe).astype(a.dtype) if a.dtype.itemsize < 8 else _trunc_div64(a, safe)
+    return np.where(b == 0, 0, q).astype(a.dtype)
+
+
+def _trunc_div64(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    q = np.floor_divide(a, b)
+    r = a - q * b
+    adjust = (r != 0) & ((r < 0) != (b < 0))
+    return q + adjust.astype(a.dtype)
+
+
+def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind == "f":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return a / b
+    return _int_div(a, b)
+
+
+def _floordiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.floor_divide(a, np.where(b == 0, 1, b))
+
+
+def _mod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.mod(a, np.where(b == 0, 1, b))
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    import math
+
+    return np.vectorize(math.erf, otypes=[x.dtype])(x) if x.size else x
+
+
+def _pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        if a.dtype.kind in "iu":
+            return np.power(a, np.maximum(b, 0)).astype(a.dtype)
+        return np.power(a, b)
+
+
+def _float(fn: Callable) -> Callable:
+    def f(x: np.ndarray) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return fn(x)
+    return f
+
+
+def _not(x: np.ndarray) -> np.ndarray:
+    return np.logical_not(x) if x.dtype == np.bool_ else np.invert(x)
+
+
+def _logic(bool_fn: Callable, int_fn: Callable) -> Callable:
+    return lambda a, b: bool_fn(a, b) if a.dtype == np.bool_ else int_fn(a, b)
+
+
+NUMPY_ALU: dict[Ops, Callable[..., np.ndarray]] = {
+    Ops.NEG: lambda x: np.negative(x) if x.dtype != np.bool_ else x,
+    Ops.RECIP: _float(lambda x: np.reciprocal(x)),
+    Ops.SQRT: _float(np.sqrt),
+    Ops.EXP2: _float(np.exp2),
+    Ops.LOG2: _float(np.log2),
+    Ops.EXP: _float(np.exp),
+    Ops.LOG: _float(np.log),
+    Ops.TANH: _float(np.tanh),
+    Ops.ERF: _erf,
+    Ops.SIN: _float(np.sin),
+    Ops.TRUNC: np.trunc,
+    Ops.FLOOR: np.floor,
+    Ops.ABS: np.abs,
+    Ops.NOT: _not,
+    Ops.ADD: lambda a, b: a + b,
+    Ops.SUB: lambda a, b: a - b,
+    Ops.MUL: lambda a, b: a * b,
+    Ops.DIV: _div,
+    Ops.IDIV: _floordiv,
+    Ops.MOD: _mod,
+    Ops.MAX: np.maximum,
+    Ops.MIN: np.minimum,
+    Ops.POW: _pow,
+    Ops.CMPLT: np.less,
+    Ops.CMPEQ: np.equal,
+    Ops.CMPNE: np.not_equal,
+    Ops.AND: _logic(np.logical_and, np.bitwise_and),
+    Ops.OR: _logic(np.logical_or, np.bitwise_or),
+    Ops.XOR: _logic(np.logical_xor, np.bitwise_xor),
+    Ops.WHERE: lambda c, a, b: np.where(c, a, b),
+    Ops.MULACC: lambda a, b, c: a * b + c,
+}
+
+
+def np_dtype(dt: DType) -> np.dtype:
+    return dt.np
+
+
+def cast_array(x: np.ndarray, to: DType) -> np.ndarray:
+    """CAST semantics: bool is x != 0; float -> int truncates (NaN -> 0, out of range saturates)."""
+    target = to.np
+    if to.kind == "bool":
+        return x != 0
+    if to is dtypes.bfloat16:
+        raise NotImplementedError("bfloat16 casts are not implemented yet")
+    if x.dtype.kind == "f" and to.is_int:
+        info = np.iinfo(target)
+        with np.errstate(invalid="ignore"):
+            y = np.nan_to_num(np.trunc(x.astype(np.float64)), nan=0.0)
+        return np.clip(y, info.min, info.max).astype(target)
+    with np.errstate(all="ignore"):
+        return x.astype(target)
+
+
+def eval_alu(op: Ops, out_dtype: DType, srcs: list[np.ndarray]) -> np.ndarray:
+    """Evaluate one ALU op on numpy arrays of equal shape; the result has out_dtype."""
+    if op is Ops.CAST:
+        return cast_array(srcs[0], out_dtype)
+    if op is Ops.BITCAST:
+        return np.ascontiguousarray(srcs[0]).view(out_dtype.np)
+    with np.errstate(over="ignore"):
+        out = NUMPY_ALU[op](*srcs)
+    out = np.asarray(out)
+    target = out_dtype.np
+    return out if out.dtype == target else out.astype(target)
+
+
+def fold_scalar(op: Ops, out_dtype: DType, values: list[Any], src_dtypes: list[DType]) -> Any:
+    """Constant-fold one ALU op on python scalars with the IR's semantics."""
+    arrays = [np.asarray(v, dtype=d.np) for v, d in zip(values, src_dtypes, strict=True)]
+    r = eval_alu(op, out_dtype, arrays)
+    return r.item()

@@ -1,0 +1,125 @@
+"""A numpy reference interpreter for tensor-level graphs.
+
+It defines what each tensor-level op means, and serves constant folding (evaluating subgraphs whose
+leaves are all constants) and the tests (every pass must preserve what this computes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from svodc.ir.alu import eval_alu
+from svodc.ir.ops import (
+    ALU,
+    ConstData,
+    ConvArg,
+    InputArg,
+    Ops,
+    PadArg,
+    PermuteArg,
+    ReduceArg,
+    ShapeArg,
+    SliceArg,
+    WindowArg,
+)
+from svodc.ir.uop import UOp, toposort
+
+_REDUCERS = {Ops.ADD: np.add, Ops.MUL: np.multiply, Ops.MAX: np.maximum, Ops.MIN: np.minimum}
+
+
+class InterpretError(RuntimeError):
+    pass
+
+
+def evaluate(roots: list[UOp], inputs: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:
+    inputs = inputs or {}
+    values: dict[UOp, np.ndarray] = {}
+    for n in toposort(roots):
+        if n.op is Ops.SINK:
+            continue
+        values[n] = eval_node(n, [values[s] for s in n.src], inputs)
+    return [values[r] for r in roots]
+
+
+def window_view(x: np.ndarray, arg: WindowArg) -> np.ndarray:
+    spans = [(k - 1) * d + 1 for k, d in zip(arg.kernel, arg.dilations, strict=True)]
+    v = np.lib.stride_tricks.sliding_window_view(x, spans, axis=arg.axes)
+    index: list[slice] = [slice(None)] * x.ndim
+    for a, s in zip(arg.axes, arg.strides, strict=True):
+        index[a] = slice(None, None, s)
+    index += [slice(None, None, d) for d in arg.dilations]
+    return v[tuple(index)]
+
+
+def _slice(x: np.ndarray, arg: SliceArg) -> np.ndarray:
+    index = []
+    for start, step, size in zip(arg.starts, arg.steps, arg.shape, strict=True):
+        stop = start + size * step
+        index.append(slice(start, stop if stop >= 0 else None, step))
+    out = x[tuple(index)]
+    assert out.shape == tuple(arg.shape), (out.shape, arg)
+    return out
+
+
+def conv_reference(x: np.ndarray, w: np.ndarray, arg: ConvArg) -> np.ndarray:
+    nsp = x.ndim - 2
+    xp = np.pad(x, [(0, 0), (0, 0), *arg.pads])
+    win = window_view(xp, WindowArg(tuple(range(2, 2 + nsp)), tuple(w.shape[2:]), arg.strides, arg.dilations))
+    n, c = x.shape[:2]
+    g = arg.groups
+    o = w.shape[0]
+    out_sp = win.shape[2:2 + nsp]
+    win = win.reshape(n, g, c // g, *out_sp, *w.shape[2:])
+    wg = w.reshape(g, o // g, c // g, *w.shape[2:])
+    letters = "hijklm"[:nsp]
+    kl = "pqrstu"[:nsp]
+    out = np.einsum(f"ngc{letters}{kl},goc{kl}->ngo{letters}", win, wg, optimize=True)
+    return out.reshape(n, o, *out_sp).astype(x.dtype)
+
+
+def eval_node(n: UOp, srcs: list[np.ndarray], inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+    op, arg = n.op, n.arg
+    if op is Ops.INPUT:
+        assert isinstance(arg, InputArg)
+        if arg.name not in inputs:
+            raise InterpretError(f"no value for input {arg.name!r}")
+        return np.asarray(inputs[arg.name], dtype=n.dtype.np).reshape(arg.shape)
+    if op is Ops.WEIGHT:
+        assert isinstance(arg, ConstData)
+        return arg.array
+    if op is Ops.CONST:
+        return np.asarray(arg, dtype=n.dtype.np)
+    if op in ALU:
+        return eval_alu(op, n.dtype, srcs)
+    x = srcs[0] if srcs else None
+    if op is Ops.RESHAPE:
+        assert isinstance(arg, ShapeArg)
+        return x.reshape(arg.shape)
+    if op is Ops.PERMUTE:
+        assert isinstance(arg, PermuteArg)
+        return np.transpose(x, arg.order)
+    if op is Ops.EXPAND:
+        assert isinstance(arg, ShapeArg)
+        return np.broadcast_to(x, arg.shape)
+    if op is Ops.PAD:
+        assert isinstance(arg, PadArg)
+        return np.pad(x, arg.pads, constant_values=np.asarray(arg.value, dtype=x.dtype))
+    if op is Ops.SLICE:
+        assert isinstance(arg, SliceArg)
+        return _slice(x, arg)
+    if op is Ops.WINDOW:
+        assert isinstance(arg, WindowArg)
+        return window_view(x, arg)
+    if op is Ops.REDUCE:
+        assert isinstance(arg, ReduceArg)
+        with np.errstate(over="ignore"):
+            out = _REDUCERS[arg.op].reduce(x, axis=arg.axes, keepdims=True, dtype=x.dtype)
+        return np.asarray(out, dtype=x.dtype)
+    if op is Ops.CONV:
+        assert isinstance(arg, ConvArg)
+        return conv_reference(x, srcs[1], arg)
+    if op is Ops.MATMUL:
+        return np.matmul(x, srcs[1]).astype(n.dtype.np)
+    raise InterpretError(f"cannot interpret {op.name}")

@@ -1,0 +1,260 @@
+"""The operations of the IR and their typed arguments.
+
+Every op has a frozen, hashable argument type (or None); `spec.py` checks that each node's argument
+and sources fit its op. Ops come in groups:
+
+- tensor level: sources (INPUT, WEIGHT, CONST), movement (index remapping only, never a copy),
+  elementwise ALU ops, REDUCE, and the contractions CONV and MATMUL (first-class, because they are
+  where the time goes; `passes/decompose.py` lowers them to REDUCE(MUL) for the generic path);
+- kernel/loop level: PARAM, RANGE, LOAD, STORE, LOOP_REDUCE, SINK;
+- symbolic: DEFINE_VAR and ALU ops on dtype `index` (the same simplifier handles shapes and indices).
+
+ALU ops are shared by the tensor and the loop level: at tensor level their sources all have the
+same shape (broadcasting is an explicit EXPAND); at loop level they work on scalars.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum, auto
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from svodc.ir.uop import UOp
+
+    Dim = int | UOp
+    Shape = tuple[Dim, ...]
+
+
+class Ops(Enum):
+    # --- graph roots
+    SINK = auto()  # src: the values that must be computed (graph outputs, or a kernel's stores)
+
+    # --- tensor-level sources
+    INPUT = auto()  # arg InputArg: a graph input
+    WEIGHT = auto()  # arg ConstData: a constant tensor with data
+    CONST = auto()  # arg: python scalar; shape (); broadcast with RESHAPE + EXPAND
+
+    # --- movement (tensor level): output index -> source index, never a copy
+    RESHAPE = auto()  # arg ShapeArg
+    PERMUTE = auto()  # arg PermuteArg
+    EXPAND = auto()  # arg ShapeArg (dims of size 1 become larger)
+    PAD = auto()  # arg PadArg
+    SLICE = auto()  # arg SliceArg (start, step per axis; covers shrink and flip)
+    WINDOW = auto()  # arg WindowArg (sliding windows: the view pooling and convolution read)
+
+    # --- elementwise ALU (tensor and loop level)
+    NEG = auto()
+    RECIP = auto()
+    SQRT = auto()
+    EXP2 = auto()
+    LOG2 = auto()
+    EXP = auto()  # decomposed into polynomials by codegen/transcendental.py
+    LOG = auto()
+    TANH = auto()
+    ERF = auto()
+    SIN = auto()
+    TRUNC = auto()  # round toward zero, float -> float
+    FLOOR = auto()
+    ABS = auto()
+    NOT = auto()  # logical not for bool, bitwise for ints
+    ADD = auto()
+    SUB = auto()
+    MUL = auto()
+    DIV = auto()  # float division; integer division truncates toward zero (C semantics)
+    IDIV = auto()  # integer floor division (index arithmetic: operands known non-negative)
+    MOD = auto()  # integer remainder matching IDIV (index arithmetic)
+    MAX = auto()
+    MIN = auto()
+    POW = auto()
+    CMPLT = auto()
+    CMPEQ = auto()
+    CMPNE = auto()
+    AND = auto()
+    OR = auto()
+    XOR = auto()
+    WHERE = auto()  # (cond, a, b)
+    MULACC = auto()  # (a, b, c) -> a*b + c, fused where the target can
+    CAST = auto()  # to self.dtype
+    BITCAST = auto()
+
+    # --- reductions and contractions (tensor level)
+    REDUCE = auto()  # arg ReduceArg; keeps reduced axes as size 1
+    CONV = auto()  # arg ConvArg; src (x [N, C, *spatial], w [O, C/groups, *kernel])
+    MATMUL = auto()  # src (a [..., M, K], b [..., K, N]); batch dims already broadcast to equal
+
+    # --- symbolic
+    DEFINE_VAR = auto()  # arg VarArg: a named dimension with bounds
+
+    # --- kernel / loop level
+    PARAM = auto()  # arg ParamArg: the kernel's i-th buffer parameter; dtype is a pointer
+    RANGE = auto()  # arg RangeArg; src (end,): loop index 0 <= i < end
+    LOAD = auto()  # src (param, index) or (param, index, valid); arg: the value when not valid
+    STORE = auto()  # src (param, index, value); dtype void
+    LOOP_REDUCE = auto()  # arg ReduceOp (ADD/MAX/MIN/MUL); src (value, *ranges it reduces over)
+
+
+# Groups, as frozensets for fast membership tests.
+UNARY = frozenset({Ops.NEG, Ops.RECIP, Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.EXP, Ops.LOG, Ops.TANH,
+                   Ops.ERF, Ops.SIN, Ops.TRUNC, Ops.FLOOR, Ops.ABS, Ops.NOT, Ops.CAST, Ops.BITCAST})
+BINARY = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.DIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.MIN, Ops.POW,
+                    Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR})
+TERNARY = frozenset({Ops.WHERE, Ops.MULACC})
+ALU = UNARY | BINARY | TERNARY
+COMPARE = frozenset({Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE})
+COMMUTATIVE = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.MIN, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR,
+                         Ops.XOR})
+MOVEMENT = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SLICE, Ops.WINDOW})
+TENSOR_SOURCES = frozenset({Ops.INPUT, Ops.WEIGHT, Ops.CONST})
+REDUCE_OPS = frozenset({Ops.ADD, Ops.MAX, Ops.MIN, Ops.MUL})
+# Transcendental ops that codegen rewrites into polynomials (no libm in a code image).
+TRANSCENDENTAL = frozenset({Ops.EXP, Ops.LOG, Ops.TANH, Ops.ERF, Ops.SIN, Ops.EXP2, Ops.LOG2, Ops.POW})
+
+
+# ---------------------------------------------------------------------------------------------
+# Typed arguments. All frozen and hashable; `key()` gives a stable, process-independent identity
+# used by the structural hash.
+
+
+@dataclass(frozen=True, slots=True)
+class InputArg:
+    name: str
+    shape: tuple  # Shape
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeArg:
+    shape: tuple  # Shape
+
+
+@dataclass(frozen=True, slots=True)
+class PermuteArg:
+    order: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PadArg:
+    pads: tuple[tuple[int, int], ...]  # (before, after) per axis, non-negative
+    value: float | int | bool = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SliceArg:
+    """out[i] = src[start + i*step] per axis; `shape` is the output shape (steps may be negative)."""
+
+    starts: tuple[int, ...]
+    steps: tuple[int, ...]
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WindowArg:
+    """Sliding windows over `axes`: each windowed axis becomes its number of window positions, and
+    one axis per windowed axis is appended at the end for the offset inside the window.
+    out[..., o_a, ..., k_a] = src[..., o_a*stride_a + k_a*dilation_a, ...]"""
+
+    axes: tuple[int, ...]
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReduceArg:
+    op: Ops  # one of REDUCE_OPS
+    axes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ConvArg:
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    pads: tuple[tuple[int, int], ...]  # (before, after) per spatial axis
+    groups: int
+
+
+@dataclass(frozen=True, slots=True)
+class VarArg:
+    name: str
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True, slots=True)
+class ParamArg:
+    index: int
+    name: str  # what the buffer holds, for the IR dump and error messages
+
+
+class RangeKind(Enum):
+    LOOP = auto()  # an output loop
+    PARALLEL = auto()  # an output loop split statically across threads
+    REDUCE = auto()  # bound by a LOOP_REDUCE
+
+
+@dataclass(frozen=True, slots=True)
+class RangeArg:
+    id: int
+    kind: RangeKind
+
+
+@dataclass(frozen=True, slots=True)
+class KernelArg:
+    name: str
+
+
+class ConstData:
+    """The data of a WEIGHT: an immutable numpy array, identified by its content.
+
+    Two ConstData with equal dtype, shape and bytes are equal (so identical weights are shared by
+    hash-consing). The digest is computed once; the array is made read-only so it cannot change
+    under the digest.
+    """
+
+    __slots__ = ("_hash", "array", "digest")
+
+    def __init__(self, array, digest: bytes | None = None):
+        import hashlib
+
+        import numpy as np
+
+        a = np.ascontiguousarray(array)
+        if a.flags.writeable:
+            a = a.copy() if a.base is not None else a
+            a.flags.writeable = False
+        self.array = a
+        if digest is None:
+            h = hashlib.sha256()
+            h.update(f"{a.dtype.str}{a.shape}".encode())
+            h.update(memoryview(a).cast("B") if a.size else b"")
+            digest = h.digest()
+        self.digest = digest
+        self._hash = hash(digest)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.array.shape)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ConstData) and self.digest == other.digest
+
+    def __repr__(self) -> str:
+        return f"ConstData({self.array.dtype}{list(self.shape)}, {self.digest[:4].hex()})"
+
+
+def arg_key(arg: object) -> object:
+    """A hashable key for an argument that distinguishes what Python's == conflates or breaks:
+    1 vs 1.0 vs True, -0.0 vs 0.0, and NaN (which is not equal to itself)."""
+    if isinstance(arg, float):
+        return ("f", math.copysign(1.0, arg), arg.hex() if not math.isnan(arg) else "nan")
+    if isinstance(arg, bool):
+        return ("b", arg)
+    if isinstance(arg, tuple):
+        return tuple(arg_key(a) for a in arg)
+    if isinstance(arg, PadArg):
+        return ("pad", arg.pads, arg_key(arg.value))
+    return arg

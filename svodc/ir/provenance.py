@@ -1,0 +1,51 @@
+"""Provenance: which ONNX nodes a UOp came from, kept beside the graph (never inside a node, so it
+never blocks hash-consing). A rewrite that replaces a node passes its provenance on to the
+replacement; a kernel's provenance is the union over the tensor-level nodes it computes."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+
+from svodc.ir.uop import UOp
+
+
+class Provenance:
+    def __init__(self) -> None:
+        self._table: weakref.WeakKeyDictionary[UOp, frozenset[str]] = weakref.WeakKeyDictionary()
+
+    def tag(self, node: UOp, names: Iterable[str]) -> None:
+        names = frozenset(names)
+        if names:
+            self._table[node] = self._table.get(node, frozenset()) | names
+
+    def tag_new(self, outputs: Iterable[UOp], stop: Iterable[UOp], names: Iterable[str]) -> None:
+        """Tag every node reachable from outputs without crossing `stop` (a handler's inputs) and
+        not tagged yet: the nodes one ONNX node's handler created."""
+        stop_set = set(stop)
+        names = frozenset(names)
+        stack = list(outputs)
+        seen: set[UOp] = set()
+        while stack:
+            n = stack.pop()
+            if n in seen or n in stop_set:
+                continue
+            seen.add(n)
+            if n in self._table:
+                continue
+            self._table[n] = names
+            stack.extend(n.src)
+
+    def inherit(self, new: UOp, old: UOp) -> None:
+        names = self._table.get(old)
+        if names:
+            self.tag(new, names)
+
+    def get(self, node: UOp) -> frozenset[str]:
+        return self._table.get(node, frozenset())
+
+    def union(self, nodes: Iterable[UOp]) -> list[str]:
+        out: set[str] = set()
+        for n in nodes:
+            out |= self._table.get(n, frozenset())
+        return sorted(out)

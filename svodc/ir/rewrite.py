@@ -1,0 +1,91 @@
+"""graph_rewrite: apply a PatternMatcher bottom-up to a fixed point.
+
+Invariants:
+- Iterative (an explicit stack): graph depth is not limited by Python's recursion limit.
+- Memoized: each distinct node is rewritten once; shared subgraphs stay shared.
+- Bottom-up to a fixed point: a node is tried against the rules only after its children are final,
+  and a replacement is itself rewritten completely (children first) before it is accepted.
+- A loop guard: a rule set that keeps producing new nodes forever, or rewrites a node into a graph
+  that contains the node itself, raises RewriteError naming the rule.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from svodc.ir.pattern import PatternMatcher
+from svodc.ir.provenance import Provenance
+from svodc.ir.uop import UOp
+
+
+class RewriteError(RuntimeError):
+    pass
+
+
+def debug_level() -> int:
+    try:
+        return int(os.environ.get("SVOD_DEBUG", "0"))
+    except ValueError:
+        return 0
+
+
+_VISIT, _REBUILD, _ALIAS = 0, 1, 2
+
+
+def graph_rewrite(root: UOp, pm: PatternMatcher, ctx: Any = None, prov: Provenance | None = None,
+                  max_rewrites: int | None = None) -> UOp:
+    dbg = debug_level() >= 3
+    done: dict[UOp, UOp] = {}
+    in_progress: set[UOp] = set()
+    budget = max_rewrites if max_rewrites is not None else 200_000 + 100 * len(root.toposort())
+    fired = 0
+    stack: list[tuple[int, UOp, UOp | None]] = [(_VISIT, root, None)]
+    while stack:
+        state, n, target = stack.pop()
+        if state == _VISIT:
+            if n in done:
+                continue
+            if n in in_progress:
+                raise RewriteError(f"{pm.name}: a rewrite produced a graph containing the node it replaced "
+                                   f"({n.op.name}); the rule set does not terminate")
+            in_progress.add(n)
+            stack.append((_REBUILD, n, None))
+            stack.extend((_VISIT, s, None) for s in reversed(n.src) if s not in done)
+        elif state == _REBUILD:
+            new_src = tuple(done[s] for s in n.src)
+            nn = n if all(a is b for a, b in zip(new_src, n.src, strict=True)) else n.replace(src=new_src)
+            if nn is not n and nn in done:
+                _finish(done, in_progress, n, done[nn], prov)
+                continue
+            hit = pm.rewrite(nn, ctx)
+            if hit is None:
+                _finish(done, in_progress, n, nn, prov)
+                if nn is not n:
+                    done[nn] = nn
+                continue
+            fired += 1
+            if fired > budget:
+                raise RewriteError(f"{pm.name}: more than {budget} rewrites; rule '{hit[1].name}' keeps firing "
+                                   f"on {nn.op.name}")
+            replacement, rule = hit
+            if dbg:
+                print(f"[{pm.name}] {rule.name}: {nn.op.name} -> {replacement.op.name}", file=sys.stderr)
+            if prov is not None:
+                prov.inherit(replacement, n)
+                if nn is not n:
+                    prov.inherit(replacement, nn)
+            stack.append((_ALIAS, n, replacement))
+            stack.append((_VISIT, replacement, None))
+        else:  # _ALIAS: n becomes whatever its replacement rewrote to
+            assert target is not None
+            _finish(done, in_progress, n, done[target], prov)
+    return done[root]
+
+
+def _finish(done: dict[UOp, UOp], in_progress: set[UOp], n: UOp, result: UOp, prov: Provenance | None) -> None:
+    done[n] = result
+    in_progress.discard(n)
+    if prov is not None and result is not n:
+        prov.inherit(result, n)

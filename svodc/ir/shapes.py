@@ -1,0 +1,111 @@
+"""Shape inference: the output shape of each tensor-level op from its sources and argument.
+
+Loop-level nodes (PARAM, RANGE, LOAD, STORE, LOOP_REDUCE and scalar ALU on them) have shape ().
+Errors here are compiler bugs or invalid graphs built by a frontend handler: they raise ShapeError
+with the op and the shapes involved.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from svodc.ir.ops import (
+    ALU,
+    ConstData,
+    ConvArg,
+    InputArg,
+    Ops,
+    PadArg,
+    PermuteArg,
+    ReduceArg,
+    ShapeArg,
+    SliceArg,
+    WindowArg,
+)
+
+if TYPE_CHECKING:
+    from svodc.ir.uop import UOp
+
+
+class ShapeError(ValueError):
+    pass
+
+
+def prod(xs) -> int:
+    return math.prod(xs)
+
+
+def window_out(size: int, kernel: int, stride: int, dilation: int) -> int:
+    span = (kernel - 1) * dilation + 1
+    if size < span:
+        raise ShapeError(f"window of span {span} does not fit in axis of size {size}")
+    return (size - span) // stride + 1
+
+
+def infer_shape(n: UOp) -> tuple:
+    op, arg = n.op, n.arg
+    if op in (Ops.SINK, Ops.PARAM, Ops.RANGE, Ops.LOAD, Ops.STORE, Ops.LOOP_REDUCE, Ops.DEFINE_VAR, Ops.CONST):
+        return ()
+    if op is Ops.INPUT:
+        assert isinstance(arg, InputArg)
+        return arg.shape
+    if op is Ops.WEIGHT:
+        assert isinstance(arg, ConstData)
+        return arg.shape
+    if op in ALU:
+        shapes = {s.shape for s in n.src}
+        if len(shapes) != 1:
+            raise ShapeError(f"{op.name}: sources have different shapes {[s.shape for s in n.src]}")
+        return n.src[0].shape
+    src = n.src[0].shape if n.src else ()
+    if op is Ops.RESHAPE:
+        assert isinstance(arg, ShapeArg)
+        if prod(arg.shape) != prod(src):
+            raise ShapeError(f"RESHAPE {src} -> {arg.shape}: element counts differ")
+        return arg.shape
+    if op is Ops.PERMUTE:
+        assert isinstance(arg, PermuteArg)
+        if sorted(arg.order) != list(range(len(src))):
+            raise ShapeError(f"PERMUTE {arg.order} is not a permutation of {len(src)} axes")
+        return tuple(src[i] for i in arg.order)
+    if op is Ops.EXPAND:
+        assert isinstance(arg, ShapeArg)
+        if len(arg.shape) != len(src) or any(s != d and s != 1 for s, d in zip(src, arg.shape, strict=True)):
+            raise ShapeError(f"EXPAND {src} -> {arg.shape}: only size-1 axes can grow")
+        return arg.shape
+    if op is Ops.PAD:
+        assert isinstance(arg, PadArg)
+        if len(arg.pads) != len(src) or any(b < 0 or a < 0 for b, a in arg.pads):
+            raise ShapeError(f"PAD {arg.pads} does not fit shape {src}")
+        return tuple(s + b + a for s, (b, a) in zip(src, arg.pads, strict=True))
+    if op is Ops.SLICE:
+        assert isinstance(arg, SliceArg)
+        for s, st, step, out in zip(src, arg.starts, arg.steps, arg.shape, strict=True):
+            last = st + (out - 1) * step
+            if (out and not (0 <= st < s and 0 <= last < s)) or step == 0:
+                raise ShapeError(f"SLICE start {st} step {step} size {out} outside axis of size {s}")
+        return arg.shape
+    if op is Ops.WINDOW:
+        assert isinstance(arg, WindowArg)
+        out = list(src)
+        for a, k, st, d in zip(arg.axes, arg.kernel, arg.strides, arg.dilations, strict=True):
+            out[a] = window_out(src[a], k, st, d)
+        return tuple(out) + tuple(arg.kernel)
+    if op is Ops.REDUCE:
+        assert isinstance(arg, ReduceArg)
+        return tuple(1 if i in arg.axes else s for i, s in enumerate(src))
+    if op is Ops.CONV:
+        assert isinstance(arg, ConvArg)
+        x, w = n.src[0].shape, n.src[1].shape
+        if len(x) != len(w) or x[1] != w[1] * arg.groups or w[0] % arg.groups:
+            raise ShapeError(f"CONV x{x} w{w} groups={arg.groups}: shapes do not fit")
+        spatial = tuple(window_out(x[2 + i] + b + a, w[2 + i], arg.strides[i], arg.dilations[i])
+                        for i, (b, a) in enumerate(arg.pads))
+        return (x[0], w[0], *spatial)
+    if op is Ops.MATMUL:
+        a, b = n.src[0].shape, n.src[1].shape
+        if len(a) != len(b) or len(a) < 2 or a[:-2] != b[:-2] or a[-1] != b[-2]:
+            raise ShapeError(f"MATMUL {a} x {b}: shapes do not fit")
+        return (*a[:-1], b[-1])
+    raise ShapeError(f"no shape rule for {op.name}")

@@ -1,0 +1,88 @@
+"""The spec: what argument type and sources each op takes. `verify` checks a whole graph; the tests
+run it after every pass."""
+
+from __future__ import annotations
+
+from svodc.ir.dtypes import dtypes
+from svodc.ir.ops import (
+    BINARY,
+    COMPARE,
+    TERNARY,
+    UNARY,
+    ConstData,
+    ConvArg,
+    InputArg,
+    KernelArg,
+    Ops,
+    PadArg,
+    ParamArg,
+    PermuteArg,
+    RangeArg,
+    ReduceArg,
+    ShapeArg,
+    SliceArg,
+    VarArg,
+    WindowArg,
+)
+from svodc.ir.uop import UOp, toposort
+
+
+class SpecError(ValueError):
+    pass
+
+
+# op -> (argument type or None, number of sources or None for "any")
+_SPEC: dict[Ops, tuple[type | tuple[type, ...] | None, int | None]] = {
+    Ops.SINK: ((KernelArg, type(None)), None),
+    Ops.INPUT: (InputArg, 0),
+    Ops.WEIGHT: (ConstData, 0),
+    Ops.CONST: ((int, float, bool), 0),
+    Ops.RESHAPE: (ShapeArg, 1),
+    Ops.PERMUTE: (PermuteArg, 1),
+    Ops.EXPAND: (ShapeArg, 1),
+    Ops.PAD: (PadArg, 1),
+    Ops.SLICE: (SliceArg, 1),
+    Ops.WINDOW: (WindowArg, 1),
+    Ops.REDUCE: (ReduceArg, 1),
+    Ops.CONV: (ConvArg, 2),
+    Ops.MATMUL: (None, 2),
+    Ops.DEFINE_VAR: (VarArg, 0),
+    Ops.PARAM: (ParamArg, 0),
+    Ops.RANGE: (RangeArg, 1),
+    Ops.LOAD: ((int, float, bool), None),
+    Ops.STORE: (None, 3),
+    Ops.LOOP_REDUCE: (Ops, None),
+}
+for _op in UNARY:
+    _SPEC[_op] = (None, 1)
+for _op in BINARY:
+    _SPEC[_op] = (None, 2)
+for _op in TERNARY:
+    _SPEC[_op] = (None, 3)
+
+
+def check_node(n: UOp) -> None:
+    argtype, nsrc = _SPEC[n.op]
+    if argtype is None and n.arg is not None:
+        raise SpecError(f"{n.op.name} takes no argument, got {n.arg!r}")
+    if argtype is not None and not isinstance(n.arg, argtype):
+        raise SpecError(f"{n.op.name} needs an argument of type {argtype}, got {n.arg!r}")
+    if nsrc is not None and len(n.src) != nsrc:
+        raise SpecError(f"{n.op.name} takes {nsrc} sources, got {len(n.src)}")
+    if n.op in COMPARE and n.dtype is not dtypes.bool:
+        raise SpecError(f"{n.op.name} must produce bool, not {n.dtype}")
+    if n.op in BINARY - COMPARE - {Ops.POW} and n.src[0].dtype != n.src[1].dtype:
+        raise SpecError(f"{n.op.name} sources differ in dtype: {n.src[0].dtype} vs {n.src[1].dtype}")
+    if n.op is Ops.WHERE and (n.src[0].dtype is not dtypes.bool or n.src[1].dtype != n.src[2].dtype):
+        raise SpecError("WHERE needs (bool, a, b) with a and b of one dtype")
+    if n.op is Ops.LOAD and not 2 <= len(n.src) <= 3:
+        raise SpecError("LOAD takes (param, index) or (param, index, valid)")
+    if n.op is Ops.RANGE and n.src[0].dtype is not dtypes.index:
+        raise SpecError("RANGE end must be an index")
+
+
+def verify(root: UOp) -> None:
+    """Check every node's spec and that tensor shapes are consistent (infer_shape raises if not)."""
+    for n in toposort([root]):
+        check_node(n)
+    _ = root.shape

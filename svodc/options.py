@@ -1,0 +1,19 @@
+"""CompileOptions: every knob of a compilation, passed explicitly (no global flags)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    # Fix symbolic input dims by name (`--dim batch=1`) or whole input shapes (`--input-shape x=1x3x224x224`).
+    dims: dict[str, int] = field(default_factory=dict)
+    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # LLVM optimization level for kernels (0-3).
+    opt_level: int = 3
+    # Worker processes compiling kernels (LLVM runs out of process so a fatal error cannot kill us).
+    # 0 means one per core.
+    jobs: int = 0
+    # Largest tensor (in elements) that constant folding materializes when it has to compute one.
+    fold_limit: int = 1 << 24

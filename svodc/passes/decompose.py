@@ -1,0 +1,53 @@
+"""Decompose contractions into primitives for the generic kernel path.
+
+CONV becomes PAD -> WINDOW (the im2col view, never materialized) -> MUL with the broadcast weight ->
+REDUCE(ADD); MATMUL becomes MUL of broadcast operands -> REDUCE(ADD) over K. The generic kernels are
+correct for every shape and dtype; specialized contraction kernels claim these ops before this pass
+where they apply.
+"""
+
+from __future__ import annotations
+
+from svodc.ir import tensor as T
+from svodc.ir.ops import ConvArg, Ops
+from svodc.ir.pattern import PatternMatcher, UPat
+from svodc.ir.uop import UOp
+
+
+def decompose_conv(n: UOp) -> UOp:
+    x, w = n.src
+    arg: ConvArg = n.arg
+    nsp = x.ndim - 2
+    N, C = x.shape[:2]
+    O = w.shape[0]
+    g = arg.groups
+    cg, og = C // g, O // g
+    kernel = w.shape[2:]
+    xp = T.pad(x, [(0, 0), (0, 0), *arg.pads])
+    win = T.window(xp, range(2, 2 + nsp), kernel, arg.strides, arg.dilations)  # [N, C, *OS, *K]
+    out_sp = win.shape[2:2 + nsp]
+    full = (N, g, og, cg, *out_sp, *kernel)
+    xw = T.expand(T.reshape(win, (N, g, 1, cg, *out_sp, *kernel)), full)
+    ww = T.expand(T.reshape(w, (1, g, og, cg, *(1,) * nsp, *kernel)), full)
+    prod = T.alu(Ops.MUL, xw, ww)
+    red = T.reduce(prod, Ops.ADD, [3, *range(4 + nsp, 4 + 2 * nsp)])
+    return T.reshape(red, (N, O, *out_sp))
+
+
+def decompose_matmul(n: UOp) -> UOp:
+    a, b = n.src
+    *batch, M, K = a.shape
+    N = b.shape[-1]
+    nb = len(batch)
+    full = (*batch, M, N, K)
+    aa = T.expand(T.reshape(a, (*batch, M, 1, K)), full)
+    bt = T.permute(b, (*range(nb), nb + 1, nb))
+    bb = T.expand(T.reshape(bt, (*batch, 1, N, K)), full)
+    red = T.reduce(T.alu(Ops.MUL, aa, bb), Ops.ADD, [nb + 2])
+    return T.reshape(red, (*batch, M, N))
+
+
+pm_decompose = PatternMatcher([
+    (UPat(Ops.CONV, name="n"), decompose_conv),
+    (UPat(Ops.MATMUL, name="n"), decompose_matmul),
+], name="decompose")

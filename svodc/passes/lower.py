@@ -1,0 +1,255 @@
+"""Lowering: one kernel's tensor-level subgraph -> a loop-level AST.
+
+The kernel iterates over the elements of its root tensor. Lowering a node means answering "what is
+its value at output index idx?" as a scalar expression: movement ops transform the index (RESHAPE
+through div/mod, PERMUTE by reordering, EXPAND by zeroing, PAD with a validity test, SLICE and WINDOW
+with affine maps), ALU ops apply to their sources at the same index, a REDUCE opens new RANGEs and
+becomes a LOOP_REDUCE, and a realized tensor (a buffer) becomes a LOAD at its linear index.
+
+Invariant: a LOAD never reads outside its buffer. Where bounds analysis cannot prove an index in
+range (padding, windows over padding), each axis index is clamped into the buffer first; the value
+read there is discarded by the PAD's select.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+
+from svodc.ir.dtypes import dtypes
+from svodc.ir.ops import (
+    ALU,
+    KernelArg,
+    Ops,
+    PadArg,
+    ParamArg,
+    PermuteArg,
+    RangeArg,
+    RangeKind,
+    ReduceArg,
+    ShapeArg,
+    SliceArg,
+    WindowArg,
+)
+from svodc.ir.rewrite import graph_rewrite
+from svodc.ir.symbolic import pm_symbolic
+from svodc.ir.uop import UOp
+from svodc.program import Buffer
+
+PARALLEL_MIN = 32  # collapse leading axes into one parallel loop of at least this many iterations
+_IDX = dtypes.index
+_REDUCE_IDENTITY = {Ops.ADD: 0, Ops.MUL: 1}
+
+
+def ic(v: int) -> UOp:
+    return UOp.const(_IDX, v)
+
+
+def _simplify(x: UOp) -> UOp:
+    return graph_rewrite(x, pm_symbolic)
+
+
+def reshape_index(idx: tuple[UOp, ...], out_shape: tuple[int, ...], src_shape: tuple[int, ...]) -> list[UOp]:
+    """Map an index into out_shape to the index into src_shape with the same linear position.
+    Axes are grouped where the running products of both shapes agree, so div/mod only appears
+    inside a group that really merges or splits axes."""
+    src_idx: list[UOp] = []
+    i = j = 0
+    while i < len(out_shape) or j < len(src_shape):
+        gi, gj = [i], [j]
+        po = out_shape[i] if i < len(out_shape) else 1
+        ps = src_shape[j] if j < len(src_shape) else 1
+        i, j = i + 1, j + 1
+        while po != ps:
+            if po < ps:
+                po *= out_shape[i]
+                gi.append(i)
+                i += 1
+            else:
+                ps *= src_shape[j]
+                gj.append(j)
+                j += 1
+        gi = [a for a in gi if a < len(out_shape)]
+        gj = [a for a in gj if a < len(src_shape)]
+        flat = ic(0)
+        for a in gi:
+            flat = flat * out_shape[a] + idx[a]
+        stride = 1
+        parts = []
+        for b in reversed(gj):
+            parts.append(flat // stride % src_shape[b] if src_shape[b] != 1 else ic(0))
+            stride *= src_shape[b]
+        src_idx.extend(reversed(parts))
+    return src_idx
+
+
+class KernelLowerer:
+    """Lowers one kernel. `buffer_for(node)` gives the realized buffer a node is read from (or None
+    when the node is computed in this kernel)."""
+
+    def __init__(self, name: str, out: Buffer, buffer_for: Callable[[UOp], Buffer | None]):
+        self.name = name
+        self.params: list[Buffer] = [out]
+        self._param_uops: dict[int, UOp] = {}
+        self._buffer_for = buffer_for
+        self._ranges = 0
+        self._memo: dict[tuple[UOp, tuple[UOp, ...]], UOp] = {}
+
+    def param(self, buf: Buffer) -> UOp:
+        if buf.id not in self._param_uops:
+            if buf is not self.params[0] and buf not in self.params:
+                self.params.append(buf)
+            i = self.params.index(buf)
+            self._param_uops[buf.id] = UOp(Ops.PARAM, buf.dtype.ptr(), (), ParamArg(i, buf.name))
+        return self._param_uops[buf.id]
+
+    def new_range(self, size: int, kind: RangeKind) -> UOp:
+        r = UOp(Ops.RANGE, _IDX, (ic(size),), RangeArg(self._ranges, kind))
+        self._ranges += 1
+        return r
+
+    # ------------------------------------------------------------------ the kernel
+    def lower_kernel(self, root: UOp, copy_from: Buffer | None = None) -> UOp:
+        shape = root.shape
+        idx = self.output_index(shape)
+        value = self.load(copy_from, idx) if copy_from is not None else self.lower(root, idx, top=True)
+        out = self.params[0]
+        store = UOp(Ops.STORE, dtypes.void, (self.param(out), self.linear(idx, shape), value))
+        sink = UOp(Ops.SINK, dtypes.void, (store,), KernelArg(self.name))
+        return _simplify(sink)
+
+    def output_index(self, shape: tuple[int, ...]) -> tuple[UOp, ...]:
+        """Leading axes collapse into one PARALLEL range (split across threads); the rest loop."""
+        k, p = 0, 1
+        while k < len(shape) and p < PARALLEL_MIN:
+            p *= shape[k]
+            k += 1
+        idx: list[UOp] = []
+        if k:
+            par = self.new_range(p, RangeKind.PARALLEL)
+            inner = p
+            for d in range(k):
+                inner //= shape[d]
+                idx.append(par // inner % shape[d] if shape[d] != 1 else ic(0))
+        for d in range(k, len(shape)):
+            idx.append(self.new_range(shape[d], RangeKind.LOOP) if shape[d] != 1 else ic(0))
+        return tuple(_simplify(i) for i in idx)
+
+    @staticmethod
+    def linear(idx: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
+        out, stride = ic(0), 1
+        for i, s in zip(reversed(idx), reversed(shape), strict=True):
+            out = out + i * stride
+            stride *= s
+        return out
+
+    def load(self, buf: Buffer, idx: tuple[UOp, ...]) -> UOp:
+        clamped = []
+        for i, size in zip(idx, buf.shape, strict=True):
+            i = _simplify(i)
+            if i.vmin < 0 or i.vmax >= size:
+                i = i.maximum(ic(0)).minimum(ic(size - 1))
+            clamped.append(i)
+        index = _simplify(self.linear(tuple(clamped), buf.shape))
+        return UOp(Ops.LOAD, buf.dtype, (self.param(buf), index), 0)
+
+    # ------------------------------------------------------------------ values
+    def lower(self, n: UOp, idx: tuple[UOp, ...], top: bool = False) -> UOp:
+        key = (n, idx)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        if not top or n.op in (Ops.INPUT, Ops.WEIGHT):
+            buf = self._buffer_for(n)
+            if buf is not None:
+                out = self.load(buf, idx)
+                self._memo[key] = out
+                return out
+        out = self._lower_op(n, idx)
+        self._memo[key] = out
+        return out
+
+    def _lower_op(self, n: UOp, idx: tuple[UOp, ...]) -> UOp:
+        op, arg = n.op, n.arg
+        if op is Ops.CONST:
+            return n
+        if op in ALU:
+            return UOp(op, n.dtype, tuple(self.lower(s, idx) for s in n.src))
+        src = n.src[0] if n.src else None
+        if op is Ops.RESHAPE:
+            assert isinstance(arg, ShapeArg)
+            return self.lower(src, tuple(reshape_index(idx, arg.shape, src.shape)))
+        if op is Ops.PERMUTE:
+            assert isinstance(arg, PermuteArg)
+            sidx: list[UOp | None] = [None] * len(idx)
+            for i, a in enumerate(arg.order):
+                sidx[a] = idx[i]
+            return self.lower(src, tuple(sidx))
+        if op is Ops.EXPAND:
+            return self.lower(src, tuple(ic(0) if s == 1 and d != 1 else i
+                                         for i, s, d in zip(idx, src.shape, n.shape, strict=True)))
+        if op is Ops.PAD:
+            assert isinstance(arg, PadArg)
+            valid: UOp = UOp.const(dtypes.bool, True)
+            sidx = []
+            for i, (b, _), size in zip(idx, arg.pads, src.shape, strict=True):
+                j = _simplify(i - b) if b else i
+                if j.vmin < 0:
+                    valid = valid.logical_and(j.ge(0))
+                if j.vmax >= size:
+                    valid = valid.logical_and(j.lt(size))
+                sidx.append(j)
+            inner = self.lower(src, tuple(sidx))
+            return _simplify(valid).where(inner, UOp.const(n.dtype, arg.value))
+        if op is Ops.SLICE:
+            assert isinstance(arg, SliceArg)
+            return self.lower(src, tuple(_simplify(i * step + start) for i, start, step in
+                                         zip(idx, arg.starts, arg.steps, strict=True)))
+        if op is Ops.WINDOW:
+            assert isinstance(arg, WindowArg)
+            nd = src.ndim
+            sidx = list(idx[:nd])
+            for k, (a, s, d) in enumerate(zip(arg.axes, arg.strides, arg.dilations, strict=True)):
+                sidx[a] = _simplify(idx[a] * s + idx[nd + k] * d)
+            return self.lower(src, tuple(sidx))
+        if op is Ops.REDUCE:
+            assert isinstance(arg, ReduceArg)
+            ranges = []
+            sidx = list(idx)
+            for a in arg.axes:
+                if src.shape[a] == 1:
+                    sidx[a] = ic(0)
+                    continue
+                r = self.new_range(src.shape[a], RangeKind.REDUCE)
+                ranges.append(r)
+                sidx[a] = r
+            if math.prod(src.shape[a] for a in arg.axes) == 0:
+                return UOp.const(n.dtype, reduce_identity(arg.op, n.dtype))
+            inner = self.lower(src, tuple(sidx))
+            if not ranges:
+                return inner
+            return UOp(Ops.LOOP_REDUCE, n.dtype, (inner, *ranges), arg.op)
+        raise NotImplementedError(f"cannot lower {op.name} (it should have been decomposed before lowering)")
+
+
+def reduce_identity(op: Ops, dtype) -> int | float | bool:
+    from svodc.ir.dtypes import max_value, min_value
+
+    if op is Ops.MAX:
+        return min_value(dtype)
+    if op is Ops.MIN:
+        return max_value(dtype)
+    return _REDUCE_IDENTITY[op]
+
+
+def lower_kernel(name: str, root: UOp, out: Buffer, buffer_for: Callable[[UOp], Buffer | None],
+                 copy_from: Buffer | None = None) -> tuple[UOp, list[Buffer]]:
+    lowerer = KernelLowerer(name, out, buffer_for)
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, 20000))  # kernel subgraphs are bounded (schedule.MAX_FUSED_OPS)
+    try:
+        ast = lowerer.lower_kernel(root, copy_from)
+    finally:
+        sys.setrecursionlimit(old)
+    return ast, lowerer.params

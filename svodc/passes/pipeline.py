@@ -1,0 +1,118 @@
+"""The pass pipeline: ImportedGraph -> Program.
+
+fold constants -> decompose contractions -> fold again -> schedule into kernels -> lower each kernel
+to loops -> plan memory. Each step is a named rule set or a function of one graph; with
+SVOD_DEBUG >= 2 the graph after each pass is printed.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from svodc.frontend.importer import ImportedGraph
+from svodc.ir.dtypes import dtypes
+from svodc.ir.ops import Ops
+from svodc.ir.provenance import Provenance
+from svodc.ir.rewrite import debug_level, graph_rewrite
+from svodc.ir.uop import UOp, pretty
+from svodc.options import CompileOptions
+from svodc.passes.decompose import pm_decompose
+from svodc.passes.fold import is_folded_constant, pm_fold
+from svodc.passes.lower import lower_kernel
+from svodc.passes.memory import plan_arena, plan_weights
+from svodc.passes.schedule import KernelPlan, plan_kernels
+from svodc.program import Buffer, BufferKind, Kernel, Program
+
+
+def _debug_graph(title: str, sink: UOp) -> None:
+    if debug_level() >= 2:
+        print(f"===== after {title} =====\n{pretty(sink)}", file=sys.stderr)
+
+
+def optimize(graph: ImportedGraph, options: CompileOptions) -> UOp:
+    """The tensor-level graph after folding and decomposition, as a SINK of the outputs."""
+    prov = graph.provenance
+    sink = UOp(Ops.SINK, dtypes.void, tuple(o for _, o in graph.outputs))
+    fold = pm_fold(options.fold_limit)
+    sink = graph_rewrite(sink, fold, prov=prov)
+    _debug_graph("fold", sink)
+    sink = graph_rewrite(sink, pm_decompose, prov=prov)
+    sink = graph_rewrite(sink, fold, prov=prov)
+    _debug_graph("decompose", sink)
+    return sink
+
+
+def _kernel_name(i: int, provenance: list[str]) -> str:
+    base = re.sub(r"[^A-Za-z0-9_]+", "_", provenance[0] if provenance else "copy").strip("_")[:40]
+    return f"k{i}_{base}" if base else f"k{i}"
+
+
+def _provenance(root: UOp, realized: set[UOp], prov: Provenance) -> list[str]:
+    names: set[str] = set()
+    stack, seen = [root], set()
+    while stack:
+        n = stack.pop()
+        if n in seen or is_folded_constant(n):
+            continue  # constants are shared by hash-consing: their provenance is any one producer
+        seen.add(n)
+        names |= prov.get(n)
+        stack.extend(s for s in n.src if s not in realized)
+    return sorted(names)
+
+
+def build_program(graph: ImportedGraph, options: CompileOptions) -> Program:
+    sink = optimize(graph, options)
+    outputs = list(zip([name for name, _ in graph.outputs], sink.src, strict=True))
+    plans, realized = plan_kernels(outputs)
+
+    next_id = iter(range(1 << 30))
+    inputs = [Buffer(next(next_id), BufferKind.INPUT, x.dtype, x.shape, name, slot=i)
+              for i, (name, x) in enumerate(graph.inputs)]
+    input_by_name = {b.name: b for b in inputs}
+    out_bufs = [Buffer(next(next_id), BufferKind.OUTPUT, x.dtype, x.shape, name, slot=i)
+                for i, (name, x) in enumerate(outputs)]
+    out_by_name = {b.name: b for b in out_bufs}
+    weights: dict[UOp, Buffer] = {}
+    scratch: list[Buffer] = []
+    realized_buf: dict[UOp, Buffer] = {}  # realized node -> the buffer consumers read it from
+    written: dict[UOp, Buffer] = {}  # kernel root -> the buffer its kernel wrote
+
+    def buffer_for(n: UOp) -> Buffer | None:
+        if n.op is Ops.INPUT:
+            return input_by_name[n.arg.name]
+        if n.op is Ops.WEIGHT:
+            if n not in weights:
+                weights[n] = Buffer(next(next_id), BufferKind.WEIGHT, n.dtype, n.shape,
+                                    f"w{len(weights)}", data=n.arg)
+            return weights[n]
+        return realized_buf.get(n)
+
+    kernels: list[Kernel] = []
+    for plan in plans:
+        out = _plan_output(plan, out_by_name, scratch, next_id)
+        prov = _provenance(plan.root, realized, graph.provenance)
+        name = _kernel_name(len(kernels), prov)
+        copy_from = written[plan.root] if plan.copy else None
+        ast, params = lower_kernel(name, plan.root, out, buffer_for, copy_from=copy_from)
+        if not plan.copy:
+            written.setdefault(plan.root, out)
+            if plan.root in realized:
+                realized_buf.setdefault(plan.root, out)
+        kernels.append(Kernel(name, ast, params, prov))
+        if debug_level() >= 2:
+            print(f"===== kernel {name} =====\n{pretty(ast)}", file=sys.stderr)
+
+    weight_list = list(weights.values())
+    program = Program(inputs, out_bufs, kernels, weight_list, scratch, producer=graph.producer)
+    program.arena_size = plan_arena(kernels, scratch)
+    program.weights_size = plan_weights(weight_list)
+    return program
+
+
+def _plan_output(plan: KernelPlan, out_by_name: dict[str, Buffer], scratch: list[Buffer], ids) -> Buffer:
+    if plan.output is not None:
+        return out_by_name[plan.output]
+    b = Buffer(next(ids), BufferKind.SCRATCH, plan.root.dtype, plan.root.shape, f"t{len(scratch)}")
+    scratch.append(b)
+    return b

@@ -1,0 +1,65 @@
+"""Program: what the passes hand to codegen and the bundle writer.
+
+A list of kernels in execution order, each a loop-level UOp AST whose PARAM i is `params[i]`, and the
+buffers they read and write, with their placement:
+- input / output: the caller's arrays, by slot (position in the graph's inputs / outputs);
+- weight: an offset in the weights section (read-only, mapped from the bundle);
+- scratch: an offset in the arena (one allocation per inference call).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from svodc.ir.dtypes import DType
+from svodc.ir.ops import ConstData
+from svodc.ir.shapes import prod
+from svodc.ir.uop import UOp
+
+
+class BufferKind(enum.Enum):
+    INPUT = "input"
+    OUTPUT = "output"
+    WEIGHT = "weight"
+    SCRATCH = "scratch"
+
+
+@dataclass(eq=False)
+class Buffer:
+    id: int
+    kind: BufferKind
+    dtype: DType
+    shape: tuple[int, ...]
+    name: str
+    data: ConstData | None = None  # weights only
+    slot: int = -1  # inputs and outputs: index among the graph's inputs / outputs
+    offset: int = -1  # weights: offset in the weights section; scratch: offset in the arena
+
+    @property
+    def nbytes(self) -> int:
+        return prod(self.shape) * self.dtype.itemsize
+
+    def __repr__(self) -> str:
+        where = f"slot {self.slot}" if self.slot >= 0 else f"+{self.offset}"
+        return f"Buffer#{self.id}({self.kind.value} {self.name} {self.dtype.name}{list(self.shape)} {where})"
+
+
+@dataclass(eq=False)
+class Kernel:
+    name: str
+    ast: UOp  # loop-level SINK(STORE ...)
+    params: list[Buffer]  # PARAM i <-> params[i]; params[0] is written, the rest are read
+    provenance: list[str] = field(default_factory=list)  # ONNX node names this kernel computes
+
+
+@dataclass
+class Program:
+    inputs: list[Buffer]
+    outputs: list[Buffer]
+    kernels: list[Kernel]
+    weights: list[Buffer]  # placed in the weights section, by offset
+    scratch: list[Buffer]  # placed in the arena, by offset
+    arena_size: int = 0
+    weights_size: int = 0
+    producer: str = ""  # the tool that made the source model

@@ -1,0 +1,102 @@
+"""svodrt command line: run and info. Needs only the runtime's dependencies (argparse, not click).
+
+Errors print one line and exit non-zero; --debug shows the traceback."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from svodrt.errors import SvodError
+
+
+def _load_inputs(specs: list[str]) -> dict[str, np.ndarray]:
+    feeds: dict[str, np.ndarray] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep:  # a bare .npz: every array in it, by key
+            with np.load(spec, allow_pickle=False) as z:
+                feeds.update({k: z[k] for k in z.files})
+            continue
+        if path.endswith(".npz"):
+            with np.load(path, allow_pickle=False) as z:
+                if name not in z.files:
+                    raise SvodError(f"{path} has no array named {name!r} (it has {z.files})")
+                feeds[name] = z[name]
+        else:
+            feeds[name] = np.load(path, allow_pickle=False)
+    return feeds
+
+
+def _summary(a: np.ndarray) -> str:
+    flat = a.reshape(-1)
+    head = ", ".join(f"{v:.6g}" if a.dtype.kind == "f" else str(v) for v in flat[:5])
+    extra = ""
+    if a.dtype.kind in "fiu" and a.size:
+        extra = f"; top-5 indices {np.argsort(flat)[::-1][:5].tolist()}" if a.size > 5 else ""
+    return f"{a.dtype}{list(a.shape)} [{head}{', ...' if a.size > 5 else ''}]{extra}"
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    import svodrt
+
+    t0 = time.perf_counter()
+    model = svodrt.load(args.bundle, threads=args.threads)
+    t1 = time.perf_counter()
+    feeds = _load_inputs(args.input)
+    t2 = time.perf_counter()
+    outs = model.run(feeds)
+    t3 = time.perf_counter()
+    for _ in range(max(0, args.repeat - 1)):
+        model.run(feeds)
+    t4 = time.perf_counter()
+    if args.output:
+        tmp = args.output + ".tmp.npz"
+        np.savez(tmp, **outs)
+        import os
+
+        os.replace(tmp, args.output)
+    for name, a in outs.items():
+        print(f"{name}: {_summary(a)}")
+    per = (t4 - t2) / args.repeat if args.repeat > 1 else t3 - t2
+    print(f"load {1e3 * (t1 - t0):.2f} ms, run {1e3 * per:.2f} ms ({model.threads} threads, "
+          f"{model.variant.arch}:{model.variant.cpu})", file=sys.stderr)
+
+
+def cmd_info(args: argparse.Namespace) -> None:
+    from svodrt.describe import describe
+
+    print(describe(args.bundle, verbose=args.verbose))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="svodrt", description="Run .svod bundles.")
+    p.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run a bundle on inputs from .npy/.npz files")
+    r.add_argument("bundle")
+    r.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy|FILE.npz",
+                   help="an input array (repeat per input); a bare .npz supplies all arrays by name")
+    r.add_argument("-o", "--output", help="write the outputs to this .npz")
+    r.add_argument("--threads", type=int, default=None, help="threads per inference (default: all cores)")
+    r.add_argument("--repeat", type=int, default=1, help="run this many times and report the mean time")
+    r.set_defaults(fn=cmd_run)
+    i = sub.add_parser("info", help="describe a bundle")
+    i.add_argument("bundle")
+    i.add_argument("-v", "--verbose", action="store_true", help="list kernels with their ONNX nodes")
+    i.set_defaults(fn=cmd_info)
+    args = p.parse_args(argv)
+    try:
+        args.fn(args)
+    except (SvodError, OSError, ValueError) as e:
+        if args.debug:
+            raise
+        print(f"svodrt: error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

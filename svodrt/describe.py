@@ -1,0 +1,51 @@
+"""A human-readable description of a bundle (svodrt info, svodc inspect)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from svodrt.bundle import Bundle, parse_bundle
+from svodrt.host import Host, detect_host
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def describe_bundle(b: Bundle, host: Host | None = None, verbose: bool = False) -> str:
+    host = host or detect_host()
+    m = b.manifest
+    producer = m.get("producer", {})
+    lines = [f"format {b.header.major}.{b.header.minor}, made by {producer.get('name')} {producer.get('version')}",
+             "inputs:"]
+    lines += [f"  {t.name}: {t.dtype}{list(t.shape)}" for t in b.inputs]
+    lines += ["outputs:"] + [f"  {t.name}: {t.dtype}{list(t.shape)}" for t in b.outputs]
+    lines.append("code variants (first one this host can run is used):")
+    chosen = None
+    for v in b.variants:
+        ok = v.arch == host.arch and all(f in host.features for f in v.features)
+        mark = "*" if ok and chosen is None else " "
+        chosen = chosen or (v if ok else None)
+        feats = ", ".join(v.features) if v.features else "baseline"
+        lines.append(f" {mark}{v.arch}:{v.cpu}  code {_size(v.section.length)}, {len(v.fixups)} fixups; "
+                     f"needs {feats}")
+    if chosen is None:
+        lines.append(f"  (none runs on this {host.arch} host)")
+    lines.append(f"memory: arena {_size(b.arena_size)}, weights {_size(b.weights_size)}")
+    lines.append("sections:")
+    lines += [f"  {s.name}: {_size(s.length)} at offset {s.offset}" for s in b.sections]
+    lines.append(f"kernels: {len(b.kernels)}")
+    if verbose:
+        for k in b.kernels:
+            src = ", ".join(k.provenance[:6]) + (f" (+{len(k.provenance) - 6})" if len(k.provenance) > 6 else "")
+            lines.append(f"  {k.name}: {src or '-'}")
+    return "\n".join(lines)
+
+
+def describe(path: str | Path, verbose: bool = False) -> str:
+    data = Path(path).read_bytes()
+    return describe_bundle(parse_bundle(data), verbose=verbose)

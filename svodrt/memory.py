@@ -1,0 +1,89 @@
+"""Memory mappings through libc (ctypes): code read+execute, weights read-only.
+
+Invariant (W^X): no mapping is ever writable and executable at once. Code that needs base fixups is
+mapped private and writable, patched, then switched to read+execute with mprotect; code without
+fixups is mapped read+execute straight from the file. Code pages are never written after they
+become executable, so no instruction-cache flush is needed on any architecture we map code for
+(the kernel keeps i-cache coherent for pages it maps or whose protection it changes).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+
+from svodrt.errors import RuntimeFailure
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_mmap = _libc.mmap
+_mmap.restype = ctypes.c_void_p
+_mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_mprotect = _libc.mprotect
+_mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_munmap = _libc.munmap
+_munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+MAP_FAILED = ctypes.c_void_p(-1).value
+PAGE = mmap.PAGESIZE
+
+# sched_yield, called by the barrier in generated code when it has spun long enough.
+YIELD_FN = ctypes.cast(_libc.sched_yield, ctypes.c_void_p).value
+
+
+def _round(n: int) -> int:
+    return max(PAGE, (n + PAGE - 1) // PAGE * PAGE)
+
+
+class Mapping:
+    """One mapping of `size` bytes at `address`, unmapped on close()."""
+
+    def __init__(self, address: int, size: int):
+        self.address = address
+        self.size = size
+
+    def close(self) -> None:
+        if self.address:
+            _munmap(self.address, self.size)
+            self.address = 0
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def _map(length: int, prot: int, flags: int, fd: int, offset: int, what: str) -> Mapping:
+    size = _round(length)
+    addr = _mmap(None, size, prot, flags, fd, offset)
+    if addr in (None, MAP_FAILED):
+        err = ctypes.get_errno()
+        raise RuntimeFailure(f"cannot map {what} ({size} bytes at file offset {offset}): {os.strerror(err)}")
+    return Mapping(addr, size)
+
+
+def _protect(m: Mapping, prot: int, what: str) -> None:
+    if _mprotect(m.address, m.size, prot) != 0:
+        err = ctypes.get_errno()
+        m.close()
+        raise RuntimeFailure(f"cannot make {what} {'executable' if prot & mmap.PROT_EXEC else 'read-only'}: "
+                             f"{os.strerror(err)} (is the filesystem mounted noexec, or W^X enforced?)")
+
+
+def map_code(fd: int | None, offset: int, data: bytes | memoryview, fixups: tuple[int, ...]) -> Mapping:
+    """Map a code image read+execute. fd/offset: where it is in the bundle file (None: from bytes)."""
+    length = len(data)
+    what = "code image"
+    if fd is not None and not fixups and offset % PAGE == 0:
+        return _map(length, mmap.PROT_READ | mmap.PROT_EXEC, mmap.MAP_PRIVATE, fd, offset, what)
+    if fd is not None and offset % PAGE == 0:
+        m = _map(length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE, fd, offset, what)
+    else:
+        m = _map(length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0, what)
+        ctypes.memmove(m.address, bytes(data), length)
+    for off in fixups:  # verified earlier: inside the image, 8 bytes each
+        word = ctypes.c_uint64.from_address(m.address + off)
+        word.value = (word.value + m.address) & 0xFFFFFFFFFFFFFFFF
+    _protect(m, mmap.PROT_READ | mmap.PROT_EXEC, what)
+    return m
+
+
+def map_readonly(fd: int, offset: int, length: int, what: str) -> Mapping:
+    return _map(length, mmap.PROT_READ, mmap.MAP_PRIVATE, fd, offset, what)

@@ -1,0 +1,63 @@
+"""The onnx package's 9 "light" models, their reference data, and random-weight variants.
+
+The light models' weights are ConstantOfShape fills, so every class gets the same logit and the
+shipped reference output is a uniform 0.001: a broken kernel would still match it. The variants
+perturb every fill value by a seeded random factor (sign and scale kept, so BatchNormalization
+variances stay positive) and expose the logits before the final Softmax as an extra output; their
+references come from onnxruntime.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+LIGHT_MODELS = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
+                "squeezenet", "vgg19", "zfnet512"]
+
+
+def model_path(name: str) -> Path:
+    return LIGHT_DIR / f"light_{name}.onnx"
+
+
+def reference_output(name: str) -> np.ndarray:
+    return numpy_helper.to_array(onnx.load_tensor(str(LIGHT_DIR / f"light_{name}_output_0.pb")))
+
+
+def dummy_inputs(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """What onnx's backend runner feeds these models: generate_dummy_data(seed=0, random=False)."""
+    inits = {i.name for i in model.graph.initializer}
+    feeds = {}
+    for x in model.graph.input:
+        if x.name in inits:
+            continue
+        shape = tuple(d.dim_value if d.HasField("dim_value") else 1 for d in x.type.tensor_type.shape.dim)
+        n = int(np.prod(shape))
+        feeds[x.name] = (np.arange(n).reshape(shape) / n).astype(np.float32)
+    return feeds
+
+
+def random_weight_variant(name: str, seed: int = 0) -> onnx.ModelProto:
+    model = onnx.load(str(model_path(name)))
+    rng = np.random.default_rng(seed)
+    g = model.graph
+    values = {i.name: numpy_helper.to_array(i) for i in g.initializer}
+    nodes = []
+    for node in g.node:
+        if node.op_type != "ConstantOfShape":
+            nodes.append(node)
+            continue
+        shape = [int(v) for v in values[node.input[0]].reshape(-1)]
+        fill = numpy_helper.to_array(node.attribute[0].t).reshape(-1)[0] if node.attribute else np.float32(0)
+        data = (fill * (1 + 0.5 * rng.uniform(-1, 1, size=shape))).astype(np.float32)
+        g.initializer.append(numpy_helper.from_array(data, node.output[0]))
+    del g.node[:]
+    g.node.extend(nodes)
+    softmax = [n for n in g.node if n.op_type == "Softmax"]
+    if softmax:
+        g.output.append(helper.make_tensor_value_info(softmax[-1].input[0], onnx.TensorProto.FLOAT, None))
+    return model
