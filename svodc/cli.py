@@ -71,8 +71,9 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("-O", "opt_level", type=click.IntRange(0, 3), default=3, show_default=True, help="LLVM opt level.")
 @click.option("-j", "--jobs", type=click.IntRange(0), default=0, help="Compile workers (0: one per core).")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success.")
+@click.option("-v", "--verbose", is_flag=True, help="Print each stage as it finishes (default on a terminal).")
 def compile(model: str, output: str | None, target: str, dims: tuple[str, ...], shapes: tuple[str, ...],
-            opt_level: int, jobs: int, quiet: bool) -> None:
+            opt_level: int, jobs: int, quiet: bool, verbose: bool) -> None:
     """Compile MODEL (.onnx) into a .svod bundle."""
     from svodc.api import compile_to_file
     from svodc.options import CompileOptions
@@ -85,8 +86,10 @@ def compile(model: str, output: str | None, target: str, dims: tuple[str, ...], 
     options = CompileOptions(dims=dim_map, input_shapes=shape_map, opt_level=opt_level, jobs=jobs)
     t0 = time.perf_counter()
 
+    show = not quiet and (verbose or sys.stderr.isatty())
+
     def progress(stage: str) -> None:
-        if not quiet:
+        if show:
             click.echo(f"  {stage} ({time.perf_counter() - t0:.2f}s)", err=True)
 
     path = compile_to_file(model, out, target=target, options=options, progress=progress)

@@ -2,9 +2,10 @@
 
 The light models' weights are ConstantOfShape fills, so every class gets the same logit and the
 shipped reference output is a uniform 0.001: a broken kernel would still match it. The variants
-perturb every fill value by a seeded random factor (sign and scale kept, so BatchNormalization
-variances stay positive) and expose the logits before the final Softmax as an extra output; their
-references come from onnxruntime.
+give every weight tensor (rank >= 2) seeded He-normal values, perturb every other fill (biases, the
+BatchNormalization statistics) by a random factor that keeps its sign, so variances stay positive,
+and expose the logits before the final Softmax as an extra output; their references come from
+onnxruntime.
 """
 
 from __future__ import annotations
@@ -53,7 +54,11 @@ def random_weight_variant(name: str, seed: int = 0) -> onnx.ModelProto:
             continue
         shape = [int(v) for v in values[node.input[0]].reshape(-1)]
         fill = numpy_helper.to_array(node.attribute[0].t).reshape(-1)[0] if node.attribute else np.float32(0)
-        data = (fill * (1 + 0.5 * rng.uniform(-1, 1, size=shape))).astype(np.float32)
+        if len(shape) >= 2:
+            data = rng.standard_normal(shape) * np.sqrt(2.0 / max(int(np.prod(shape[1:])), 1))
+        else:
+            data = fill * (1 + 0.5 * rng.uniform(-1, 1, size=shape))
+        data = data.astype(np.float32)
         g.initializer.append(numpy_helper.from_array(data, node.output[0]))
     del g.node[:]
     g.node.extend(nodes)

@@ -7,13 +7,8 @@ becomes a CodegenError naming the kernels it was compiling.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import os
-import pickle
-import struct
-import subprocess
 import sys
-import threading
 from dataclasses import dataclass
 
 from svodc.codegen.elf import read_object
@@ -106,44 +101,17 @@ def compile_program(program: Program, target: Target, options: CompileOptions) -
 
 
 def run_jobs(jobs: list[LLVMJob], workers: int) -> list[tuple[bytes, str]]:
-    """Compile jobs in `workers` fresh worker processes; results in job order."""
-    groups = _chunks(list(range(len(jobs))), workers)
-    results: list[tuple[bytes, str] | None] = [None] * len(jobs)
+    """Compile jobs on the worker pool; results in job order."""
+    from svodc.codegen.worker import pool
 
-    def run_group(indices: list[int]) -> None:
-        proc = subprocess.Popen([sys.executable, "-m", "svodc.codegen.worker"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        feeder = threading.Thread(target=_feed, args=(proc, pickle.dumps([jobs[i] for i in indices])))
-        feeder.start()
-        done = 0
-        for i in indices:
-            head = proc.stdout.read(8)
-            if len(head) < 8:
-                break
-            msg = pickle.loads(proc.stdout.read(struct.unpack("<Q", head)[0]))
-            if msg[0] == "error":
-                proc.kill()
-                raise CodegenError(msg[1])
-            results[i] = (msg[1], msg[2])
-            done += 1
-        feeder.join()
-        err = proc.stderr.read().decode(errors="replace").strip()
-        code = proc.wait()
-        if done < len(indices):
-            job = jobs[indices[done]]
-            raise CodegenError(f"LLVM crashed while compiling {job.name} (worker exit code {code}): "
-                               f"{err.splitlines()[-1] if err else 'no message'}; rerun with SVOD_DEBUG=3 to see "
-                               "the IR, and please report it")
+    def crashed(job: LLVMJob, message: str) -> CodegenError:
+        return CodegenError(f"LLVM crashed while compiling {job.name}: {message}; rerun with SVOD_DEBUG=3 to see "
+                            "the IR, and please report it")
 
-    with cf.ThreadPoolExecutor(max_workers=len(groups)) as pool:
-        for fut in [pool.submit(run_group, g) for g in groups]:
-            fut.result()
-    return results  # type: ignore[return-value]
-
-
-def _feed(proc: subprocess.Popen, data: bytes) -> None:
-    try:
-        proc.stdin.write(data)
-        proc.stdin.close()
-    except BrokenPipeError:
-        pass
+    replies = pool(workers).run(jobs, crashed)
+    out = []
+    for job, reply in zip(jobs, replies, strict=True):
+        if reply[0] == "error":
+            raise CodegenError(f"{job.name}: {reply[1]}")
+        out.append((reply[1], reply[2]))
+    return out

@@ -57,9 +57,10 @@ def pow2i(k: UOp, dt: DType) -> UOp:
 
 
 def round_nearest(x: UOp) -> UOp:
-    """Round to nearest (ties to even) for |x| < 2**22 (f32) / 2**51 (f64): the add-magic trick."""
+    """Round to nearest (ties to even): the add-magic trick below 2**22 (f32) / 2**51 (f64); larger
+    values are already integral."""
     magic = _c(x, 12582912.0 if x.dtype is F32 else 6755399441055744.0)
-    return (x + magic) - magic
+    return x.alu(Ops.ABS).lt(_c(x, 2.0 ** (22 if x.dtype is F32 else 51))).where((x + magic) - magic, x)
 
 
 def scale_by_pow2(p: UOp, n: UOp) -> UOp:
@@ -208,6 +209,8 @@ def erf(x: UOp) -> UOp:
 def sin(x: UOp) -> UOp:
     k = round_nearest(x * _c(x, 2 / math.pi))
     r = x - k * _c(x, 1.5703125) - k * _c(x, 4.837512969970703125e-4) - k * _c(x, 7.54978995489188216e-8)
+    # Past ~1e5 this reduction loses precision (no Payne-Hanek); keep the result in [-1, 1] there.
+    r = r.maximum(_c(x, -math.pi / 4)).minimum(_c(x, math.pi / 4))
     r2 = r * r
     s = poly(r2, [-1.9515295891e-4, 8.3321608736e-3, -1.6666654611e-1]) * r2 * r + r
     c = poly(r2, [2.443315711809948e-5, -1.388731625493765e-3, 4.166664568298827e-2]) * r2 * r2 \

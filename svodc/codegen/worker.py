@@ -1,31 +1,173 @@
-"""A compile worker: `python -m svodc.codegen.worker` reads pickled LLVMJobs from stdin and writes
-one length-prefixed pickled result per job to stdout, as each finishes: ("ok", object, asm) or
-("error", message). If LLVM aborts the process, the parent knows which job was running.
+"""Compile workers: separate Python processes that run LLVM, so an LLVM abort kills a worker, not
+the compiler.
 
-A fresh interpreter (not fork, not multiprocessing's spawn, which re-imports the caller's main
-script) keeps this independent of how the compiler was invoked."""
+Protocol over the worker's stdin/stdout: the parent sends a length-prefixed pickled LLVMJob; the
+worker answers with a length-prefixed pickled ("ok", object, asm) or ("error", message); repeat
+until stdin closes. Workers are fresh interpreters (`python -m svodc.codegen.worker`), never forks
+of the caller and never multiprocessing's spawn (which re-runs the caller's main script).
+
+The pool is started on first use and kept for the life of the process, so many small compilations
+(tests, the conformance suite) do not pay for interpreter and LLVM start-up each time. A worker
+that dies is replaced, and the job it was running fails with a CodegenError that names it.
+"""
 
 from __future__ import annotations
 
+import atexit
+import os
 import pickle
+import queue
 import struct
+import subprocess
 import sys
+import tempfile
+import threading
+from typing import Any
+
+_LEN = struct.Struct("<Q")
+
+
+def _send(stream, obj: Any) -> None:
+    data = pickle.dumps(obj)
+    stream.write(_LEN.pack(len(data)) + data)
+    stream.flush()
+
+
+def _recv(stream) -> Any:
+    head = stream.read(_LEN.size)
+    if len(head) < _LEN.size:
+        raise EOFError
+    size = _LEN.unpack(head)[0]
+    data = stream.read(size)
+    if len(data) < size:
+        raise EOFError
+    return pickle.loads(data)
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self.stderr = tempfile.TemporaryFile()  # noqa: SIM115  (lives as long as the worker)
+        env = dict(os.environ)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+        self.proc = subprocess.Popen([sys.executable, "-m", "svodc.codegen.worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.stderr, env=env)
+
+    def call(self, job: Any) -> Any:
+        _send(self.proc.stdin, job)
+        return _recv(self.proc.stdout)
+
+    def last_error(self) -> str:
+        self.stderr.seek(0)
+        lines = self.stderr.read().decode(errors="replace").strip().splitlines()
+        return lines[-1] if lines else "no message"
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=5)
+        except Exception:
+            self.proc.kill()
+        self.stderr.close()
+
+
+class WorkerPool:
+    def __init__(self, size: int):
+        self.size = max(1, size)
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def _take(self) -> _Worker:
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            pass
+        with self._lock:
+            if self._count < self.size:
+                self._count += 1
+                return _Worker()
+        return self._idle.get()
+
+    def run(self, jobs: list[Any], on_crash) -> list[Any]:
+        """Run jobs on the pool; results in job order. on_crash(job, message) -> exception to raise."""
+        results: list[Any] = [None] * len(jobs)
+        errors: list[BaseException] = []
+        todo: queue.Queue[int] = queue.Queue()
+        for i in range(len(jobs)):
+            todo.put(i)
+
+        def drain() -> None:
+            while not errors:
+                try:
+                    i = todo.get_nowait()
+                except queue.Empty:
+                    return
+                w = self._take()
+                try:
+                    results[i] = w.call(jobs[i])
+                except (EOFError, BrokenPipeError, OSError):
+                    msg = w.last_error()
+                    w.close()
+                    with self._lock:
+                        self._count -= 1
+                    errors.append(on_crash(jobs[i], msg))
+                    return
+                self._idle.put(w)
+
+        threads = [threading.Thread(target=drain) for _ in range(min(self.size, len(jobs)))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return results
+
+    def close(self) -> None:
+        while True:
+            try:
+                self._idle.get_nowait().close()
+            except queue.Empty:
+                break
+
+
+_POOL: WorkerPool | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def pool(size: int) -> WorkerPool:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL.size < size:
+            if _POOL is not None:
+                _POOL.close()
+            _POOL = WorkerPool(size)
+        return _POOL
+
+
+@atexit.register
+def _shutdown() -> None:
+    if _POOL is not None:
+        _POOL.close()
 
 
 def main() -> None:
     from svodc.codegen.compile import compile_llvm
     from svodc.errors import SvodcError
 
-    jobs = pickle.load(sys.stdin.buffer)
-    out = sys.stdout.buffer
-    for job in jobs:
+    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # nothing but protocol frames on the real stdout
+    while True:
+        try:
+            job = _recv(inp)
+        except EOFError:
+            return
         try:
             obj, asm = compile_llvm(job)
-            msg = pickle.dumps(("ok", obj, asm))
+            _send(out, ("ok", obj, asm))
         except SvodcError as e:
-            msg = pickle.dumps(("error", str(e)))
-        out.write(struct.pack("<Q", len(msg)) + msg)
-        out.flush()
+            _send(out, ("error", str(e)))
 
 
 if __name__ == "__main__":

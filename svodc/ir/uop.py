@@ -142,6 +142,7 @@ class UOp:
     def __rsub__(self, o): return self.const_like(o).alu(Ops.SUB, self)
     def __mul__(self, o): return self.alu(Ops.MUL, o)
     def __rmul__(self, o): return self.const_like(o).alu(Ops.MUL, self)
+    def __truediv__(self, o): return self.alu(Ops.DIV, o)
     def __floordiv__(self, o): return self.alu(Ops.IDIV, o)
     def __mod__(self, o): return self.alu(Ops.MOD, o)
     def __neg__(self): return self.alu(Ops.NEG)

@@ -174,3 +174,6 @@ def dropout(ctx: NodeContext) -> list[UOp | None]:
     x = ctx.input(0)
     mask = T.const(True, dtypes.bool, x.shape) if ctx.output_used(1) else None
     return [x, mask]
+
+
+onnx_op("Sin", 7, 22)(_unary(Ops.SIN))

@@ -1,0 +1,32 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: setup demo test test-fast lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python scripts/demo.py
+
+test: $(STAMP)
+	$(BIN)/ruff check svodc svodrt tests scripts
+	$(BIN)/python -m pytest -q
+
+# Everything but the end-to-end model tests.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q --ignore=tests/test_light_models.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check svodc svodrt tests scripts
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

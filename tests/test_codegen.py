@@ -1,0 +1,156 @@
+"""Codegen: transcendental rewrites against float64 references, special values, integer division
+that never traps, and the linker's refusals."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from svodc.codegen.compile import LLVMJob, compile_llvm
+from svodc.codegen.elf import read_object
+from svodc.codegen.link import link
+from svodc.errors import LinkError
+from svodc.target import parse_target
+from tests.onnx_util import compile_and_run, make_model
+
+SPECIAL = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 1e-38, 3.4e38, -3.4e38, 1.0, -1.0],
+                   np.float32)
+
+
+def sweep(dtype) -> np.ndarray:
+    r = np.random.default_rng(1)
+    xs = [np.linspace(-20, 20, 4001), r.uniform(-100, 100, 2000), np.exp(r.uniform(-80, 80, 2000)),
+          -np.exp(r.uniform(-80, 80, 500)), np.linspace(-1e-3, 1e-3, 501)]
+    return np.concatenate(xs).astype(dtype)
+
+
+def run_unary(op: str, x: np.ndarray, **attrs) -> np.ndarray:
+    model = make_model([helper.make_node(op, ["x"], ["y"], **attrs)], {"x": (x.dtype, list(x.shape))}, ["y"])
+    return compile_and_run(model, {"x": x})["y"]
+
+
+def ulp_error(got: np.ndarray, want: np.ndarray, dtype) -> float:
+    finite = np.isfinite(want) & (np.abs(want) > np.finfo(dtype).tiny) & (np.abs(want) < np.finfo(dtype).max)
+    spacing = np.spacing(np.abs(want[finite]).astype(dtype)).astype(np.float64)
+    return float(np.max(np.abs(got[finite].astype(np.float64) - want[finite]) / spacing))
+
+
+REFS = {"Exp": np.exp, "Log": np.log, "Tanh": np.tanh, "Sin": np.sin,
+        "Erf": np.vectorize(math.erf, otypes=[np.float64])}
+
+
+@pytest.mark.parametrize("op,max_ulp", [("Exp", 3), ("Log", 3), ("Tanh", 4), ("Sin", 4)])
+def test_float32_transcendentals_are_accurate(op, max_ulp):
+    x = sweep(np.float32)
+    if op == "Log":
+        x = np.abs(x)
+    if op == "Sin":
+        x = x[np.abs(x) < 1000]
+    got = run_unary(op, x)
+    with np.errstate(all="ignore"):
+        want = REFS[op](x.astype(np.float64))
+    assert ulp_error(got, want, np.float32) <= max_ulp
+
+
+def test_erf_absolute_error():
+    x = sweep(np.float32)
+    got = run_unary("Erf", x).astype(np.float64)
+    want = REFS["Erf"](x.astype(np.float64))
+    assert np.max(np.abs(got - want)) < 3e-7
+    small = np.abs(x) < 1
+    assert np.max(np.abs(got[small] - want[small]) / np.maximum(np.abs(want[small]), 1e-30)) < 1e-6
+
+
+@pytest.mark.parametrize("op", ["Exp", "Log", "Tanh", "Erf", "Sin", "Sqrt", "Abs", "Neg"])
+def test_special_values_follow_ieee(op):
+    x = SPECIAL if op != "Sin" else SPECIAL[np.isfinite(SPECIAL) | np.isnan(SPECIAL)]
+    ref = {"Sqrt": np.sqrt, "Abs": np.abs, "Neg": np.negative}.get(op) or REFS[op]
+    with np.errstate(all="ignore"):
+        want = ref(x.astype(np.float64)).astype(np.float32)
+    got = run_unary(op, x)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want) & ((np.abs(x) < 1e5) | (op != "Sin"))  # sin of huge values: bounded, not exact
+    np.testing.assert_allclose(got[ok], want[ok], rtol=1e-6, atol=1e-30)
+
+
+def test_float64_exp_log_are_double_precision():
+    x = np.linspace(-700, 700, 5001)
+    assert ulp_error(run_unary("Exp", x), np.exp(x), np.float64) <= 4
+    y = np.exp(np.linspace(-700, 700, 5001))
+    assert ulp_error(run_unary("Log", y), np.log(y), np.float64) <= 4
+
+
+def test_pow_cases():
+    a = np.array([2.0, 2.0, -2.0, -2.0, -2.0, 0.0, 0.0, 0.0, 1.0, np.nan, 9.0, 0.5], np.float32)
+    b = np.array([10.0, -1.5, 3.0, 2.0, 0.5, 2.0, 0.0, -1.0, np.nan, 0.0, 0.5, 20.0], np.float32)
+    model = make_model([helper.make_node("Pow", ["a", "b"], ["y"])], {"a": (np.float32, [12]), "b": (np.float32, [12])},
+                       ["y"])
+    got = compile_and_run(model, {"a": a, "b": b})["y"]
+    with np.errstate(all="ignore"):
+        want = np.power(a.astype(np.float64), b.astype(np.float64)).astype(np.float32)
+    np.testing.assert_allclose(got, want, rtol=3e-6, equal_nan=True)
+
+
+def test_integer_division_never_traps():
+    a = np.array([7, -7, 7, -7, -(2**31), 5, 0], np.int32)
+    b = np.array([2, 2, -2, -2, -1, 0, 0], np.int32)
+    model = make_model([helper.make_node("Div", ["a", "b"], ["y"])], {"a": (np.int32, [7]), "b": (np.int32, [7])}, ["y"])
+    got = compile_and_run(model, {"a": a, "b": b})["y"]
+    np.testing.assert_array_equal(got, [3, -3, -3, 3, -(2**31), 0, 0])
+
+
+def _object(ir: str) -> bytes:
+    t = parse_target("x86_64-linux-gnu:x86-64")[0]
+    obj, _ = compile_llvm(LLVMJob("test", ir, t.triple, t.llvm_cpu, t.llvm_features, 2, "small", False))
+    return obj
+
+
+def test_linker_refuses_undefined_symbols():
+    ir = """
+declare float @expf(float)
+define float @k(float %x) nounwind { %y = call float @expf(float %x)
+  ret float %y }
+"""
+    with pytest.raises(LinkError, match="undefined symbol 'expf'"):
+        link([read_object(_object(ir), "k.o")], ["k"])
+
+
+def test_linker_refuses_writable_data():
+    ir = """
+@counter = global i32 0
+define i32 @k() nounwind { %v = atomicrmw add ptr @counter, i32 1 seq_cst
+  ret i32 %v }
+"""
+    with pytest.raises(LinkError, match="writable"):
+        link([read_object(_object(ir), "k.o")], ["k"])
+
+
+def test_linker_resolves_calls_between_objects_and_constant_pools():
+    a = """
+declare float @g(float)
+define float @f(float %x) nounwind { %y = call float @g(float %x)
+  %z = fmul float %y, 0x400921FB60000000
+  ret float %z }
+"""
+    b = """
+@tbl = internal constant [4 x float] [float 1.0, float 2.0, float 3.0, float 4.0]
+define float @g(float %x) nounwind { %i = fptosi float %x to i64
+  %j = and i64 %i, 3
+  %p = getelementptr [4 x float], ptr @tbl, i64 0, i64 %j
+  %v = load float, ptr %p
+  ret float %v }
+"""
+    image = link([read_object(_object(a), "a.o"), read_object(_object(b), "b.o")], ["f", "g"])
+    assert set(image.symbols) == {"f", "g"} and image.symbols["f"] != image.symbols["g"]
+    import ctypes
+    import mmap
+
+    buf = mmap.mmap(-1, max(len(image.data), mmap.PAGESIZE), prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    buf.write(image.data)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    f = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_float)(addr + image.symbols["f"])
+    assert f(2.0) == pytest.approx(3.0 * math.pi, rel=1e-6)
+    del f

@@ -1,0 +1,150 @@
+"""The ONNX frontend: handlers against onnxruntime on small models, folding of shape subgraphs,
+and the errors for models it cannot compile."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from svodc.errors import InputShapeError, InvalidModelError, UnsupportedModelError
+from svodc.frontend.importer import import_model
+from svodc.ir.ops import Ops
+from svodc.options import CompileOptions
+from tests.onnx_util import compile_and_run, make_model, reference
+
+R = np.random.default_rng(0)
+
+
+def rand(*shape, dtype=np.float32):
+    return R.standard_normal(shape).astype(dtype)
+
+
+CASES = {
+    "conv_pads_strides": (
+        [helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 2, 1, 0], strides=[2, 1])],
+        {"x": rand(2, 3, 9, 8)}, {"w": rand(4, 3, 3, 2), "b": rand(4)}),
+    "conv_groups_dilations": (
+        [helper.make_node("Conv", ["x", "w"], ["y"], group=2, dilations=[2, 2], pads=[2, 1, 2, 3])],
+        {"x": rand(1, 4, 10, 10)}, {"w": rand(6, 2, 3, 3)}),
+    "conv_1d": ([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1])], {"x": rand(2, 3, 11)},
+                {"w": rand(5, 3, 3)}),
+    "maxpool_ceil": ([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)],
+                     {"x": rand(1, 2, 10, 11)}, {}),
+    "maxpool_pads": ([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])],
+                     {"x": rand(1, 2, 6, 6)}, {}),
+    "avgpool_exclude_pad": (
+        [helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])],
+        {"x": rand(1, 3, 7, 7)}, {}),
+    "avgpool_include_pad": (
+        [helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1)],
+        {"x": rand(1, 3, 5, 5)}, {}),
+    "global_average": ([helper.make_node("GlobalAveragePool", ["x"], ["y"])], {"x": rand(2, 3, 5, 4)}, {}),
+    "batchnorm_relu": (
+        [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["t"], epsilon=1e-3),
+         helper.make_node("Relu", ["t"], ["y"])],
+        {"x": rand(2, 3, 4, 4)},
+        {"s": rand(3), "b": rand(3), "m": rand(3), "v": np.abs(rand(3)) + 0.5}),
+    "lrn": ([helper.make_node("LRN", ["x"], ["y"], size=5, alpha=2e-4, beta=0.75, bias=2.0)],
+            {"x": rand(1, 7, 3, 3)}, {}),
+    "gemm_trans": ([helper.make_node("Gemm", ["a", "b", "c"], ["y"], transA=1, transB=1, alpha=0.5, beta=2.0)],
+                   {"a": rand(6, 4)}, {"b": rand(5, 6), "c": rand(5)}),
+    "matmul_batched": ([helper.make_node("MatMul", ["a", "b"], ["y"])], {"a": rand(2, 3, 4, 5)},
+                       {"b": rand(3, 5, 6)}),
+    "matmul_vector": ([helper.make_node("MatMul", ["a", "b"], ["y"])], {"a": rand(5)}, {"b": rand(2, 5, 3)}),
+    "softmax_axis1": ([helper.make_node("Softmax", ["x"], ["y"], axis=1)], {"x": rand(2, 5, 3)}, {}),
+    "softmax_last": ([helper.make_node("Softmax", ["x"], ["y"])], {"x": rand(3, 7) * 10}, {}),
+    "concat_transpose_flatten": (
+        [helper.make_node("Concat", ["x", "c"], ["t"], axis=1), helper.make_node("Transpose", ["t"], ["u"], perm=[0, 2, 1]),
+         helper.make_node("Flatten", ["u"], ["y"], axis=1)],
+        {"x": rand(2, 3, 4)}, {"c": rand(2, 2, 4)}),
+    "sum_mul_add_broadcast": (
+        [helper.make_node("Sum", ["x", "a", "b"], ["s"]), helper.make_node("Mul", ["s", "a"], ["m"]),
+         helper.make_node("Add", ["m", "b"], ["y"])],
+        {"x": rand(2, 3, 4)}, {"a": rand(3, 1), "b": rand(4)}),
+    "reshape_shape_subgraph": (
+        [helper.make_node("Shape", ["x"], ["s"]),
+         helper.make_node("Gather", ["s", "i"], ["g"], axis=0),
+         helper.make_node("Concat", ["g", "m1"], ["shape"], axis=0),
+         helper.make_node("Reshape", ["x", "shape"], ["y"])],
+        {"x": rand(2, 3, 4)}, {"i": np.array([0], np.int64), "m1": np.array([-1], np.int64)}),
+    "constant_of_shape_unsqueeze": (
+        [helper.make_node("ConstantOfShape", ["shp"], ["c"], value=helper.make_tensor("v", 1, [1], [0.5])),
+         helper.make_node("Unsqueeze", ["x", "ax"], ["u"]), helper.make_node("Add", ["u", "c"], ["y"])],
+        {"x": rand(3, 4)}, {"shp": np.array([3, 1, 4], np.int64), "ax": np.array([1], np.int64)}),
+    "exp_log_tanh_sigmoid": (
+        [helper.make_node("Exp", ["x"], ["e"]), helper.make_node("Abs", ["x"], ["a"]), helper.make_node("Log", ["a"], ["l"]),
+         helper.make_node("Tanh", ["x"], ["t"]), helper.make_node("Sigmoid", ["x"], ["s"]),
+         helper.make_node("Sum", ["e", "l", "t", "s"], ["y"])],
+        {"x": rand(4, 50) * 3}, {}),
+    "dropout_identity_clip": (
+        [helper.make_node("Dropout", ["x"], ["d"]), helper.make_node("Identity", ["d"], ["i"]),
+         helper.make_node("Clip", ["i", "lo", "hi"], ["y"])],
+        {"x": rand(3, 4)}, {"lo": np.array(-0.5, np.float32), "hi": np.array(0.5, np.float32)}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_op_against_onnxruntime(name):
+    nodes, feeds, inits = CASES[name]
+    model = make_model(nodes, {k: (v.dtype, list(v.shape)) for k, v in feeds.items()}, ["y"], inits)
+    want = reference(model, feeds)[0]
+    got = compile_and_run(model, feeds)["y"]
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_shape_subgraphs_fold_at_compile_time():
+    nodes, _, inits = CASES["reshape_shape_subgraph"]
+    model = make_model(nodes, {"x": (np.float32, [2, 3, 4])}, ["y"], inits)
+    g = import_model(model)
+    ops = {n.op for n in g.outputs[0][1].toposort()}
+    assert ops <= {Ops.INPUT, Ops.RESHAPE}
+
+
+def test_every_unsupported_node_is_listed():
+    model = make_model([helper.make_node("Relu", ["x"], ["a"], name="ok"),
+                        helper.make_node("NotAnOp", ["a"], ["b"], name="bad1"),
+                        helper.make_node("Relu", ["b"], ["c"], name="after_bad"),
+                        helper.make_node("MaxPool", ["a"], ["d", "idx"], name="bad2", kernel_shape=[1, 1]),
+                        helper.make_node("Add", ["c", "d"], ["y"])],
+                       {"x": (np.float32, [1, 1, 2, 2])}, ["y", "idx"])
+    with pytest.raises(UnsupportedModelError) as e:
+        import_model(model)
+    names = [n.name for n in e.value.nodes]
+    assert names == ["bad1", "bad2"]
+    assert "NotAnOp" in str(e.value) and "opset 17" in str(e.value) and "Indices" in str(e.value)
+
+
+def test_op_version_without_handler_names_both_versions():
+    # Softmax at opset 10 resolves to version 1 (implemented); LRN at opset 28 resolves to 13.
+    # A fake handler range: Dropout v1 exists in the registry, but "Upsample" is not an op past opset 10.
+    model = make_model([helper.make_node("Upsample", ["x", "s"], ["y"])], {"x": (np.float32, [1, 1, 2, 2])}, ["y"],
+                       {"s": np.ones(4, np.float32)}, opset=17)
+    with pytest.raises(UnsupportedModelError, match="Upsample"):
+        import_model(model)
+
+
+def test_symbolic_input_dims_must_be_fixed():
+    from onnx import TensorProto
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(InputShapeError, match="--dim N=VALUE"):
+        import_model(model)
+    g = import_model(model, CompileOptions(dims={"N": 5}))
+    assert g.inputs[0][1].shape == (5, 3)
+    g = import_model(model, CompileOptions(input_shapes={"x": (2, 3)}))
+    assert g.inputs[0][1].shape == (2, 3)
+
+
+def test_cycles_and_dangling_inputs_are_invalid():
+    cyc = make_model([helper.make_node("Relu", ["b"], ["a"]), helper.make_node("Relu", ["a"], ["b"]),
+                      helper.make_node("Add", ["x", "a"], ["y"])], {"x": (np.float32, [2])}, ["y"])
+    with pytest.raises(InvalidModelError, match="cycle"):
+        import_model(cyc)
+    dangling = make_model([helper.make_node("Add", ["x", "nowhere"], ["y"])], {"x": (np.float32, [2])}, ["y"])
+    with pytest.raises(InvalidModelError, match="nowhere"):
+        import_model(dangling)

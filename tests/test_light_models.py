@@ -1,0 +1,63 @@
+"""The onnx package's 9 light models, end to end.
+
+- through the CLIs (`svodc compile`, `svodrt run`) and through the Python API, against the reference
+  outputs shipped next to the models, with the inputs the onnx backend runner makes for them;
+- random-weight variants through the Python API against onnxruntime, including the logits before
+  the final Softmax (the shipped references are a uniform 0.001: too weak alone, see light_models.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+
+import svodc
+import svodrt
+from tests.light_models import LIGHT_MODELS, dummy_inputs, model_path, random_weight_variant, reference_output
+from tests.onnx_util import reference
+
+BIN = os.path.dirname(sys.executable)
+
+
+def _cli(tool: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([os.path.join(BIN, tool), *args], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("name", LIGHT_MODELS)
+def test_light_model_through_the_clis(name, tmp_path):
+    model = onnx.load(str(model_path(name)))
+    feeds = dummy_inputs(model)
+    (input_name, x), = feeds.items()
+    np.save(tmp_path / "x.npy", x)
+    bundle = tmp_path / f"{name}.svod"
+    r = _cli("svodc", "compile", str(model_path(name)), "-o", str(bundle), "-q")
+    assert r.returncode == 0, r.stderr
+    r = _cli("svodrt", "run", str(bundle), "--input", f"{input_name}={tmp_path / 'x.npy'}", "-o", str(tmp_path / "o.npz"))
+    assert r.returncode == 0, r.stderr
+    got = np.load(tmp_path / "o.npz")[model.graph.output[0].name]
+    np.testing.assert_allclose(got, reference_output(name), rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", LIGHT_MODELS)
+def test_light_model_through_the_api(name):
+    feeds = dummy_inputs(onnx.load(str(model_path(name))))
+    with svodrt.load(svodc.compile(str(model_path(name)))) as m:
+        got = m.run(feeds)
+    np.testing.assert_allclose(next(iter(got.values())), reference_output(name), rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", LIGHT_MODELS)
+def test_light_model_with_random_weights_matches_onnxruntime(name):
+    model = random_weight_variant(name)
+    feeds = dummy_inputs(model)
+    want = reference(model, feeds)
+    with svodrt.load(svodc.compile(model)) as m:
+        got = m.run(feeds)
+    for (out_name, g), w in zip(got.items(), want, strict=True):
+        scale = float(np.abs(w).max())
+        np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-5 * max(scale, 1.0), err_msg=out_name)

@@ -1,0 +1,184 @@
+"""svodrt: loading, running, input validation, format errors, variant selection, memory protection,
+isolation from the compiler, threads."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import svodc
+import svodrt
+from svodrt.host import Host
+from tests.onnx_util import reference
+
+
+def test_run_matches_onnxruntime(small_model, small_bundle):
+    model, feeds = small_model
+    path, _ = small_bundle
+    want = reference(model, feeds)[0]
+    with svodrt.load(path, threads=1) as m:
+        assert [t.name for t in m.inputs] == ["x"] and m.outputs[0].shape == (2, 10)
+        np.testing.assert_allclose(m.run(feeds)["y"], want, rtol=1e-5, atol=1e-6)
+    with svodrt.load(path.read_bytes(), threads=2) as m:  # from bytes, two threads
+        np.testing.assert_allclose(m.run(feeds)["y"], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("feeds,message", [
+    ({}, "missing input 'x'"),
+    ({"x": np.zeros((2, 3, 8, 8), np.float32), "z": np.zeros(1)}, "unexpected input"),
+    ({"x": np.zeros((2, 3, 8, 8), np.float64)}, "dtype float64, expected float32"),
+    ({"x": np.zeros((2, 3, 8), np.float32)}, "rank 3"),
+    ({"x": np.zeros((1, 3, 8, 8), np.float32)}, "dim 0: got 1, expected 2"),
+    ({"x": [[1.0]]}, "numpy.ndarray"),
+])
+def test_wrong_inputs_are_rejected_before_running(small_bundle, feeds, message):
+    path, _ = small_bundle
+    with svodrt.load(path, threads=1) as m, pytest.raises(svodrt.InputError, match=message):
+        m.run(feeds)
+
+
+def test_non_contiguous_inputs_are_copied(small_bundle):
+    path, feeds = small_bundle
+    x = feeds["x"]
+    view = np.asfortranarray(x)
+    assert not view.flags.c_contiguous
+    with svodrt.load(path, threads=1) as m:
+        np.testing.assert_array_equal(m.run({"x": view})["y"], m.run({"x": x})["y"])
+
+
+def _corrupt(data: bytes, offset: int, value: bytes) -> bytes:
+    return data[:offset] + value + data[offset + len(value):]
+
+
+def test_format_errors_name_what_is_wrong(small_bundle):
+    data = small_bundle[0].read_bytes()
+    with pytest.raises(svodrt.BundleFormatError, match="bad magic"):
+        svodrt.load(_corrupt(data, 0, b"XXXX"))
+    with pytest.raises(svodrt.BundleFormatError, match="truncated"):
+        svodrt.load(data[:-10])
+    with pytest.raises(svodrt.BundleVersionError, match="format 2.0 is newer"):
+        svodrt.load(_corrupt(data, 8, struct.pack("<HH", 2, 0)))
+    manifest_offset = struct.unpack_from("<Q", data, 32)[0]
+    with pytest.raises(svodrt.BundleFormatError, match="manifest"):
+        svodrt.load(_corrupt(data, manifest_offset + 5, bytes([data[manifest_offset + 5] ^ 0x40])))
+    code = 65536 * 2  # weights first, then the code section
+    with pytest.raises(svodrt.BundleFormatError, match="code.x86_64.* fails its sha256"):
+        svodrt.load(_corrupt(data, code + 3, bytes([data[code + 3] ^ 1])))
+
+
+def test_variant_selection_and_refusal():
+    from onnx import helper
+
+    from tests.onnx_util import make_model
+
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": (np.float32, [4])}, ["y"])
+    fat = svodc.compile(model, target="x86_64-linux-gnu:x86-64-v3,x86-64")
+    baseline = Host("x86_64", frozenset())
+    with svodrt.load(fat, host=baseline) as m:
+        assert m.variant.cpu == "x86-64"
+        np.testing.assert_array_equal(m.run({"x": np.array([-1, 2, -3, 4], np.float32)})["y"], [0, 2, 0, 4])
+    with svodrt.load(fat) as m:
+        assert m.variant.cpu == "x86-64-v3"  # this machine has AVX2
+    v4 = svodc.compile(model, target="x86_64:x86-64-v4")
+    with pytest.raises(svodrt.UnsupportedHostError, match="missing .*avx512f"):
+        svodrt.load(v4, host=Host("x86_64", frozenset({"avx", "avx2"})))
+    with pytest.raises(svodrt.UnsupportedHostError, match="architecture x86_64"):
+        svodrt.load(v4, host=Host("aarch64", frozenset()))
+
+
+MAPS = r"""
+import sys, numpy as np, svodrt
+m = svodrt.load(sys.argv[1], threads=2)
+m.run(dict(np.load(sys.argv[2])))
+code = m._maps[0].address
+maps = [line.split() for line in open("/proc/self/maps")]
+mine = [mp for mp in maps if int(mp[0].split("-")[0], 16) <= code < int(mp[0].split("-")[1], 16)]
+assert mine and mine[0][1] == "r-xp", mine
+wx = [mp for mp in maps if "w" in mp[1] and "x" in mp[1]]
+assert not wx, wx
+print("ok")
+"""
+
+
+def test_code_is_mapped_read_execute_and_nothing_is_writable_and_executable(small_bundle, tmp_path):
+    # In a process of its own: the compiler's process has libffi closures (via llvmlite) that are
+    # rwx; the runtime's process must have none.
+    path, feeds = small_bundle
+    np.savez(tmp_path / "in.npz", **feeds)
+    out = subprocess.run([sys.executable, "-c", MAPS, str(path), str(tmp_path / "in.npz")], capture_output=True,
+                         text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+ISOLATED = r"""
+import sys, importlib.abc
+BLOCKED = {"llvmlite", "onnx", "click", "svodc", "onnxruntime"}
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(f"{name} is blocked in this test")
+        return None
+sys.meta_path.insert(0, Block())
+import numpy as np, svodrt
+m = svodrt.load(sys.argv[1], threads=1)
+feeds = dict(np.load(sys.argv[2]))
+want = np.load(sys.argv[3])["y"]
+got = m.run(feeds)["y"]
+assert np.allclose(got, want, rtol=1e-5, atol=1e-6), (got, want)
+loaded = sorted(n for n in sys.modules if n.split(".")[0] in BLOCKED)
+assert not loaded, loaded
+print("ok")
+"""
+
+
+def test_runtime_runs_without_the_compiler(small_model, small_bundle, tmp_path):
+    model, feeds = small_model
+    path, _ = small_bundle
+    np.savez(tmp_path / "in.npz", **feeds)
+    np.savez(tmp_path / "want.npz", y=reference(model, feeds)[0])
+    script = tmp_path / "isolated.py"
+    script.write_text(ISOLATED)
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(svodrt.__file__))}
+    out = subprocess.run([sys.executable, "-I", str(script), str(path), str(tmp_path / "in.npz"),
+                          str(tmp_path / "want.npz")], capture_output=True, text=True, env=env)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_runtime_imports_only_its_dependencies():
+    allowed = {"numpy", "msgpack", "zstandard", "svodrt"}
+    root = os.path.dirname(svodrt.__file__)
+    for name in os.listdir(root):
+        if not name.endswith(".py"):
+            continue
+        with open(os.path.join(root, name)) as f:
+            lines = f.readlines()
+        for line in lines:
+            words = line.split()
+            if len(words) >= 2 and words[0] in ("import", "from") and not line.startswith(" "):
+                top = words[1].split(".")[0]
+                assert top in allowed or top in sys.stdlib_module_names or top == "__future__", (name, line)
+
+
+def test_concurrent_runs_on_one_model_agree(small_bundle):
+    path, feeds = small_bundle
+    with svodrt.load(path, threads=2) as m:
+        want = m.run(feeds)["y"]
+        bad = []
+
+        def worker():
+            for _ in range(25):
+                if not np.array_equal(m.run(feeds)["y"], want):
+                    bad.append(1)
+
+        ts = [threading.Thread(target=worker) for _ in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert not bad
