@@ -38,7 +38,7 @@ def kernel_module(kernels: list[Kernel], nin: int, target: Target, name: str) ->
     bodies = []
     declares: set[str] = set()
     for k in kernels:
-        text, intrinsics = render_kernel(k, nin)
+        text, intrinsics = render_kernel(k, nin, target)
         bodies.append(text)
         declares |= intrinsics
     return "\n".join([*_header(target, name), *sorted(declares), "", *bodies, "", *_attrs(target), ""])
