@@ -34,13 +34,13 @@ if TYPE_CHECKING:
 class Side:
     """How one operand is addressed inside a tile, in elements from the tile's pointer:
     scalar side: element (row i, k) at k*k_stride + i*row_stride;
-    vector side: lane l at k (l = 0.. lanes) at k*k_stride + panel(l) + l % B_PANEL when packed,
-    else at k*k_stride + l*lane_stride (lane_stride 1: contiguous vectors)."""
+    vector side: lane l at k at k*k_stride + (l // B_PANEL)*panel_stride + l % B_PANEL when packed in
+    panels, else at k*k_stride + l (contiguous vectors)."""
 
     k_stride: int
     row_stride: int = 0  # scalar side
     packed_panels: bool = False  # vector side packed in B_PANEL-wide panels
-    lane_stride: int = 1
+    panel_stride: int = 0  # vector side, packed: elements from one panel to the next (K * B_PANEL)
 
 
 def blocking(target: Target, arg: GemmArg) -> tuple[int, int, int]:
@@ -58,63 +58,85 @@ def _mask(lanes: int, vw: int) -> str:
     return "<" + ", ".join(f"i1 {'true' if i < lanes else 'false'}" for i in range(vw)) + ">"
 
 
-def micro_kernel(name: str, k: int, rows: int, lanes: int, vw: int, s: Side, v: Side, c_row: int,
-                 c_lane: int, intrinsics: set[str]) -> str:
-    """void NAME(ptr s, ptr v, ptr c): C tile (rows x lanes) = S[rows, :] x V[:, lanes].
-    C element (row i, lane l) is stored at i*c_row + l*c_lane."""
+def micro_kernel_name(rows: int, nvec: int, vw: int, masked: bool, packed: bool, scatter: bool) -> str:
+    return f"svod.mk.{rows}x{nvec}v{vw}{'m' if masked else ''}{'p' if packed else ''}{'s' if scatter else ''}"
+
+
+def micro_kernel(rows: int, nvec: int, vw: int, masked: bool, packed: bool, scatter: bool,
+                 intrinsics: set[str]) -> str:
+    """void mk(ptr s, ptr v, ptr c, i64 k, i64 s_k, i64 s_row, i64 v_k, i64 v_panel, i64 c_row,
+    i64 c_lane, i64 tail): C tile (rows x nvec vectors) = S[rows, :k] x V[:k, lanes].
+
+    Specialized only on its shape (rows, vectors) and modes, so kernels share micro-kernels; sizes and
+    strides are arguments. masked: the last vector has `tail` valid lanes (masked loads of V unless
+    V is packed and zero-padded; masked stores). scatter: C lanes are c_lane apart (transposed GEMM)."""
     vt = f"<{vw} x float>"
-    nvec = -(-lanes // vw)
-    tail = lanes - (nvec - 1) * vw  # lanes used in the last vector
+    mt = f"<{vw} x i1>"
     fma = f"llvm.fmuladd.v{vw}f32"
     intrinsics.add(f"declare {vt} @{fma}({vt}, {vt}, {vt})")
-    masked_v = tail != vw and not v.packed_panels
-    if masked_v or (tail != vw and c_lane == 1):
-        intrinsics.add(f"declare {vt} @llvm.masked.load.v{vw}f32.p0(ptr, i32, <{vw} x i1>, {vt})")
-        intrinsics.add(f"declare void @llvm.masked.store.v{vw}f32.p0({vt}, ptr, i32, <{vw} x i1>)")
-    if c_lane != 1:
-        intrinsics.add(f"declare void @llvm.masked.scatter.v{vw}f32.v{vw}p0({vt}, <{vw} x ptr>, i32, <{vw} x i1>)")
-    mask = _mask(tail, vw)
-    full = _mask(vw, vw)
-    L = [f"define internal void @{name}(ptr noalias %s, ptr noalias %v, ptr noalias %c) #0 {{", "entry:",
-         "  br label %loop", "loop:", "  %k = phi i64 [ 0, %entry ], [ %k.next, %loop ]"]
+    intrinsics.add(f"declare {vt} @llvm.masked.load.v{vw}f32.p0(ptr, i32, {mt}, {vt})")
+    intrinsics.add(f"declare void @llvm.masked.store.v{vw}f32.p0({vt}, ptr, i32, {mt})")
+    intrinsics.add(f"declare void @llvm.masked.scatter.v{vw}f32.v{vw}p0({vt}, <{vw} x ptr>, i32, {mt})")
+    iota = "<" + ", ".join(f"i64 {i}" for i in range(vw)) + ">"
+    name = micro_kernel_name(rows, nvec, vw, masked, packed, scatter)
+    L = [f"define internal void @{name}(ptr noalias %s, ptr noalias %v, ptr noalias %c, i64 %kn, i64 %s_k, "
+         "i64 %s_row, i64 %v_k, i64 %v_panel, i64 %c_row, i64 %c_lane, i64 %tail) #0 {", "entry:"]
+    L.append(f"  %ti = insertelement <{vw} x i64> poison, i64 %tail, i64 0")
+    L.append(f"  %tv = shufflevector <{vw} x i64> %ti, <{vw} x i64> poison, <{vw} x i32> zeroinitializer")
+    L.append(f"  %mask = icmp ult <{vw} x i64> {iota}, %tv")
+    for j in range(nvec):  # lane offsets of each vector of V
+        if packed:
+            L.append(f"  %vpo{j} = mul nsw i64 %v_panel, {(j * vw) // B_PANEL}")
+            L.append(f"  %vlo{j} = add nsw i64 %vpo{j}, {(j * vw) % B_PANEL}")
+        else:
+            L.append(f"  %vlo{j} = add nsw i64 0, {j * vw}")
+    L += ["  br label %loop", "loop:", "  %k = phi i64 [ 0, %entry ], [ %k.next, %loop ]"]
     for i in range(rows):
         for j in range(nvec):
             L.append(f"  %acc{i}.{j} = phi {vt} [ zeroinitializer, %entry ], [ %nacc{i}.{j}, %loop ]")
-    L.append(f"  %vk = mul nsw i64 %k, {v.k_stride}")
+    L.append("  %vk = mul nsw i64 %k, %v_k")
     for j in range(nvec):
-        lane = j * vw
-        const = ((lane // B_PANEL) * k * B_PANEL + lane % B_PANEL) if v.packed_panels else lane * v.lane_stride
-        L.append(f"  %vo{j} = add nsw i64 %vk, {const}")
+        L.append(f"  %vo{j} = add nsw i64 %vk, %vlo{j}")
         L.append(f"  %vp{j} = getelementptr inbounds float, ptr %v, i64 %vo{j}")
-        if j == nvec - 1 and masked_v:
-            L.append(f"  %vv{j} = call {vt} @llvm.masked.load.v{vw}f32.p0(ptr %vp{j}, i32 4, <{vw} x i1> {mask}, "
+        if j == nvec - 1 and masked and not packed:
+            L.append(f"  %vv{j} = call {vt} @llvm.masked.load.v{vw}f32.p0(ptr %vp{j}, i32 4, {mt} %mask, "
                      f"{vt} zeroinitializer)")
         else:
             L.append(f"  %vv{j} = load {vt}, ptr %vp{j}, align 4")
-    L.append(f"  %sk = mul nsw i64 %k, {s.k_stride}")
+    L.append("  %sk = mul nsw i64 %k, %s_k")
     for i in range(rows):
-        L.append(f"  %so{i} = add nsw i64 %sk, {i * s.row_stride}")
+        L.append(f"  %sr{i} = mul nsw i64 %s_row, {i}")
+        L.append(f"  %so{i} = add nsw i64 %sk, %sr{i}")
         L.append(f"  %sp{i} = getelementptr inbounds float, ptr %s, i64 %so{i}")
         L.append(f"  %ss{i} = load float, ptr %sp{i}, align 4")
         L.append(f"  %si{i} = insertelement {vt} poison, float %ss{i}, i64 0")
         L.append(f"  %sv{i} = shufflevector {vt} %si{i}, {vt} poison, <{vw} x i32> zeroinitializer")
         for j in range(nvec):
             L.append(f"  %nacc{i}.{j} = call {vt} @{fma}({vt} %sv{i}, {vt} %vv{j}, {vt} %acc{i}.{j})")
-    L += ["  %k.next = add nuw nsw i64 %k, 1", f"  %more = icmp ult i64 %k.next, {k}",
+    L += ["  %k.next = add nuw nsw i64 %k, 1", "  %more = icmp ult i64 %k.next, %kn",
           "  br i1 %more, label %loop, label %done", "done:"]
-    lane_offsets = "<" + ", ".join(f"i64 {lane * c_lane}" for lane in range(vw)) + ">"
+    if scatter:
+        L.append(f"  %ci = insertelement <{vw} x i64> poison, i64 %c_lane, i64 0")
+        L.append(f"  %cs = shufflevector <{vw} x i64> %ci, <{vw} x i64> poison, <{vw} x i32> zeroinitializer")
+        L.append(f"  %lane_offsets = mul nsw <{vw} x i64> {iota}, %cs")
+    full = "<" + ", ".join("i1 true" for _ in range(vw)) + ">"
     for i in range(rows):
+        L.append(f"  %cr{i} = mul nsw i64 %c_row, {i}")
         for j in range(nvec):
-            m = mask if j == nvec - 1 else full
-            base = i * c_row + j * vw * c_lane
-            L.append(f"  %cp{i}.{j} = getelementptr inbounds float, ptr %c, i64 {base}")
-            if c_lane != 1:
-                L.append(f"  %cv{i}.{j} = getelementptr inbounds float, ptr %cp{i}.{j}, <{vw} x i64> {lane_offsets}")
+            last = j == nvec - 1 and masked
+            if scatter:
+                L.append(f"  %cl{i}.{j} = mul nsw i64 %c_lane, {j * vw}")
+            else:
+                L.append(f"  %cl{i}.{j} = add nsw i64 0, {j * vw}")
+            L.append(f"  %co{i}.{j} = add nsw i64 %cr{i}, %cl{i}.{j}")
+            L.append(f"  %cp{i}.{j} = getelementptr inbounds float, ptr %c, i64 %co{i}.{j}")
+            if scatter:
+                L.append(f"  %cv{i}.{j} = getelementptr inbounds float, ptr %cp{i}.{j}, <{vw} x i64> %lane_offsets")
                 L.append(f"  call void @llvm.masked.scatter.v{vw}f32.v{vw}p0({vt} %nacc{i}.{j}, <{vw} x ptr> "
-                         f"%cv{i}.{j}, i32 4, <{vw} x i1> {m})")
-            elif j == nvec - 1 and tail != vw:
+                         f"%cv{i}.{j}, i32 4, {mt} {'%mask' if last else full})")
+            elif last:
                 L.append(f"  call void @llvm.masked.store.v{vw}f32.p0({vt} %nacc{i}.{j}, ptr %cp{i}.{j}, i32 4, "
-                         f"<{vw} x i1> {mask})")
+                         f"{mt} %mask)")
             else:
                 L.append(f"  store {vt} %nacc{i}.{j}, ptr %cp{i}.{j}, align 4")
     L += ["  ret void", "}"]
@@ -135,13 +157,14 @@ def _offset(em: KernelEmitter, scope: Scope, op: GemmOperand, batch: list[str], 
 def _sides(arg: GemmArg) -> tuple[Side, Side, int, int]:
     """(scalar side, vector side, C stride per tile row, C stride per lane)."""
     a, b, c = arg.a, arg.b, arg.c
+    panels = Side(B_PANEL, packed_panels=True, panel_stride=arg.k * B_PANEL)
     if not arg.transposed:
         s = Side(A_PANEL, 1) if a.packed else Side(a.col_stride, a.row_stride)
-        v = Side(B_PANEL, packed_panels=True) if b.packed else Side(b.row_stride, lane_stride=b.col_stride)
-        return s, v, c.row_stride, 1
+        assert b.packed or b.col_stride == 1, "the scheduler realizes B with contiguous columns"
+        return s, panels if b.packed else Side(b.row_stride), c.row_stride, 1
     # transposed: rows run along n (B's columns), lanes along m (A's rows, packed in B_PANEL panels)
     assert a.packed and not b.packed
-    return Side(b.row_stride, b.col_stride), Side(B_PANEL, packed_panels=True), 1, c.row_stride
+    return Side(b.row_stride, b.col_stride), panels, 1, c.row_stride
 
 
 def emit_gemm(em: KernelEmitter, node: UOp, target: Target) -> None:
@@ -155,10 +178,17 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target) -> None:
     tiles = math.prod(arg.batch) * rt_n * lt_n
     rows_tail, lanes_tail = rows_total - (rt_n - 1) * rows, lanes_total - (lt_n - 1) * lanes
     s_side, v_side, c_row, c_lane = _sides(arg)
-    variants = {(r, c): f"{em.name}.mk{r}x{c}" for r in {rows, rows_tail} for c in {lanes, lanes_tail}}
-    for (r, c), fname in variants.items():
-        em.extra_functions.append(micro_kernel(fname, arg.k, r, c, vw, s_side, v_side, c_row, c_lane,
-                                               em.uses_intrinsics))
+    calls = {}
+    for r in {rows, rows_tail}:
+        for c in {lanes, lanes_tail}:
+            nvec = -(-c // vw)
+            tail = c - (nvec - 1) * vw
+            mode = (tail != vw, v_side.packed_panels, c_lane != 1)
+            name = micro_kernel_name(r, nvec, vw, *mode)
+            em.shared_functions[name] = micro_kernel(r, nvec, vw, *mode, em.uses_intrinsics)
+            calls[(r, c)] = (f"@{name}", f"i64 {arg.k}, i64 {s_side.k_stride}, i64 {s_side.row_stride}, "
+                                         f"i64 {v_side.k_stride}, i64 {v_side.panel_stride}, i64 {c_row}, "
+                                         f"i64 {c_lane}, i64 {tail}")
 
     t_range = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, tiles),), RangeArg(-1, RangeKind.PARALLEL))
     start, stop = em.thread_split(str(tiles))
@@ -206,8 +236,8 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target) -> None:
     for tag, r in (("f", rows), ("t", rows_tail)):
         sc.lines += [f"T{k}.{tag}:", f"  br i1 {last_l}, label %T{k}.{tag}t, label %T{k}.{tag}f"]
         for sub, c in (("f", lanes), ("t", lanes_tail)):
-            sc.lines += [f"T{k}.{tag}{sub}:", f"  call void @{variants[(r, c)]}({call_args})",
-                         f"  br label %T{k}.join"]
+            fn, sizes = calls[(r, c)]
+            sc.lines += [f"T{k}.{tag}{sub}:", f"  call void {fn}({call_args}, {sizes})", f"  br label %T{k}.join"]
     sc.lines.append(f"T{k}.join:")
     if epilogue is not None:
         nrows = line(sc, f"select i1 {last_r}, i64 {rows_tail}, i64 {rows}")

@@ -47,7 +47,7 @@ class KernelEmitter:
         self.name = name
         self.ast = ast
         self.target = target
-        self.extra_functions: list[str] = []  # helper functions this kernel calls (GEMM micro-kernels)
+        self.shared_functions: dict[str, str] = {}  # name -> definition: helpers kernels may share (GEMM)
         self._n = 0
         self.allocas: list[str] = []
         self.stack: list[Scope] = [Scope(None)]
@@ -219,8 +219,9 @@ def param_pointer(buf: Buffer, nin: int) -> tuple[int, int]:
     return 2 + nin + buf.slot, 0
 
 
-def render_kernel(kernel: Kernel, nin: int, target: Target) -> tuple[str, set[str]]:
-    """The kernel's body function and its buffer-table wrapper, and the intrinsics they declare."""
+def render_kernel(kernel: Kernel, nin: int, target: Target) -> tuple[str, set[str], dict[str, str]]:
+    """The kernel's body function and its buffer-table wrapper, the intrinsics they declare, and the
+    shared helper functions they call (name -> definition; one copy per module)."""
     em = KernelEmitter(kernel.name, kernel.ast, target)
     body = em.render_body(len(kernel.params))
     lines = [f"define void @{kernel.name}(ptr %bufs, ptr %dims, i32 %thread, i32 %nthreads) #0 {{", "entry:"]
@@ -233,4 +234,4 @@ def render_kernel(kernel: Kernel, nin: int, target: Target) -> tuple[str, set[st
         args.append(f"ptr %a{i}")
     lines.append(f"  call void @{kernel.name}.body({', '.join(args)}, i32 %thread, i32 %nthreads)")
     lines += ["  ret void", "}"]
-    return "\n\n".join([*em.extra_functions, body, "\n".join(lines)]), em.uses_intrinsics
+    return body + "\n\n" + "\n".join(lines), em.uses_intrinsics, em.shared_functions
