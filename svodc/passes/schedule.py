@@ -90,6 +90,10 @@ def _plan_matmuls(nodes: list[UOp], consumers: dict[UOp, list[UOp]],
     return forced, claimed - forced
 
 
+def _pads_window(n: UOp) -> bool:
+    return any(b or a for b, a in n.arg.pads) and n.src[0].op is not Ops.CONST
+
+
 def plan_kernels(outputs: list[tuple[str, UOp]]) -> tuple[list[KernelPlan], set[UOp]]:
     """The kernels in execution order, and the set of realized nodes (kernel roots)."""
     roots = [o for _, o in outputs]
@@ -112,6 +116,10 @@ def plan_kernels(outputs: list[tuple[str, UOp]]) -> tuple[list[KernelPlan], set[
     for n in nodes:
         if n.op in (Ops.INPUT, Ops.WEIGHT, Ops.CONST):
             continue
+        if n.op is Ops.PAD and any(c.op is Ops.WINDOW for c in consumers[n]) and _pads_window(n):
+            # Windows over a padded tensor (convolution, pooling) read a padded copy: every tap is then
+            # in bounds, so the kernels index it without clamps or selects and vectorize.
+            realized.add(n)
         srcs = [state(s) for s in n.src]
         hr = n.op in (Ops.REDUCE, Ops.MATMUL) or any(h for h, _ in srcs)
         ops = (1 if n.op in ALU or n.op is Ops.REDUCE else 0) + sum(k for _, k in srcs)
