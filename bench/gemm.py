@@ -70,8 +70,8 @@ def run(threads: list[int], reps: int = 15) -> list[dict]:
             blas = numpy_seconds(m, k, n, t, reps)
             row[f"t{t}"] = {"svod_gflops": flops / ours / 1e9, "numpy_gflops": flops / blas / 1e9,
                             "ratio": blas / ours}
-        print(f"gemm {row['shape']}: " + ", ".join(
-            f"{t} thr {row[f't{t}']['svod_gflops']:.0f} vs {row[f't{t}']['numpy_gflops']:.0f} GFLOP/s" for t in threads),
-            flush=True)
+        cells = [f"{t} thr {row[f't{t}']['svod_gflops']:.0f} vs {row[f't{t}']['numpy_gflops']:.0f} GFLOP/s"
+                 for t in threads]
+        print(f"gemm {row['shape']}: " + ", ".join(cells), flush=True)
         rows.append(row)
     return rows

@@ -118,7 +118,7 @@ def bench_model(name: str, work: Path, repeat: int, threads: list[int]) -> dict:
         ours = model.run(bm.feeds)
         ref = sess.run(None, bm.feeds)
         errs = []
-        for (out_name, got), want in zip(ours.items(), ref, strict=True):
+        for got, want in zip(ours.values(), ref, strict=True):
             scale = max(float(np.abs(want).max()), 1e-30)
             err = float(np.abs(got.astype(np.float64) - want).max()) / scale
             errs.append(err)
