@@ -70,10 +70,13 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--input-shape", "shapes", multiple=True, metavar="NAME=DxDx...", help="Fix an input's shape.")
 @click.option("-O", "opt_level", type=click.IntRange(0, 3), default=3, show_default=True, help="LLVM opt level.")
 @click.option("-j", "--jobs", type=click.IntRange(0), default=0, help="Compile workers (0: one per core).")
+@click.option("--test-vectors/--no-test-vectors", "test_vectors", default=None,
+              help="Embed a reference input and its expected outputs for `svodrt verify` "
+                   "(default: when inputs and outputs take at most 1 MiB).")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success.")
 @click.option("-v", "--verbose", is_flag=True, help="Print each stage as it finishes (default on a terminal).")
 def compile(model: str, output: str | None, target: str, dims: tuple[str, ...], shapes: tuple[str, ...],
-            opt_level: int, jobs: int, quiet: bool, verbose: bool) -> None:
+            opt_level: int, jobs: int, test_vectors: bool | None, quiet: bool, verbose: bool) -> None:
     """Compile MODEL (.onnx) into a .svod bundle."""
     from svodc.api import compile_to_file
     from svodc.options import CompileOptions
@@ -83,7 +86,8 @@ def compile(model: str, output: str | None, target: str, dims: tuple[str, ...], 
     for n, v in _pairs(shapes, "--input-shape"):
         shape_map[n] = tuple(_int(d, "--input-shape") for d in v.lower().split("x"))
     out = Path(output) if output else Path(model).with_suffix(".svod")
-    options = CompileOptions(dims=dim_map, input_shapes=shape_map, opt_level=opt_level, jobs=jobs)
+    options = CompileOptions(dims=dim_map, input_shapes=shape_map, opt_level=opt_level, jobs=jobs,
+                             test_vectors=test_vectors)
     t0 = time.perf_counter()
 
     show = not quiet and (verbose or sys.stderr.isatty())

@@ -59,3 +59,9 @@ class LinkError(SvodcError):
 
 class OutputWriteError(SvodcError):
     """The bundle cannot be written to the requested path."""
+
+
+class TestVectorError(SvodcError):
+    """Test vectors were asked for (--test-vectors) but cannot be made for this model."""
+
+    __test__ = False  # not a pytest class
