@@ -17,7 +17,7 @@ from svodrt.bundle import Bundle, TensorInfo, TestVector, check_section, parse_b
 from svodrt.errors import SvodError
 from svodrt.format import DTYPES
 from svodrt.host import Host, detect_host
-from svodrt.model import Model, variant_problem
+from svodrt.model import Model, select_variant, variant_problem
 
 
 @dataclass
@@ -50,7 +50,7 @@ def max_error(got: np.ndarray, want: np.ndarray) -> float:
     with np.errstate(invalid="ignore"):
         same = (g == w) | (np.isnan(g) & np.isnan(w))
         diff = np.where(same, 0.0, np.abs(g - w))
-    return float(np.nan_to_num(diff, nan=np.inf).max())
+    return float(np.nan_to_num(diff, nan=np.inf, posinf=np.inf).max())
 
 
 def _array(t: TensorInfo, blob: bytes) -> np.ndarray:
@@ -86,7 +86,10 @@ def _check_variants(data: bytes, bundle: Bundle, host: Host, threads: int, repor
         except SvodError as e:
             report.add("FAIL", f"{label}: {e}")
     if not runnable:
-        report.add("FAIL", f"no code variant runs on this {host.arch} host")
+        try:
+            select_variant(bundle, host)
+        except SvodError as e:  # names what each variant lacks
+            report.add("FAIL", str(e))
     if not bundle.test_vectors:
         report.add("skip", "no test vectors in this bundle (compile with --test-vectors to embed them)")
 

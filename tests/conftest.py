@@ -34,3 +34,14 @@ def small_bundle(small_model, tmp_path_factory):
     path = tmp_path_factory.mktemp("bundle") / "small.svod"
     path.write_bytes(svodc.compile(model))
     return path, feeds
+
+
+@pytest.fixture(scope="session")
+def fat_bundle(small_model, tmp_path_factory):
+    """small_model compiled for three x86-64 levels, best first."""
+    import svodc
+
+    model, feeds = small_model
+    path = tmp_path_factory.mktemp("fat") / "fat.svod"
+    path.write_bytes(svodc.compile(model, target="x86_64-linux-gnu:x86-64-v4,x86-64-v3,x86-64"))
+    return path, feeds

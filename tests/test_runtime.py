@@ -12,9 +12,7 @@ import threading
 import numpy as np
 import pytest
 
-import svodc
 import svodrt
-from svodrt.host import Host
 from tests.onnx_util import reference
 
 
@@ -70,26 +68,6 @@ def test_format_errors_name_what_is_wrong(small_bundle):
     code = svodrt.load(data).variant.section.offset
     with pytest.raises(svodrt.BundleFormatError, match="code.x86_64.* fails its sha256"):
         svodrt.load(_corrupt(data, code + 3, bytes([data[code + 3] ^ 1])))
-
-
-def test_variant_selection_and_refusal():
-    from onnx import helper
-
-    from tests.onnx_util import make_model
-
-    model = make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": (np.float32, [4])}, ["y"])
-    fat = svodc.compile(model, target="x86_64-linux-gnu:x86-64-v3,x86-64")
-    baseline = Host("x86_64", frozenset())
-    with svodrt.load(fat, host=baseline) as m:
-        assert m.variant.cpu == "x86-64"
-        np.testing.assert_array_equal(m.run({"x": np.array([-1, 2, -3, 4], np.float32)})["y"], [0, 2, 0, 4])
-    with svodrt.load(fat) as m:
-        assert m.variant.cpu == "x86-64-v3"  # this machine has AVX2
-    v4 = svodc.compile(model, target="x86_64:x86-64-v4")
-    with pytest.raises(svodrt.UnsupportedHostError, match="missing .*avx512f"):
-        svodrt.load(v4, host=Host("x86_64", frozenset({"avx", "avx2"})))
-    with pytest.raises(svodrt.UnsupportedHostError, match="architecture x86_64"):
-        svodrt.load(v4, host=Host("aarch64", frozenset()))
 
 
 MAPS = r"""
