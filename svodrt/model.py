@@ -255,12 +255,12 @@ def check_input(t: TensorInfo, value: object) -> np.ndarray:
         raise InputError(f"input {t.name!r} must be a numpy.ndarray, got {type(value).__name__}")
     want = np.dtype(DTYPES[t.dtype][0])
     if value.dtype != want:
-        hint = " (pass bfloat16 as its raw bits in a uint16 array)" if t.dtype == "bfloat16" else ""
+        got, hint = str(value.dtype), ""
+        if t.dtype == "bfloat16":
+            hint = " (pass bfloat16 as its raw bits in a uint16 array)"
         if value.dtype.newbyteorder("=") == want:
-            hint = f" in {'big' if value.dtype.byteorder == '>' else 'non-native'}-endian byte order: convert " \
-                   f"with .astype('{want.str}')"
-        raise InputError(f"input {t.name!r} has dtype {value.dtype.str if hint else value.dtype}, expected "
-                         f"{t.dtype}{hint}")
+            got, hint = value.dtype.str, f" in big-endian byte order: convert with .astype('{want.str}')"
+        raise InputError(f"input {t.name!r} has dtype {got}, expected {t.dtype}{hint}")
     if value.ndim != len(t.shape):
         raise InputError(f"input {t.name!r} has rank {value.ndim} (shape {list(value.shape)}), expected rank "
                          f"{len(t.shape)} (shape {list(t.shape)})")
