@@ -130,7 +130,13 @@ def read_manifest(data: bytes | memoryview, h: Header) -> dict:
     return m
 
 
-def _sections(m: dict, h: Header) -> list[Section]:
+def _zero_gap(data: bytes | memoryview, start: int, end: int, where: str) -> None:
+    """Padding must be zero, so that every byte of a bundle is covered by some check."""
+    if start < end and bytes(data[start:end]) != bytes(end - start):
+        raise _fail(f"padding [{start}, {end}) {where} is not zero: the file is damaged")
+
+
+def _sections(m: dict, h: Header, data: bytes | memoryview) -> list[Section]:
     out: list[Section] = []
     prev_end = h.header_size
     for i, s in enumerate(items(m, "sections", "manifest", 1024)):
@@ -147,8 +153,10 @@ def _sections(m: dict, h: Header) -> list[Section]:
             raise _fail(f"section {sec.name!r} checksum has {len(sec.sha256)} bytes, expected 32")
         if any(o.name == sec.name for o in out):
             raise _fail(f"section name {sec.name!r} ({where}) repeats")
+        _zero_gap(data, prev_end, sec.offset, f"before section {sec.name!r}")
         prev_end = sec.offset + sec.length
         out.append(sec)
+    _zero_gap(data, prev_end, h.manifest_offset, "before the manifest")
     return out
 
 
@@ -169,7 +177,7 @@ def parse_bundle(data: bytes | memoryview) -> Bundle:
             raise _fail(f"manifest format {fmt!r} disagrees with the header version {h.major}.{h.minor}")
         if field(m, "byte_order", str, "manifest") != "little":
             raise _fail(f"manifest byte_order {m['byte_order'][:20]!r} must be 'little' in format 1")
-        sections = _sections(m, h)
+        sections = _sections(m, h, data)
         weights = [s for s in sections if s.kind == "weights"]
         if len(weights) != 1:
             raise _fail(f"manifest sections: expected one weights section, found {len(weights)}")
