@@ -14,9 +14,12 @@ import zstandard
 
 from svodc import __version__
 from svodc.codegen.link import CodeImage
+from svodc.errors import BundleError
 from svodc.program import Buffer, BufferKind, Program
 from svodc.target import Target
 from svodrt import features as feature_table
+from svodrt.bundle import parse_bundle
+from svodrt.errors import BundleFormatError
 from svodrt.format import (
     FLAG_MANIFEST_ZSTD,
     FORMAT_MAJOR,
@@ -103,4 +106,9 @@ def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model
     header = Header(FORMAT_MAJOR, FORMAT_MINOR, HEADER_SIZE, FLAG_MANIFEST_ZSTD, 0, len(out), manifest_offset,
                     len(stored), len(raw), hashlib.sha256(raw).digest()[:8])
     out[:HEADER_SIZE] = header.pack()
-    return bytes(out)
+    data = bytes(out)
+    try:  # never write a bundle the runtime would refuse (e.g. a tensor over the format's size limit)
+        parse_bundle(data)
+    except BundleFormatError as e:
+        raise BundleError(f"cannot make a valid bundle: {e}") from None
+    return data

@@ -36,20 +36,24 @@ def _int(v: str, what: str) -> int:
 
 class _Group(click.Group):
     def invoke(self, ctx: click.Context):
+        from svodrt.errors import SvodError
+
         try:
             return super().invoke(ctx)
-        except (SvodcError, OSError) as e:
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise  # click's own usage errors and exits
+        except (SvodcError, SvodError, OSError) as e:
             if ctx.obj and ctx.obj.get("debug"):
                 raise
             click.echo(f"svodc: error: {e}", err=True)
             sys.exit(1)
-        except Exception as e:
-            from svodrt.errors import SvodError
-
-            if isinstance(e, SvodError) and not (ctx.obj and ctx.obj.get("debug")):
-                click.echo(f"svodc: error: {e}", err=True)
-                sys.exit(1)
-            raise
+        except Exception as e:  # a bug: still one line and a non-zero exit, never a partial output file
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            msg = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+            click.echo(f"svodc: internal error: {msg} (a bug in svodc: rerun with --debug for the traceback "
+                       "and please report it)", err=True)
+            sys.exit(2)
 
 
 @click.group(cls=_Group)
@@ -63,7 +67,7 @@ def main(ctx: click.Context, debug: bool) -> None:
 
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Bundle path (default: MODEL with .svod).")
+@click.option("-o", "--output", type=click.Path(), help="Bundle path (default: MODEL with .svod).")
 @click.option("--target", default="host", show_default=True,
               help="host, or x86_64-linux-gnu[:CPU[,CPU...]] (one code variant per CPU).")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Fix a symbolic input dimension.")

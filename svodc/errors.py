@@ -57,6 +57,10 @@ class LinkError(SvodcError):
     writable section. A code image must be self-contained and read-only."""
 
 
+class BundleError(SvodcError):
+    """The compiled model does not fit the bundle format (a tensor over its size limits, ...)."""
+
+
 class OutputWriteError(SvodcError):
     """The bundle cannot be written to the requested path."""
 
