@@ -11,7 +11,7 @@ Each failure is a BundleFormatError naming the field or section and the offset.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import msgpack
 import zstandard
@@ -37,41 +37,14 @@ __all__ = ["Bundle", "KernelInfo", "Section", "TensorInfo", "TestVector", "Varia
            "parse_bundle"]
 
 
-@dataclass
-class Bundle:
+@dataclass(frozen=True)
+class Bundle(Plan):
+    """A verified bundle: the execution plan (svodrt/plan.py) and where it came from."""
+
     header: Header
     manifest: dict
     sections: list[Section]
     weights: Section
-    plan: Plan
-
-    @property
-    def inputs(self) -> list[TensorInfo]:
-        return self.plan.inputs
-
-    @property
-    def outputs(self) -> list[TensorInfo]:
-        return self.plan.outputs
-
-    @property
-    def variants(self) -> list[Variant]:
-        return self.plan.variants
-
-    @property
-    def kernels(self) -> list[KernelInfo]:
-        return self.plan.kernels
-
-    @property
-    def arena_size(self) -> int:
-        return self.plan.arena_size
-
-    @property
-    def weights_size(self) -> int:
-        return self.plan.weights_size
-
-    @property
-    def test_vectors(self) -> list[TestVector]:
-        return self.plan.test_vectors
 
 
 def _fail(msg: str) -> BundleFormatError:
@@ -184,5 +157,6 @@ def parse_bundle(data: bytes | memoryview) -> Bundle:
         plan = parse_plan(m, sections, weights[0])
     except BundleFormatError as e:
         raise BundleFormatError(f"{e} (manifest at offset {h.manifest_offset})") from None
-    return Bundle(h, m, sections, weights[0], plan)
+    return Bundle(**{f.name: getattr(plan, f.name) for f in fields(plan)}, header=h, manifest=m, sections=sections,
+                  weights=weights[0])
 
