@@ -179,31 +179,58 @@ class Model:
                 return self._arenas.pop()
         return _aligned_empty(self.bundle.arena_size)
 
-    def run(self, feeds: MappingT[str, object]) -> dict[str, np.ndarray]:
-        """Run the model: {input name: array} -> {output name: array}. Safe to call from many threads."""
+    @contextlib.contextmanager
+    def _running(self):
+        """Counts a call in flight, so close() can wait for it; refuses calls after close()."""
         with self._state:
             if self._closed:
                 raise ModelClosedError("this model was closed; load the bundle again to run it")
             self._active += 1
         try:
-            arrays = self.check_inputs(feeds)
-            outs = [np.empty(t.shape, dtype=np.dtype(DTYPES[t.dtype][0])) for t in self.bundle.outputs]
-            arena = self._arena()
-            ptrs = [arena[1], self.weights_address, *(a.ctypes.data for a in arrays), *(o.ctypes.data for o in outs)]
-            table = (ctypes.c_void_p * len(ptrs))(*ptrs)
-            sync = (ctypes.c_uint64 * (SYNC_SIZE // 8))()
-            sync[1] = YIELD_FN  # offset 8: the barrier's yield function
-            try:
-                self._call(table, sync)
-            finally:
-                with self._arena_lock:
-                    self._arenas.append(arena)
-            return {t.name: o for t, o in zip(self.bundle.outputs, outs, strict=True)}
+            yield
         finally:
             with self._state:
                 self._active -= 1
                 if not self._active:
                     self._state.notify_all()
+
+    @contextlib.contextmanager
+    def _call_buffers(self, feeds: MappingT[str, object]):
+        """(buffer table, outputs) for one call: inputs checked, outputs allocated, an arena lent."""
+        arrays = self.check_inputs(feeds)
+        outs = [np.empty(t.shape, dtype=np.dtype(DTYPES[t.dtype][0])) for t in self.bundle.outputs]
+        arena = self._arena()
+        ptrs = [arena[1], self.weights_address, *(a.ctypes.data for a in arrays), *(o.ctypes.data for o in outs)]
+        try:
+            yield (ctypes.c_void_p * len(ptrs))(*ptrs), outs
+        finally:
+            with self._arena_lock:
+                self._arenas.append(arena)
+
+    def run(self, feeds: MappingT[str, object]) -> dict[str, np.ndarray]:
+        """Run the model: {input name: array} -> {output name: array}. Safe to call from many threads."""
+        with self._running(), self._call_buffers(feeds) as (table, outs):
+            sync = (ctypes.c_uint64 * (SYNC_SIZE // 8))()
+            sync[1] = YIELD_FN  # offset 8: the barrier's yield function
+            self._call(table, sync)
+        return {t.name: o for t, o in zip(self.bundle.outputs, outs, strict=True)}
+
+    def profile(self, feeds: MappingT[str, object], repeat: int = 10) -> list[tuple[str, float, tuple[str, ...]]]:
+        """Time each kernel alone (single-threaded, its own entry point): [(kernel, median seconds,
+        ONNX nodes)], in execution order. Runs the whole model once per repeat. Times are the calling
+        thread's CPU time, so a busy machine that preempts the thread does not inflate them."""
+        import time
+
+        kernel_fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32)
+        with self._running(), self._call_buffers(feeds) as (table, _):
+            fns = [kernel_fn(self._maps[0].address + off) for off in self.variant.kernels]
+            times: list[list[float]] = [[] for _ in fns]
+            for _ in range(repeat):
+                for i, fn in enumerate(fns):
+                    t0 = time.thread_time()
+                    fn(table, None, 0, 1)
+                    times[i].append(time.thread_time() - t0)
+        return [(k.name, float(np.median(t)), k.provenance) for k, t in zip(self.bundle.kernels, times, strict=True)]
 
     def _call(self, table, sync) -> None:
         n = self.threads

@@ -99,6 +99,28 @@ def test_weights_checksum_policy(small_bundle, tmp_path):
     assert not verify(path).ok
 
 
+def _duplicate_id(m: dict) -> None:
+    m["buffers"][1]["id"] = m["buffers"][0]["id"]
+
+
+def _write_a_weight(m: dict) -> None:
+    m["kernels"][0]["params"][0] = next(b["id"] for b in m["buffers"] if b["kind"] == "weight")
+
+
+def _overlap_live_buffers(m: dict) -> None:
+    """Move a scratch buffer onto another that a kernel uses at the same time."""
+    scratch = {b["id"]: b for b in m["buffers"] if b["kind"] == "scratch"}
+    for k in m["kernels"]:
+        live = [scratch[p] for p in k["params"] if p in scratch]
+        for a in live:
+            for b in live:
+                size = 4 * int(np.prod(b["shape"]))  # float32 model
+                if a is not b and a["offset"] != b["offset"] and a["offset"] + size <= m["arena_size"]:
+                    b["offset"] = a["offset"]
+                    return
+    raise AssertionError("no kernel uses two scratch buffers")
+
+
 def _small_manifest_edits():
     """(id, edit of the manifest dict, message the runtime must give)."""
     def set_(path, value):
@@ -119,10 +141,10 @@ def _small_manifest_edits():
         ("entry outside", set_(["variants", 0, "entry"], 10 ** 9), r"variants\[0\]\.entry: offset \d+ is outside"),
         ("fixups unsorted", set_(["variants", 0, "fixups"], [16, 8]), r"fixups: must be sorted"),
         ("feature dropped", set_(["variants", 0, "features"], lambda f: f[1:]), r"feature_bits: .* disagrees"),
-        ("duplicate id", set_(["buffers", 1, "id"], 3), r"buffer id 3 is used twice"),
+        ("duplicate id", _duplicate_id, r"buffer id \d+ is used twice"),
         ("unknown param", set_(["kernels", 0, "params"], [999]), r"kernels\[0\]\.params: .*unknown: \[999\]"),
-        ("writes a weight", set_(["kernels", 0, "params", 0], 3), r"written buffer 3 is a read-only weight"),
-        ("live overlap", set_(["buffers", 4, "offset"], 0), r"scratch buffers \d+ and \d+ overlap in the arena"),
+        ("writes a weight", _write_a_weight, r"written buffer \d+ is a read-only weight"),
+        ("live overlap", _overlap_live_buffers, r"scratch buffers \d+ and \d+ overlap in the arena"),
         ("section over header", set_(["sections", 0, "offset"], 0), r"'weights' \[0, \d+\) overlaps the header"),
         ("section misaligned", set_(["sections", 1, "offset"], lambda o: o + 1), r"is not 64-aligned"),
         ("section too long", set_(["sections", 1, "length"], lambda n: n + 4096), r"overlaps .* the manifest"),
@@ -135,7 +157,7 @@ def _small_manifest_edits():
         ("byte order", set_(["byte_order"], "big"), r"byte_order 'big' must be 'little'"),
         ("section name", set_(["sections", 1, "name"], "weights"), r"section name 'weights' .* repeats"),
         ("no variants", set_(["variants"], []), r"no code variant"),
-        ("kernel name", set_(["kernels", 1, "name"], "k0_c"), r"kernel names repeat"),
+        ("kernel name", lambda m: m["kernels"][1].update(name=m["kernels"][0]["name"]), r"kernel names repeat"),
         ("vector arity", set_(["test_vectors", 0, "inputs"], []), r"has 0 arrays for 1 inputs"),
         ("vector size", set_(["test_vectors", 0, "outputs", 0], b"x"), r"'y' must be 80 bytes"),
         ("tolerance", set_(["test_vectors", 0, "tolerance"], [-1.0]), r"finite, non-negative"),
@@ -149,7 +171,6 @@ def _small_manifest_edits():
 def test_manifest_edits_are_refused_by_name(small_bundle, edit, message):
     data = small_bundle[0].read_bytes()
     m = copy.deepcopy(manifest_of(data))
-    assert [b["id"] for b in m["buffers"][:2]] == [3, 4] and m["buffers"][4]["name"] == "t1"  # what edits assume
     edit(m)
     with pytest.raises(svodrt.BundleFormatError, match=message) as e:
         svodrt.load(repack(data, m))
