@@ -82,11 +82,12 @@ def map_code(data: bytes | memoryview, fixups: tuple[int, ...], sha256: bytes, w
         raise BundleFormatError(f"{what} fails its sha256 checksum: the file is damaged; nothing of it was run")
     for off in fixups:  # verified earlier: inside the image, 8 bytes apart
         word = ctypes.c_uint64.from_address(m.address + off)
-        if word.value > length:
+        value = word.value  # read before any close(): `word` points into the mapping
+        if value > length:
             m.close()
-            raise BundleFormatError(f"{what}: fixup at offset {off} holds {word.value}, not an offset inside "
+            raise BundleFormatError(f"{what}: fixup at offset {off} holds {value}, not an offset inside "
                                     f"the {length}-byte image")
-        word.value = word.value + m.address
+        word.value = value + m.address
     _protect(m, mmap.PROT_READ | mmap.PROT_EXEC, what)
     return m
 

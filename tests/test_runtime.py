@@ -137,3 +137,28 @@ def test_concurrent_runs_on_one_model_agree(small_bundle):
         for t in ts:
             t.join()
         assert not bad
+
+
+def test_code_fixups_are_relocated_checked_and_the_image_made_read_execute():
+    import ctypes
+    import hashlib
+
+    from svodrt.memory import map_code
+
+    image = bytearray(64)
+    image[8:16] = (40).to_bytes(8, "little")  # a word holding an image offset: the loader adds the base
+    image[16:24] = (64).to_bytes(8, "little")  # one past the end is a valid C pointer too
+    m = map_code(bytes(image), (8, 16), hashlib.sha256(image).digest(), "test image")
+    try:
+        assert ctypes.c_uint64.from_address(m.address + 8).value == m.address + 40
+        assert ctypes.c_uint64.from_address(m.address + 16).value == m.address + 64
+        with open("/proc/self/maps") as f:
+            perms = [ln.split()[1] for ln in f if int(ln.split("-")[0], 16) == m.address]
+        assert perms == ["r-xp"]
+    finally:
+        m.close()
+    image[24:32] = (65).to_bytes(8, "little")
+    with pytest.raises(svodrt.BundleFormatError, match="fixup at offset 24 holds 65, not an offset inside"):
+        map_code(bytes(image), (24,), hashlib.sha256(image).digest(), "test image")
+    with pytest.raises(svodrt.BundleFormatError, match="test image fails its sha256"):
+        map_code(bytes(image), (), bytes(32), "test image")
