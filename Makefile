@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test test-fast lint bench clean
+.PHONY: setup demo test test-fast lint bench clean fuzz
 BENCH_STAMP := $(VENV)/.bench-stamp
 
 $(STAMP): pyproject.toml
@@ -25,6 +25,10 @@ test: $(STAMP)
 # Everything but the end-to-end model tests.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q --ignore=tests/test_light_models.py
+
+# 10,000 damaged bundles (a new seed each run; the test suite runs 2,000 with a fixed one).
+fuzz: $(STAMP)
+	$(BIN)/python -m tests.fuzzing --count 10000
 
 $(BENCH_STAMP): $(STAMP)
 	$(BIN)/pip install -q -e '.[dev,bench]'
