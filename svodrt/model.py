@@ -10,8 +10,10 @@ call), and calls the entry function once per thread.
 Threads: the entry splits every kernel across `nthreads` callers that meet at barriers. A model owns
 threads-1 helper threads. One call at a time uses them; a call that finds them busy (another thread
 is running the same model) runs single-threaded instead of waiting, so concurrent calls are safe and
-can never deadlock on the barrier. close() refuses new calls, waits for the running ones, then
-unmaps; a call after close() raises ModelClosedError.
+can never deadlock on the barrier. With threads=None (the default: one per core) a model whose
+single-threaded run takes under AUTO_PARALLEL_MIN_S stays single-threaded (measured on its first two
+calls): waking helper threads would cost more than they save. close() refuses new calls, waits for
+the running ones, then unmaps; a call after close() raises ModelClosedError.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import ctypes
 import mmap
 import os
 import threading
+import time
 from collections.abc import Mapping as MappingT
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -77,6 +80,9 @@ def _aligned_empty(nbytes: int) -> tuple[np.ndarray, int]:
     return raw, raw.ctypes.data + shift
 
 
+AUTO_PARALLEL_MIN_S = 300e-6  # with threads=None, models faster than this on one thread use one thread
+
+
 class Model:
     def __init__(self, source: str | os.PathLike | bytes, threads: int | None = None, host: Host | None = None,
                  verify_weights: bool | None = None, variant: int | None = None):
@@ -87,6 +93,10 @@ class Model:
         self._state = threading.Condition()
         self._active = 0
         n = threads if threads is not None else (os.cpu_count() or 1)
+        self._auto = threads is None  # threads chosen by us: tiny models stay on one thread
+        self._parallel = True
+        self._solo_runs = 0
+        self._solo_best = float("inf")
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_THREADS:
             raise ValueError(f"threads must be an integer in [1, {MAX_THREADS}], got {threads!r}")
         self.threads = n
@@ -219,8 +229,6 @@ class Model:
         """Time each kernel alone (single-threaded, its own entry point): [(kernel, median seconds,
         ONNX nodes)], in execution order. Runs the whole model once per repeat. Times are the calling
         thread's CPU time, so a busy machine that preempts the thread does not inflate them."""
-        import time
-
         kernel_fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32)
         with self._running(), self._call_buffers(feeds) as (table, _):
             fns = [kernel_fn(self._maps[0].address + off) for off in self.variant.kernels]
@@ -234,7 +242,17 @@ class Model:
 
     def _call(self, table, sync) -> None:
         n = self.threads
-        if self._pool is not None and self._team.acquire(blocking=False):
+        if n > 1 and self._auto and self._solo_runs < 2:
+            # threads=None: the first two calls run on one thread and are timed; a model faster than
+            # AUTO_PARALLEL_MIN_S stays single-threaded (waking helpers would cost more than it saves).
+            t0 = time.perf_counter()
+            self._entry(table, None, 0, 1, sync)
+            self._solo_best = min(self._solo_best, time.perf_counter() - t0)
+            self._solo_runs += 1
+            if self._solo_runs == 2 and self._solo_best < AUTO_PARALLEL_MIN_S:
+                self._parallel = False
+            return
+        if self._pool is not None and self._parallel and self._team.acquire(blocking=False):
             try:
                 futures = [self._pool.submit(self._entry, table, None, i, n, sync) for i in range(1, n)]
                 self._entry(table, None, 0, n, sync)
