@@ -160,7 +160,7 @@ def _sides(arg: GemmArg) -> tuple[Side, Side, int, int]:
     panels = Side(B_PANEL, packed_panels=True, panel_stride=arg.k * B_PANEL)
     if not arg.transposed:
         s = Side(A_PANEL, 1) if a.packed else Side(a.col_stride, a.row_stride)
-        assert b.packed or b.col_stride == 1, "the scheduler realizes B with contiguous columns"
+        assert b.packed or b.col_stride == 1 or arg.n == 1, "the scheduler realizes B with contiguous columns"
         return s, panels if b.packed else Side(b.row_stride), c.row_stride, 1
     # transposed: rows run along n (B's columns), lanes along m (A's rows, packed in B_PANEL panels)
     assert a.packed and not b.packed
