@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test test-fast lint bench clean
+.PHONY: setup demo test test-fast lint bench clean onnx-coverage
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,9 +21,14 @@ test: $(STAMP)
 	$(BIN)/ruff check svodc svodrt tests scripts
 	$(BIN)/python -m pytest -q
 
-# Everything but the end-to-end model tests.
+# Everything but the end-to-end model tests and the conformance suite.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q --ignore=tests/test_light_models.py
+	$(BIN)/python -m pytest -q --ignore=tests/test_light_models.py --ignore=tests/conformance
+
+# Run every onnx node test case and regenerate docs/onnx-coverage.md (also part of `make test`,
+# which checks the pass count against tests/conformance/thresholds.json).
+onnx-coverage: $(STAMP)
+	$(BIN)/python -m tests.conformance
 
 lint: $(STAMP)
 	$(BIN)/ruff check svodc svodrt tests scripts
