@@ -55,6 +55,9 @@ def render(cases: list[Case], results: list[Result], wall_s: float, workers: int
         f"- **{s.passed} of {s.total} cases pass**; {status_line}.",
         f"- **{s.op_types_fully_passing} of {s.op_types} op types** pass every case.",
         f"- Wall time {wall_s:.0f} s with {workers} worker processes.",
+        f"- {sum(1 for r in results if r.status == 'pass' and r.fixed_inputs)} of the passing cases have inputs "
+        "that decide shapes (a Reshape's shape, a Slice's starts...): svodc compiles them with those inputs' "
+        "values fixed at compile time (`--input-value`), as a static compiler must; they are listed below.",
         "",
         "Statuses: `wrong` ran but gave different values (the largest error is shown); `unsupported` the "
         "compiler refused a node (its reason is shown); `error` another compile or run error; `crash` the "
@@ -73,6 +76,8 @@ def render(cases: list[Case], results: list[Result], wall_s: float, workers: int
         if r.status != "pass":
             reason = r.reason.replace("|", "\\|")
             lines.append(f"| {c.name} | {op_label(c)} | {r.status} | {reason} |")
+    lines += ["", "## Passing cases with inputs fixed at compile time", "", "| case | inputs fixed |", "|---|---|"]
+    lines += [f"| {r.name} | {', '.join(r.fixed_inputs)} |" for r in results if r.status == "pass" and r.fixed_inputs]
     lines += ["", "## Ops compiled through their ONNX function bodies", "",
               "Ops without a handler of their own that the importer expanded with the function body the onnx "
               "package defines for them (`onnx.defs` schema `function_body`), and the cases that used it.", ""]

@@ -30,6 +30,7 @@ class Result:
     compile_s: float = 0.0
     run_s: float = 0.0
     expanded: list[str] = field(default_factory=list)  # ops expanded through their ONNX function bodies
+    fixed_inputs: list[str] = field(default_factory=list)  # inputs whose values were fixed at compile time
 
 
 def write_frame(fd: int, obj: object) -> None:
@@ -65,17 +66,19 @@ def _unsupported_reason(e) -> str:
     return one_line("; ".join(parts))
 
 
-def feeds_for(model, values: list, declared) -> dict[str, np.ndarray]:
-    """The case's input values by name, converted to the storage type the bundle declares."""
-    by_type = {t.name: t for t in declared}
-    feeds = {}
-    for vi, v in zip(model.graph.input, values, strict=False):
-        x = np.asarray(v)
-        t = by_type.get(vi.name)
-        if t is not None and x.dtype != np.dtype(t.dtype) and x.dtype.itemsize == np.dtype(t.dtype).itemsize:
-            x = x.view(t.dtype)  # bfloat16/float8 etc. travel as their storage integers
-        feeds[vi.name] = x
-    return feeds
+def storage(x: np.ndarray) -> np.ndarray:
+    """Types numpy itself lacks (ml_dtypes' bfloat16, float8...) travel as their storage integers,
+    the way svodc and svodrt hold them."""
+    x = np.asarray(x)
+    if x.dtype.kind == "V" or type(x.dtype).__module__.startswith("ml_dtypes") or x.dtype.name in (
+            "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu"):
+        return x.view(f"uint{8 * x.dtype.itemsize}")
+    return x
+
+
+def feeds_for(model, values: list) -> dict[str, np.ndarray]:
+    """The case's input values by name, in their storage types."""
+    return {vi.name: storage(v) for vi, v in zip(model.graph.input, values, strict=False)}
 
 
 def run_case(case: Case) -> Result:
@@ -94,16 +97,30 @@ def run_case(case: Case) -> Result:
     t0 = time.perf_counter()
     shapes = {vi.name: tuple(np.shape(v)) for vi, v in zip(model.graph.input, case.inputs, strict=False)
               if isinstance(v, np.ndarray)}
-    options = CompileOptions(input_shapes=shapes, jobs=1)
+    by_name = {vi.name: v for vi, v in zip(model.graph.input, case.inputs, strict=False)}
+    fixed: dict[str, np.ndarray] = {}
     expanded: list[str] = []
     try:
-        graph = import_model(model, options)
+        # Inputs that decide shapes (Reshape's shape, Slice's starts...) must be known to a static
+        # compiler: when the compiler names such inputs, fix their values and compile again.
+        for attempt in range(4):
+            options = CompileOptions(input_shapes={k: v for k, v in shapes.items() if k not in fixed},
+                                     input_values=dict(fixed), jobs=1)
+            try:
+                graph = import_model(model, options)
+                break
+            except UnsupportedModelError as e:
+                needs = {n for p in e.nodes for n in p.needs_values if n in by_name} - fixed.keys()
+                if not needs or attempt == 3:
+                    raise
+                fixed.update({n: storage(by_name[n]) for n in needs})
         expanded = sorted(getattr(graph, "expanded_ops", ()))
         program = build_program(graph, options)
         target, = parse_target("host")
         bundle = write_bundle(program, [(target, compile_program(program, target, options))], "conformance")
     except UnsupportedModelError as e:
-        return Result(case.name, "unsupported", _unsupported_reason(e), time.perf_counter() - t0, expanded=expanded)
+        return Result(case.name, "unsupported", _unsupported_reason(e), time.perf_counter() - t0, expanded=expanded,
+                      fixed_inputs=sorted(fixed))
     except SvodcError as e:
         return Result(case.name, "error", one_line(f"{type(e).__name__}: {e}"), time.perf_counter() - t0,
                       expanded=expanded)
@@ -113,7 +130,8 @@ def run_case(case: Case) -> Result:
     t1 = time.perf_counter()
     try:
         with svodrt.load(bundle, threads=1) as m:
-            got = m.run(feeds_for(model, case.inputs, m.inputs))
+            feeds = {k: v for k, v in feeds_for(model, case.inputs).items() if k not in fixed}
+            got = m.run(feeds)
     except Exception as e:
         return Result(case.name, "error", one_line(f"runtime: {type(e).__name__}: {e}"), t1 - t0,
                       time.perf_counter() - t1, expanded)
@@ -127,7 +145,7 @@ def run_case(case: Case) -> Result:
         if why:
             problems.append(f"{vi.name}: {why}")
     status = "wrong" if problems else "pass"
-    return Result(case.name, status, one_line("; ".join(problems)), t1 - t0, t2 - t1, expanded)
+    return Result(case.name, status, one_line("; ".join(problems)), t1 - t0, t2 - t1, expanded, sorted(fixed))
 
 
 def main() -> None:
