@@ -116,7 +116,7 @@ class GraphImporter:
             if body is None:
                 problems.append(_with(label, str(e)))
                 return self._poison(node, scope)
-            return self._inline(node, body, scope, problems, label)
+            return self._inline(node, body, scope, opsets, problems, label)
 
         def subgraph_runner(g: onnx.GraphProto, inputs: list[Value | None]) -> list[Value | None]:
             return self.run_subgraph(g, inputs, scope, opsets)
@@ -148,11 +148,12 @@ class GraphImporter:
             if name:
                 scope.set(name, POISON)
 
-    def _inline(self, node: onnx.NodeProto, body: onnx.FunctionProto, scope: Scope,
+    def _inline(self, node: onnx.NodeProto, body: onnx.FunctionProto, scope: Scope, outer_opsets: dict[str, int],
                 problems: list[UnsupportedNode], label: UnsupportedNode) -> None:
         prefix = f"{node.name or node.output[0]}/{node.op_type}#{next(self._ids)}/"
         nodes = inline_nodes(node, body, prefix)
-        opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in body.opset_import}
+        # the body's own opsets; domains it does not declare keep the caller's
+        opsets = {**outer_opsets, **{("" if o.domain == "ai.onnx" else o.domain): o.version for o in body.opset_import}}
         inner: list[UnsupportedNode] = []
         for n in dependency_order(nodes, scope.names()):
             self.import_node(n, scope, opsets, inner)

@@ -31,6 +31,7 @@ class Result:
     run_s: float = 0.0
     expanded: list[str] = field(default_factory=list)  # ops expanded through their ONNX function bodies
     fixed_inputs: list[str] = field(default_factory=list)  # inputs whose values were fixed at compile time
+    # (an absent optional input is "fixed" to no value: that is how a compiled model is told it is absent)
 
 
 def write_frame(fd: int, obj: object) -> None:
@@ -76,9 +77,12 @@ def storage(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def feeds_for(model, values: list) -> dict[str, np.ndarray]:
-    """The case's input values by name, in their storage types."""
-    return {vi.name: storage(v) for vi, v in zip(model.graph.input, values, strict=False)}
+def flatten(name: str, value) -> dict[str, np.ndarray | None]:
+    """A graph input or output value as the bundle's tensors (svodc/frontend/boundary.py): a sequence
+    `x` is `x[0]`, `x[1]`...; an absent optional is None."""
+    if isinstance(value, list):
+        return {f"{name}[{i}]": storage(v) for i, v in enumerate(value)}
+    return {name: None if value is None else storage(value)}
 
 
 def run_case(case: Case) -> Result:
@@ -95,10 +99,13 @@ def run_case(case: Case) -> Result:
 
     model = onnx.load_from_string(case.model)
     t0 = time.perf_counter()
-    shapes = {vi.name: tuple(np.shape(v)) for vi, v in zip(model.graph.input, case.inputs, strict=False)
-              if isinstance(v, np.ndarray)}
-    by_name = {vi.name: v for vi, v in zip(model.graph.input, case.inputs, strict=False)}
-    fixed: dict[str, np.ndarray] = {}
+    by_name: dict[str, np.ndarray | None] = {}
+    for vi, v in zip(model.graph.input, case.inputs, strict=False):
+        by_name.update(flatten(vi.name, v))
+    shapes = {k: tuple(v.shape) for k, v in by_name.items() if v is not None}
+    fixed: dict[str, object] = {k: None for k, v in by_name.items() if v is None}  # absent optionals
+    fixed.update({vi.name: [] for vi, v in zip(model.graph.input, case.inputs, strict=False)
+                  if isinstance(v, list) and not v})  # empty sequences: nothing to feed, fixed as empty
     expanded: list[str] = []
     try:
         # Inputs that decide shapes (Reshape's shape, Slice's starts...) must be known to a static
@@ -113,7 +120,7 @@ def run_case(case: Case) -> Result:
                 needs = {n for p in e.nodes for n in p.needs_values if n in by_name} - fixed.keys()
                 if not needs or attempt == 3:
                     raise
-                fixed.update({n: storage(by_name[n]) for n in needs})
+                fixed.update({n: by_name[n] for n in needs})
         expanded = sorted(getattr(graph, "expanded_ops", ()))
         program = build_program(graph, options)
         target, = parse_target("host")
@@ -130,20 +137,27 @@ def run_case(case: Case) -> Result:
     t1 = time.perf_counter()
     try:
         with svodrt.load(bundle, threads=1) as m:
-            feeds = {k: v for k, v in feeds_for(model, case.inputs).items() if k not in fixed}
-            got = m.run(feeds)
+            got = m.run({k: v for k, v in by_name.items() if k not in fixed})
     except Exception as e:
         return Result(case.name, "error", one_line(f"runtime: {type(e).__name__}: {e}"), t1 - t0,
                       time.perf_counter() - t1, expanded)
     t2 = time.perf_counter()
     problems = []
     for vi, want in zip(model.graph.output, case.outputs, strict=False):
-        if vi.name not in got:
-            problems.append(f"{vi.name}: missing from the outputs")
-            continue
-        why = mismatch(got[vi.name], want, case.rtol, case.atol)
-        if why:
-            problems.append(f"{vi.name}: {why}")
+        expected = flatten(vi.name, want)
+        extra = [k for k in got if k.startswith(vi.name + "[") and k not in expected]
+        if extra:
+            problems.append(f"{vi.name}: unexpected outputs {extra}")
+        for name, w in expected.items():
+            if w is None:
+                if name in got or f"{name}[0]" in got:
+                    problems.append(f"{name}: produced, but the reference optional is empty")
+            elif name not in got:
+                problems.append(f"{name}: missing from the outputs")
+            else:
+                why = mismatch(got[name], w, case.rtol, case.atol)
+                if why:
+                    problems.append(f"{name}: {why}")
     status = "wrong" if problems else "pass"
     return Result(case.name, status, one_line("; ".join(problems)), t1 - t0, t2 - t1, expanded, sorted(fixed))
 

@@ -223,7 +223,7 @@ def resize_op(ctx: NodeContext) -> UOp:
                   roi if coord == "tf_crop_and_resize" else None)
 
 
-@onnx_op("Upsample", 1, 7, 9, 10)
+@onnx_op("Upsample", 1, 7, 9)  # version 10 only deprecates it
 def upsample(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
     if ctx.version < 9:
