@@ -9,6 +9,7 @@ from svodc.frontend.ops import (  # noqa: F401
     nn,
     reduction,
     resize,
+    rnn,
     sequence,
     shape_ops,
 )
