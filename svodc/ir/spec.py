@@ -13,6 +13,7 @@ from svodc.ir.ops import (
     ConstData,
     ConvArg,
     GatherArg,
+    GemmArg,
     InputArg,
     KernelArg,
     Ops,
@@ -57,6 +58,7 @@ _SPEC: dict[Ops, tuple[type | tuple[type, ...] | None, int | None]] = {
     Ops.LOAD: ((int, float, bool), None),
     Ops.STORE: (None, 3),
     Ops.LOOP_REDUCE: (Ops, None),
+    Ops.GEMM: (GemmArg, None),
 }
 for _op in UNARY:
     _SPEC[_op] = (None, 1)
