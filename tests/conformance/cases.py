@@ -45,6 +45,22 @@ class Case:
         return any(s in self.name for s in _EXPANDED_SUFFIXES)
 
 
+def _value(v):
+    """Test data as numpy: some cases give TensorProtos (to keep types like float8 exact)."""
+    import onnx
+    from onnx import numpy_helper
+
+    if isinstance(v, onnx.TensorProto):
+        return numpy_helper.to_array(v)
+    if isinstance(v, onnx.SequenceProto):
+        return [_value(t) for t in numpy_helper.to_list(v)]
+    if isinstance(v, onnx.OptionalProto):
+        return _value(numpy_helper.to_optional(v))
+    if isinstance(v, list):
+        return [_value(t) for t in v]
+    return v
+
+
 def collect_cases() -> list[Case]:
     """Every node test case, in the onnx package's order."""
     from onnx.backend.test.case.node import collect_testcases
@@ -66,6 +82,6 @@ def collect_cases() -> list[Case]:
     for c in raw:
         (inputs, outputs), = c.data_sets
         op_type, domain = op_of(c)
-        cases.append(Case(c.name, op_type, domain, c.model.SerializeToString(), list(inputs), list(outputs),
-                          float(c.rtol), float(c.atol)))
+        cases.append(Case(c.name, op_type, domain, c.model.SerializeToString(), [_value(v) for v in inputs],
+                          [_value(v) for v in outputs], float(c.rtol), float(c.atol)))
     return cases
