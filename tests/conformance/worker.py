@@ -110,7 +110,7 @@ def run_case(case: Case) -> Result:
     try:
         # Inputs that decide shapes (Reshape's shape, Slice's starts...) must be known to a static
         # compiler: when the compiler names such inputs, fix their values and compile again.
-        for attempt in range(4):
+        for attempt in range(8):
             options = CompileOptions(input_shapes={k: v for k, v in shapes.items() if k not in fixed},
                                      input_values=dict(fixed), jobs=1)
             try:
@@ -118,7 +118,7 @@ def run_case(case: Case) -> Result:
                 break
             except UnsupportedModelError as e:
                 needs = {n for p in e.nodes for n in p.needs_values if n in by_name} - fixed.keys()
-                if not needs or attempt == 3:
+                if not needs or attempt == 7:
                     raise
                 fixed.update({n: by_name[n] for n in needs})
         expanded = sorted(getattr(graph, "expanded_ops", ()))

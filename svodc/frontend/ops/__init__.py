@@ -10,6 +10,7 @@ from svodc.frontend.ops import (  # noqa: F401
     reduction,
     resize,
     rnn,
+    selection,
     sequence,
     shape_ops,
 )

@@ -254,3 +254,43 @@ def _cumulative(op: Ops, identity: int):
 
 onnx_op("CumSum", 11, 14)(_cumulative(Ops.ADD, 0))
 onnx_op("CumProd", 26)(_cumulative(Ops.MUL, 1))
+
+
+@onnx_op("MaxUnpool", 9, 11, 22)
+def max_unpool(ctx: NodeContext) -> UOp:
+    """x scattered at I (flat indices into the unpooled shape) into zeros; an explicit output_shape
+    places that result at its origin (the ONNX reference's rule)."""
+    x, idx = ctx.input(0), ctx.input(1)
+    nsp = x.ndim - 2
+    kernel = ctx.ints("kernel_shape")
+    strides = ctx.ints("strides", [1] * nsp)
+    pads = ctx.ints("pads", [0] * (2 * nsp))
+    inferred = x.shape[:2] + tuple((d - 1) * s - pads[i] - pads[i + nsp] + k for i, (d, s, k) in
+                                   enumerate(zip(x.shape[2:], strides, kernel, strict=True)))
+    zeros = T.const(0, x.dtype, (math.prod(inferred),))
+    flat = UOp(Ops.SCATTER, x.dtype, (zeros, T.reshape(idx, (T.numel(idx),)), T.reshape(x, (T.numel(x),))),
+               ScatterArg(0))
+    y = T.reshape(flat, inferred)
+    shape = ctx.optional_const_input(2, "output_shape")
+    if shape is None:
+        return y
+    out = [int(v) for v in np.asarray(shape).reshape(-1)]
+    y = T.shrink(y, [(0, min(d, o)) for d, o in zip(inferred, out, strict=True)])
+    return T.pad(y, [(0, max(0, o - d)) for d, o in zip(inferred, out, strict=True)], 0)
+
+
+@onnx_op("TensorScatter", 24)
+def tensor_scatter(ctx: NodeContext) -> UOp:
+    """A cache update: past with update written at write_indices[b] + s along the sequence axis (wrapping
+    around in circular mode)."""
+    past, update, where = ctx.input(0), ctx.input(1), ctx.optional_input(2)
+    axis = T.norm_axis(ctx.attr("axis", -2), past.ndim)
+    n, s = past.shape[axis], update.shape[axis]
+    batch = past.shape[0]
+    start = T.const(0, _I64, (batch,)) if where is None else where.cast(_I64)
+    pos = T.alu(Ops.ADD, T.reshape(start, (batch,) + (1,) * (past.ndim - 1)), iota_along(s, axis, past.ndim))
+    if ctx.attr("mode", "linear") == "circular":
+        pos = T.alu(Ops.MOD, pos, T.const(n, _I64))  # floor modulo: within [0, n) for any start
+    elif ctx.attr("mode", "linear") != "linear":
+        raise Unsupported(f"mode={ctx.attr('mode')!r} is not a valid value")
+    return UOp(Ops.SCATTER, past.dtype, (past, T.broadcast_to(pos, update.shape), update), ScatterArg(axis))

@@ -248,3 +248,41 @@ def range_(ctx: NodeContext) -> UOp:
     else:  # start + i * delta in double, rounded once (stash_type only matters for a running sum)
         values = float(start) + np.arange(count, dtype=np.float64) * float(delta)
     return weight(np.asarray(values, dtype=start.dtype))
+
+
+@onnx_op("Col2Im", 18)
+def col2im(ctx: NodeContext) -> UOp:
+    """Sums sliding blocks back into an image. The geometry is known at compile time, so each image
+    position's contributions (block offset k, block l) form a constant table; the op is a GATHER of
+    those columns and a sum."""
+    x = ctx.input(0)
+    image = _ints(ctx.const_input(1, "image_shape"))
+    block = _ints(ctx.const_input(2, "block_shape"))
+    nsp = len(image)
+    dil = ctx.ints("dilations", [1] * nsp)
+    pads = ctx.ints("pads", [0] * (2 * nsp))
+    strides = ctx.ints("strides", [1] * nsp)
+    n, ck, cols = x.shape
+    k_total = math.prod(block)
+    if ck % k_total:
+        raise Unsupported(f"input channels {ck} are not a multiple of the block size {k_total}")
+    blocks = [(image[i] + pads[i] + pads[i + nsp] - dil[i] * (block[i] - 1) - 1) // strides[i] + 1
+              for i in range(nsp)]
+    if math.prod(blocks) != cols:
+        raise Unsupported(f"{cols} columns do not match {blocks} block positions")
+    sources: list[list[int]] = [[] for _ in range(math.prod(image))]
+    for k, offs in enumerate(np.ndindex(*block)):
+        for l, pos in enumerate(np.ndindex(*blocks)):
+            p = [pos[i] * strides[i] + offs[i] * dil[i] - pads[i] for i in range(nsp)]
+            if all(0 <= p[i] < image[i] for i in range(nsp)):
+                sources[int(np.ravel_multi_index(p, image))].append(k * cols + l)
+    j = max(1, max(len(s) for s in sources))
+    idx = np.zeros((len(sources), j), dtype=np.int64)
+    valid = np.zeros((len(sources), j), dtype=bool)
+    for p, src in enumerate(sources):
+        idx[p, :len(src)] = src
+        valid[p, :len(src)] = True
+    c = ck // k_total
+    taps = gather_axis(T.reshape(x, (n, c, k_total * cols)), weight(idx), 2)  # [n, c, P, j]
+    taps = T.alu(Ops.WHERE, T.broadcast_to(weight(valid), taps.shape), taps, T.scalar_like(taps, 0))
+    return T.reshape(T.reduce(taps, Ops.ADD, [3], keepdims=False), (n, c, *image))
