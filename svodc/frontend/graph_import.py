@@ -108,7 +108,14 @@ class GraphImporter:
             return self._poison(node, scope)
         srcs = [scope.get(name, None) if name else None for name in node.input]
         if any(s is POISON for s in srcs):
-            return self._poison(node, scope)  # an input comes from a node that already failed
+            # An input comes from a node that already failed: skip it, but still report an op that
+            # could never compile, so one error lists every offending node of the model.
+            try:
+                lookup(domain, node.op_type, opset)
+            except NoHandler as e:
+                if not _has_function(node.op_type, domain, opset):
+                    problems.append(_with(label, str(e)))
+            return self._poison(node, scope)
         try:
             handler, version = lookup(domain, node.op_type, opset)
         except NoHandler as e:
@@ -178,6 +185,22 @@ def _type_proto(v: Value | None) -> onnx.TypeProto:
     return onnx.TypeProto()
 
 
+def _has_function(op_type: str, domain: str, opset: int) -> bool:
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, domain)
+    except onnx.defs.SchemaError:
+        return False
+    return schema.has_function or schema.has_context_dependent_function
+
+
+def _body_version(versions: list[int], opset: int) -> int:
+    """The body written for the newest opset the model imports; a body is written in the ops of some
+    opset but defines the schema it belongs to, so when every body is newer than the model (HardSigmoid-6
+    has one written in opset 18 ops) the oldest one still defines this op."""
+    older = [v for v in versions if v <= opset]
+    return max(older) if older else min(versions)
+
+
 def function_body(node: onnx.NodeProto, domain: str, opset: int, srcs: list[Value | None]) -> onnx.FunctionProto | None:
     """The op's function body at the model's opset (None when the schema defines none)."""
     try:
@@ -185,17 +208,13 @@ def function_body(node: onnx.NodeProto, domain: str, opset: int, srcs: list[Valu
     except onnx.defs.SchemaError:
         return None
     data = None
-    versions = [v for v in schema.function_opset_versions if v <= opset]
-    if schema.has_function and versions:
-        data = schema.get_function_with_opset_version(max(versions))
-    elif schema.has_context_dependent_function:
-        versions = [v for v in schema.context_dependent_function_opset_versions if v <= opset]
-        if not versions:
-            return None
+    if schema.has_function and schema.function_opset_versions:
+        data = schema.get_function_with_opset_version(_body_version(schema.function_opset_versions, opset))
+    elif schema.has_context_dependent_function and schema.context_dependent_function_opset_versions:
+        version = _body_version(schema.context_dependent_function_opset_versions, opset)
         types = [_type_proto(s).SerializeToString() for s in srcs]
         try:
-            data = schema.get_context_dependent_function_with_opset_version(max(versions), node.SerializeToString(),
-                                                                           types)
+            data = schema.get_context_dependent_function_with_opset_version(version, node.SerializeToString(), types)
         except Exception:  # the builder rejects input types it has no body for
             return None
     if not data:
