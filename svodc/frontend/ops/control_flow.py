@@ -53,7 +53,15 @@ def if_(ctx: NodeContext) -> list[Value | None]:
     then_g, else_g = ctx.subgraph("then_branch"), ctx.subgraph("else_branch")
     if is_constant(cond):
         return ctx.run_subgraph(then_g if bool(constant_value(cond)) else else_g, [])
-    a, b = ctx.run_subgraph(then_g, []), ctx.run_subgraph(else_g, [])
+    branches = []
+    for name, g in (("then", then_g), ("else", else_g)):
+        try:
+            branches.append(ctx.run_subgraph(g, []))
+        except Unsupported as e:  # e.g. a branch that is invalid for these input shapes (it fails in ORT too)
+            raise NeedsConstant(f"the condition depends on run-time values, so both branches are compiled, and "
+                                f"the {name} branch cannot be: {e}. With the condition known at compile time only "
+                                "the branch it takes is compiled", _graph_inputs(cond)) from e
+    a, b = branches
     return [select(cond, x, y, f"output {i}") for i, (x, y) in enumerate(zip(a, b, strict=True))]
 
 

@@ -75,6 +75,8 @@ class Layer:
     def __init__(self, ctx: NodeContext, gates: int, defaults: list[str]):
         self.ctx = ctx
         x = ctx.input(0)
+        if x.ndim != 3:
+            raise Unsupported(f"input X must have rank 3, got shape {x.shape}")
         self.layout = int(ctx.attr("layout", 0))
         self.x = T.permute(x, (1, 0, 2)) if self.layout else x  # [seq, batch, input]
         self.seq, self.batch, _ = self.x.shape
