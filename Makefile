@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test test-fast lint bench clean onnx-coverage
+.PHONY: setup demo test test-fast test-models lint bench clean onnx-coverage
 BENCH_STAMP := $(VENV)/.bench-stamp
 
 $(STAMP): pyproject.toml
@@ -25,6 +25,11 @@ test: $(STAMP)
 # Everything but the end-to-end model tests and the conformance suite.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q --ignore=tests/test_light_models.py --ignore=tests/conformance
+
+# The real models of ../shared/models against onnxruntime's outputs (also part of `make test`),
+# with the max error per model printed.
+test-models: $(STAMP)
+	$(BIN)/python -m pytest -q tests/test_models.py
 
 # Run every onnx node test case and regenerate docs/onnx-coverage.md (also part of `make test`,
 # which checks the pass count against tests/conformance/thresholds.json).

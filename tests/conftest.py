@@ -34,3 +34,14 @@ def small_bundle(small_model, tmp_path_factory):
     path = tmp_path_factory.mktemp("bundle") / "small.svod"
     path.write_bytes(svodc.compile(model))
     return path, feeds
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print the real models' max errors (tests/test_models.py) after the run."""
+    import sys
+
+    module = sys.modules.get("tests.test_models")
+    if module is not None and module.ERRORS:
+        terminalreporter.section("real models: max error vs onnxruntime")
+        for line in module.ERRORS:
+            terminalreporter.line(line)

@@ -58,6 +58,14 @@ class Scope:
         return out
 
 
+class SubgraphUnsupported(Unsupported):
+    """Nodes inside a subgraph cannot be compiled; the importer reports them, not the owning node."""
+
+    def __init__(self, graph_name: str, problems: list[UnsupportedNode]):
+        super().__init__(f"in subgraph {graph_name!r}: " + "; ".join(str(p) for p in problems))
+        self.problems = problems
+
+
 def _with(label: UnsupportedNode, reason: str, needs: tuple[str, ...] = ()) -> UnsupportedNode:
     return UnsupportedNode(label.name, label.op_type, label.domain, label.opset, reason, needs)
 
@@ -86,9 +94,7 @@ class GraphImporter:
             scope.set(vi.name, v)
         problems = self.import_graph_nodes(graph, scope, opsets)
         if problems:
-            needs = tuple(dict.fromkeys(n for p in problems for n in p.needs_values))
-            text = f"in subgraph {graph.name!r}: " + "; ".join(str(p) for p in problems)
-            raise NeedsConstant(text, needs) if needs else Unsupported(text)
+            raise SubgraphUnsupported(graph.name, problems)
         outs = []
         for vi in graph.output:
             v = scope.get(vi.name, None)
@@ -135,6 +141,9 @@ class GraphImporter:
             for o in outs:
                 if isinstance(o, UOp):
                     _ = o.shape  # shape errors belong to this node
+        except SubgraphUnsupported as e:  # report the nodes inside, which are what cannot compile
+            problems.extend(e.problems)
+            return self._poison(node, scope)
         except NeedsConstant as e:
             problems.append(_with(label, str(e), e.inputs))
             return self._poison(node, scope)
