@@ -28,7 +28,7 @@ from svodc.errors import (
 )
 from svodc.frontend.boundary import graph_input, graph_output
 from svodc.frontend.dtypes import UnsupportedDType, onnx_to_dtype
-from svodc.frontend.graph_import import GraphImporter, Scope
+from svodc.frontend.graph_import import POISON, GraphImporter, Scope
 from svodc.ir.ops import ConstData, Ops
 from svodc.ir.provenance import Provenance
 from svodc.ir.uop import UOp
@@ -85,15 +85,21 @@ def import_model(source: ModelSource, options: CompileOptions | None = None) -> 
     if unknown:
         raise InputShapeError(f"--input-value names {sorted(unknown)}, which are not inputs of the model")
     inputs = []
+    problems: list[UnsupportedNode] = []
     for vi in graph.input:
         if vi.name in scope.values:  # an initializer listed as an input (IR < 4): a constant
             continue
-        value, bundle_inputs = graph_input(vi, options)
+        try:
+            value, bundle_inputs = graph_input(vi, options)
+        except UnsupportedModelError as e:  # e.g. a string input: listed with the nodes that fail
+            problems += e.nodes
+            scope.set(vi.name, POISON)
+            continue
         scope.set(vi.name, value)
         inputs += bundle_inputs
 
     importer = GraphImporter(prov, _weight)
-    problems = importer.import_graph_nodes(graph, scope, opsets)
+    problems += importer.import_graph_nodes(graph, scope, opsets)
     if problems:
         raise UnsupportedModelError(problems)
 

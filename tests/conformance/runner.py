@@ -32,12 +32,15 @@ class _Deadline(Exception):
     pass
 
 
+WORKER_MODULE = "tests.conformance.worker"
+
+
 class CaseWorker:
-    def __init__(self) -> None:
+    def __init__(self, module: str = WORKER_MODULE) -> None:
         self.stderr = tempfile.TemporaryFile()  # noqa: SIM115  (lives as long as the worker)
         env = dict(os.environ)
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.conformance.worker"], cwd=ROOT, env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", module], cwd=ROOT, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
                                      start_new_session=True)
 
@@ -92,8 +95,9 @@ class CaseWorker:
 
 
 def run_cases(cases: list[Case], workers: int = 2, timeout: float = 60.0,
-              progress: Callable[[Result], None] | None = None) -> list[Result]:
-    """One result per case, in the order of `cases`. Out-of-scope cases are not run."""
+              progress: Callable[[Result], None] | None = None, worker_module: str = WORKER_MODULE) -> list[Result]:
+    """One result per case, in the order of `cases`. Out-of-scope cases are not run. worker_module is the
+    worker program (tests substitute one that crashes and hangs on purpose)."""
     results: dict[str, Result] = {}
     todo: queue.Queue[Case] = queue.Queue()
     for c in cases:
@@ -111,7 +115,7 @@ def run_cases(cases: list[Case], workers: int = 2, timeout: float = 60.0,
                     case = todo.get_nowait()
                 except queue.Empty:
                     return
-                worker = worker or CaseWorker()
+                worker = worker or CaseWorker(worker_module)
                 try:
                     r = worker.run(case, timeout)
                 except Exception as e:  # a harness bug must not lose the case: record it and go on

@@ -39,3 +39,19 @@ def test_compare_rules():
     assert "dtype" in mismatch(np.array([1], np.int32), np.array([1], np.int64), 0, 0)
     assert "shape" in mismatch(np.zeros((2, 1)), np.zeros(2), 0, 0)
     assert "differ" in mismatch(np.array([True]), np.array([False]), 0, 0)
+
+
+def test_runner_survives_crashes_and_hangs():
+    """A worker killed by a signal marks its case "crash", a case over the time limit is a "timeout",
+    and the remaining cases go on in new workers: every case gets exactly one result, in order."""
+    from tests.conformance.cases import Case
+
+    names = ["ok1", "segfault1", "ok2", "hang1", "ok3", "ok4"]
+    cases = [Case(n, "Abs", "", b"", [], [], 1e-3, 1e-7) for n in names]
+    results = run_cases(cases, workers=2, timeout=3.0, worker_module="tests.conformance.misbehaving_worker")
+    assert [r.name for r in results] == names
+    status = {r.name: r.status for r in results}
+    assert status == {"ok1": "pass", "segfault1": "crash", "ok2": "pass", "hang1": "timeout", "ok3": "pass",
+                      "ok4": "pass"}
+    crash = next(r for r in results if r.name == "segfault1")
+    assert "SIGSEGV" in crash.reason
