@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
-import select
 import signal
 import subprocess
 import sys
@@ -23,13 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.conformance.cases import Case
-from tests.conformance.worker import LEN, Result, one_line, write_frame
+from tests.conformance.worker import Result, one_line, read_frame, write_frame
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class _Deadline(Exception):
-    pass
 
 
 WORKER_MODULE = "tests.conformance.worker"
@@ -44,29 +39,12 @@ class CaseWorker:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
                                      start_new_session=True)
 
-    def _read(self, n: int, deadline: float) -> bytes:
-        fd = self.proc.stdout.fileno()
-        parts, got = [], 0
-        while got < n:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise _Deadline
-            b = os.read(fd, n - got)
-            if not b:
-                raise EOFError
-            parts.append(b)
-            got += len(b)
-        return b"".join(parts)
-
     def run(self, case: Case, timeout: float) -> Result:
-        import pickle
-
         t0 = time.monotonic()
         try:
             write_frame(self.proc.stdin.fileno(), case)
-            size = LEN.unpack(self._read(LEN.size, t0 + timeout))[0]
-            return pickle.loads(self._read(size, t0 + timeout))
-        except _Deadline:
+            return read_frame(self.proc.stdout.fileno(), t0 + timeout)
+        except TimeoutError:
             self.kill()
             return Result(case.name, "timeout", f"timeout: no result within {timeout:.0f} s", time.monotonic() - t0)
         except (EOFError, BrokenPipeError, OSError):

@@ -41,9 +41,16 @@ def write_frame(fd: int, obj: object) -> None:
         view = view[os.write(fd, view):]
 
 
-def read_exact(fd: int, n: int) -> bytes:
+def read_exact(fd: int, n: int, deadline: float | None = None) -> bytes:
+    """n bytes from fd; EOFError if it closes first, TimeoutError past `deadline` (time.monotonic())."""
+    import select
+
     parts, got = [], 0
     while got < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TimeoutError
         b = os.read(fd, n - got)
         if not b:
             raise EOFError
@@ -52,9 +59,9 @@ def read_exact(fd: int, n: int) -> bytes:
     return b"".join(parts)
 
 
-def read_frame(fd: int) -> object:
-    size = LEN.unpack(read_exact(fd, LEN.size))[0]
-    return pickle.loads(read_exact(fd, size))
+def read_frame(fd: int, deadline: float | None = None) -> object:
+    size = LEN.unpack(read_exact(fd, LEN.size, deadline))[0]
+    return pickle.loads(read_exact(fd, size, deadline))
 
 
 def one_line(text: str, limit: int = 300) -> str:
