@@ -2,26 +2,32 @@
 
 Floats: |got - want| <= atol + rtol * |want| elementwise (the onnx backend's rule), with NaN exactly
 where the reference has NaN and infinities equal. Integers and booleans: exact. Types that numpy
-only knows through ml_dtypes (bfloat16, float8, int4) are compared as float32 values after viewing
-the runtime's storage integers as that type.
+only knows through ml_dtypes (bfloat16, float8, int4) are compared as float32 (int64) values after
+bringing the runtime's array to that type.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+_ML_INTS = ("int4", "uint4", "int2", "uint2")
+
+
+def is_ml_dtype(dt: np.dtype) -> bool:
+    """A type numpy only knows through ml_dtypes (bfloat16, float8, float4, int4, int2)."""
+    return dt.kind == "V" and dt.fields is None
+
 
 def as_reference_type(got: np.ndarray, want: np.ndarray) -> np.ndarray:
-    """The runtime returns types numpy lacks as their storage integers: view them as the reference's type."""
-    if got.dtype != want.dtype and got.dtype.kind in "uiV" and got.dtype.itemsize == want.dtype.itemsize:
+    """A runtime may return types numpy lacks as their storage integers (bfloat16 as uint16) or, for
+    narrow integers, as a wider integer type: bring them to the reference's type to compare."""
+    if got.dtype == want.dtype or not is_ml_dtype(want.dtype):
+        return got
+    if want.dtype.name in _ML_INTS and got.dtype.kind in "iu":
+        return got.astype(np.int64).astype(want.dtype)
+    if got.dtype.kind in "uiV" and got.dtype.itemsize == want.dtype.itemsize:
         return got.view(want.dtype)
     return got
-
-
-def _is_ml_dtype(dt: np.dtype) -> bool:
-    return dt.kind == "V" or type(dt).__module__.startswith("ml_dtypes") or dt.name in (
-        "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
-        "int4", "uint4", "float4_e2m1fn", "int2", "uint2")
 
 
 def mismatch(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> str | None:
@@ -32,8 +38,9 @@ def mismatch(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> str
         return f"shape {list(got.shape)}, expected {list(want.shape)}"
     if got.dtype != want.dtype:
         return f"dtype {got.dtype}, expected {want.dtype}"
-    if _is_ml_dtype(want.dtype) and want.dtype.kind not in "iub":
-        got, want = got.astype(np.float32), want.astype(np.float32)
+    if is_ml_dtype(want.dtype):
+        cast = np.int64 if want.dtype.name in _ML_INTS else np.float32
+        got, want = got.astype(cast), want.astype(cast)
     if want.dtype.kind in "fc":
         g, w = got.astype(np.float64), want.astype(np.float64)
         nan_g, nan_w = np.isnan(g), np.isnan(w)

@@ -74,22 +74,12 @@ def _unsupported_reason(e) -> str:
     return one_line("; ".join(parts))
 
 
-def storage(x: np.ndarray) -> np.ndarray:
-    """Types numpy itself lacks (ml_dtypes' bfloat16, float8...) travel as their storage integers,
-    the way svodc and svodrt hold them."""
-    x = np.asarray(x)
-    if x.dtype.kind == "V" or type(x.dtype).__module__.startswith("ml_dtypes") or x.dtype.name in (
-            "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu"):
-        return x.view(f"uint{8 * x.dtype.itemsize}")
-    return x
-
-
 def flatten(name: str, value) -> dict[str, np.ndarray | None]:
     """A graph input or output value as the bundle's tensors (svodc/frontend/boundary.py): a sequence
     `x` is `x[0]`, `x[1]`...; an absent optional is None."""
     if isinstance(value, list):
-        return {f"{name}[{i}]": storage(v) for i, v in enumerate(value)}
-    return {name: None if value is None else storage(value)}
+        return {f"{name}[{i}]": np.asarray(v) for i, v in enumerate(value)}
+    return {name: None if value is None else np.asarray(value)}
 
 
 def run_case(case: Case) -> Result:
