@@ -297,7 +297,8 @@ class ConstData:
         if digest is None:
             h = hashlib.sha256()
             h.update(f"{a.dtype.str}{a.shape}".encode())
-            h.update(memoryview(a).cast("B") if a.size else b"")
+            # bytes through a uint8 view: memoryview refuses ml_dtypes element types (bfloat16, float8)
+            h.update(a.reshape(-1).view(np.uint8).data if a.size else b"")
             digest = h.digest()
         self.digest = digest
         self._hash = hash(digest)
