@@ -15,7 +15,7 @@ _ML_INTS = ("int4", "uint4", "int2", "uint2")
 
 def is_ml_dtype(dt: np.dtype) -> bool:
     """A type numpy only knows through ml_dtypes (bfloat16, float8, float4, int4, int2)."""
-    return dt.kind == "V" and dt.fields is None
+    return dt.type.__module__.startswith("ml_dtypes")
 
 
 def as_reference_type(got: np.ndarray, want: np.ndarray) -> np.ndarray:
