@@ -167,7 +167,7 @@ class GraphImporter:
     def _inline(self, node: onnx.NodeProto, body: onnx.FunctionProto, scope: Scope, outer_opsets: dict[str, int],
                 problems: list[UnsupportedNode], label: UnsupportedNode) -> None:
         prefix = f"{node.name or node.output[0]}/{node.op_type}#{next(self._ids)}/"
-        nodes = inline_nodes(node, body, prefix)
+        nodes = inline_nodes(node, body, prefix, schema_defaults(node.op_type, label.domain, label.opset))
         # the body's own opsets; domains it does not declare keep the caller's
         opsets = {**outer_opsets, **{("" if o.domain == "ai.onnx" else o.domain): o.version for o in body.opset_import}}
         inner: list[UnsupportedNode] = []
@@ -233,7 +233,8 @@ def function_body(node: onnx.NodeProto, domain: str, opset: int, srcs: list[Valu
     return body
 
 
-def inline_nodes(node: onnx.NodeProto, body: onnx.FunctionProto, prefix: str) -> list[onnx.NodeProto]:
+def inline_nodes(node: onnx.NodeProto, body: onnx.FunctionProto, prefix: str,
+                 schema_attrs: dict[str, onnx.AttributeProto]) -> list[onnx.NodeProto]:
     """The body's nodes with formal inputs/outputs renamed to the caller's, other values prefixed,
     and attribute references (`ref_attr_name`) replaced by the caller's attributes or the defaults."""
     rename: dict[str, str] = {"": ""}
@@ -242,7 +243,7 @@ def inline_nodes(node: onnx.NodeProto, body: onnx.FunctionProto, prefix: str) ->
     for i, formal in enumerate(body.output):
         rename[formal] = node.output[i] if i < len(node.output) else prefix + formal
     caller_attrs = {a.name: a for a in node.attribute}
-    defaults = {a.name: a for a in body.attribute_proto}
+    defaults = {**schema_attrs, **{a.name: a for a in body.attribute_proto}}
 
     def attr(a: onnx.AttributeProto) -> onnx.AttributeProto | None:
         if a.ref_attr_name:
@@ -270,6 +271,17 @@ def inline_nodes(node: onnx.NodeProto, body: onnx.FunctionProto, prefix: str) ->
         new.attribute.extend(a for a in map(attr, n.attribute) if a is not None)
         out.append(new)
     return out
+
+
+def schema_defaults(op_type: str, domain: str, opset: int) -> dict[str, onnx.AttributeProto]:
+    """The default values the op's schema gives its optional attributes (Elu's alpha=1.0): a body
+    refers to them when the caller leaves them out and the body declares no default of its own."""
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, domain)
+    except onnx.defs.SchemaError:
+        return {}
+    return {name: a.default_value for name, a in schema.attributes.items()
+            if a.default_value.type != onnx.AttributeProto.UNDEFINED}
 
 
 def _rename_graph(g: onnx.GraphProto, rename: dict[str, str], prefix: str, attr) -> None:
