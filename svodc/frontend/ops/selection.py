@@ -57,3 +57,16 @@ def unique(ctx: NodeContext) -> list[UOp]:
         raise Unsupported("Unique produced no values")
     as_i64 = [np.asarray(a, dtype=np.int64).reshape(-1) for a in (idx, inv, counts)]
     return [weight(np.ascontiguousarray(y)), *(weight(a) for a in as_i64)]
+
+
+@onnx_op("NonMaxSuppression", 10, 11)
+def non_max_suppression(ctx: NodeContext) -> UOp:
+    """The number of selected boxes depends on the boxes and scores, so every input must be known at
+    compile time; the selection is then computed now by the onnx package's reference implementation."""
+    from onnx.reference import ReferenceEvaluator
+
+    names = list(ctx.node.input)
+    feeds = {n: ctx.const_input(i, f"input {n!r} (the selected boxes decide the output's shape)")
+             for i, n in enumerate(names) if n}
+    (selected,) = ReferenceEvaluator(ctx.node).run(None, feeds)
+    return weight(np.asarray(selected, dtype=np.int64).reshape(-1, 3))
