@@ -135,3 +135,13 @@ def test_an_out_of_scope_model_lists_every_offending_node_and_writes_nothing(tmp
     assert not out.exists() and not list(tmp_path.iterdir())
     assert [n.name for n in e.value.nodes] == ["s", "normalize", "match", "bogus"]
     assert str(e.value).startswith("4 unsupported nodes:") and "STRING" in str(e.value)
+
+
+def test_declared_output_shapes_are_not_trusted():
+    """Output shapes are inferred; a model that declares wrong ones (or none) still compiles right."""
+    graph = helper.make_graph([helper.make_node("Transpose", ["x"], ["y"], perm=[1, 0])], "g",
+                              [helper.make_tensor_value_info("x", F, [2, 3])],
+                              [helper.make_tensor_value_info("y", F, [7, 7, 7])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = R.standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(compile_and_run(model, {"x": x})["y"], x.T)
