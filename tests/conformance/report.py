@@ -55,9 +55,10 @@ def render(cases: list[Case], results: list[Result], wall_s: float, workers: int
         f"- **{s.passed} of {s.total} cases pass**; {status_line}.",
         f"- **{s.op_types_fully_passing} of {s.op_types} op types** pass every case.",
         f"- Wall time {wall_s:.0f} s with {workers} worker processes.",
-        f"- {sum(1 for r in results if r.status == 'pass' and r.fixed_inputs)} of the passing cases have inputs "
-        "that decide shapes (a Reshape's shape, a Slice's starts...): svodc compiles them with those inputs' "
-        "values fixed at compile time (`--input-value`), as a static compiler must; they are listed below.",
+        f"- {sum(1 for r in results if r.status == 'pass' and r.fixed_inputs)} of the passing cases feed, as "
+        "graph inputs, values the compiler needs at compile time (a Reshape's shape, a Slice's starts, an axis, "
+        "a count; or an optional input that is absent): the harness compiles them with those inputs' values "
+        "fixed (`--input-value`), as a static compiler must; they are listed below with the inputs fixed.",
         "",
         "Statuses: `wrong` ran but gave different values (the largest error is shown); `unsupported` the "
         "compiler refused a node (its reason is shown); `error` another compile or run error; `crash` the "

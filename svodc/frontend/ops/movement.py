@@ -218,13 +218,19 @@ def reverse_sequence(ctx: NodeContext) -> UOp:
 
 @onnx_op("Trilu", 14)
 def trilu(ctx: NodeContext) -> UOp:
+    """Keep x where j - i >= k (upper) or j - i <= k (lower) on the last two axes. k may be a run-time
+    value: the mask is then computed from the positions."""
     x = ctx.input(0)
-    k = ctx.optional_const_input(1, "k")
-    k = 0 if k is None else int(np.asarray(k).reshape(-1)[0])
     n, m = x.shape[-2:]
-    ones = np.ones((n, m), dtype=bool)
-    mask = np.triu(ones, k) if ctx.attr("upper", 1) else np.tril(ones, k)
-    return T.alu(Ops.WHERE, T.broadcast_to(weight(mask), x.shape), x, T.scalar_like(x, 0))
+    offset = weight(np.arange(m, dtype=np.int64)[None, :] - np.arange(n, dtype=np.int64)[:, None])  # j - i
+    k = ctx.optional_input(1)
+    k = T.const(0, dtypes.int64) if k is None else T.reshape(k.cast(dtypes.int64), ())
+    k = T.broadcast_to(k, (n, m))
+    if ctx.attr("upper", 1):
+        keep = T.alu(Ops.NOT, T.alu(Ops.CMPLT, offset, k))  # j - i >= k
+    else:
+        keep = T.alu(Ops.NOT, T.alu(Ops.CMPLT, k, offset))  # j - i <= k
+    return T.alu(Ops.WHERE, T.broadcast_to(keep, x.shape), x, T.scalar_like(x, 0))
 
 
 @onnx_op("EyeLike", 9, 22)
