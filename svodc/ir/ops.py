@@ -288,8 +288,7 @@ class ConstData:
 
         import numpy as np
 
-        a = np.asarray(array)
-        a = np.ascontiguousarray(a).reshape(a.shape)  # ascontiguousarray makes 0-d arrays 1-d: keep the shape
+        a = np.asarray(array, order="C")  # (np.ascontiguousarray would make a 0-d array 1-d)
         if a.flags.writeable:
             a = a.copy() if a.base is not None else a
             a.flags.writeable = False
@@ -297,7 +296,7 @@ class ConstData:
         if digest is None:
             h = hashlib.sha256()
             h.update(f"{a.dtype.str}{a.shape}".encode())
-            # bytes through a uint8 view: memoryview refuses ml_dtypes element types (bfloat16, float8)
+            # the bytes, without a copy (a uint8 view: memoryview refuses ml_dtypes' bfloat16 etc.)
             h.update(a.reshape(-1).view(np.uint8).data if a.size else b"")
             digest = h.digest()
         self.digest = digest
