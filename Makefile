@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test test-fast test-models lint bench clean onnx-coverage
+.PHONY: setup demo test test-fast test-models lint bench clean onnx-coverage fuzz
 BENCH_STAMP := $(VENV)/.bench-stamp
 
 $(STAMP): pyproject.toml
@@ -35,6 +35,10 @@ test-models: $(STAMP)
 # which checks the pass count against tests/conformance/thresholds.json).
 onnx-coverage: $(STAMP)
 	$(BIN)/python -m tests.conformance
+
+# 10,000 damaged bundles (a new seed each run; the test suite runs 2,000 with a fixed one).
+fuzz: $(STAMP)
+	$(BIN)/python -m tests.fuzzing --count 10000
 
 $(BENCH_STAMP): $(STAMP)
 	$(BIN)/pip install -q -e '.[dev,bench]'
