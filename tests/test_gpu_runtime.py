@@ -1,0 +1,211 @@
+"""svodrt's GPU path (svodrt/gpu_driver.py, gpu_model.py) on a stand-in driver whose kernels run as
+their CPU emulation (tests/gpu/harness.py): real outputs compared with onnxruntime, the call
+sequence the driver sees, variant choice per device, and every error path that needs no GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import svodc
+import svodrt
+import svodrt.gpu_driver
+from svodrt.errors import BundleFormatError, DeviceError, UnsupportedHostError
+from tests.gpu.harness import StubDriver, assert_close, build_stub, c_compiler, emulate
+from tests.onnx_util import reference
+
+
+@pytest.fixture(scope="session")
+def stub_library(tmp_path_factory):
+    if c_compiler() is None:
+        pytest.skip("no C compiler to build the stand-in driver (install gcc or the ziglang package)")
+    return StubDriver(build_stub(tmp_path_factory.mktemp("stub")))
+
+
+@pytest.fixture
+def stub(stub_library, monkeypatch):
+    """svodrt opens the stand-in instead of libcuda.so.1 / libamdhip64.so."""
+    path = str(stub_library.path)
+    monkeypatch.setattr(svodrt.gpu_driver, "LIBRARIES", {"cuda": (path,), "hip": (path,)})
+    for var in ("SVOD_STUB_CC", "SVOD_STUB_MACH", "SVOD_STUB_DEVICES", "SVOD_STUB_FAIL"):
+        monkeypatch.delenv(var, raising=False)
+    stub_library.clear()
+    yield stub_library
+    stub_library.set_launcher(None)
+
+
+@pytest.fixture(scope="session")
+def small_gpu(small_model):
+    """small_model's bundle for sm_90 and gfx942 (GPU only), and the emulation of its kernels."""
+    model, feeds = small_model
+    return svodc.compile(model, target="sm_90,gfx942"), emulate(model), model, feeds
+
+
+@pytest.mark.parametrize("device", ["cuda:0", "hip:0"])
+@pytest.mark.parametrize("graph", [True, False])
+def test_gpu_path_computes_the_model(stub, small_gpu, device, graph):
+    bundle, emu, model, feeds = small_gpu
+    emu.errors.clear()
+    stub.set_launcher(emu.launcher(stub))
+    with svodrt.load(bundle, device=device, graph=graph) as m:
+        assert m.variant.kind == device.split(":")[0]
+        first = m.run(feeds)
+        second = m.run(feeds)
+    assert not emu.errors, emu.errors
+    assert_close(first, reference(model, feeds))
+    for k in first:
+        np.testing.assert_array_equal(first[k], second[k])
+    assert stub.live_allocations() == 0, "close() frees every device buffer"
+
+
+def _manifest_launches(bundle: bytes, kind: str) -> list[str]:
+    from svodrt.bundle import parse_bundle
+
+    v = next(v for v in parse_bundle(bundle).variants if v.kind == kind)
+    return [x.symbol for x in v.launches]
+
+
+def test_cuda_call_sequence(stub, small_gpu):
+    """Weights go up once at load; a run copies the inputs in, replays the captured launch list in the
+    manifest's order, copies the outputs back and waits for the stream."""
+    bundle, emu, _, feeds = small_gpu
+    stub.set_launcher(emu.launcher(stub))
+    m = svodrt.load(bundle, device="cuda:0")
+    loaded = stub.log()
+    weights = m.bundle.weights_size
+    symbols = _manifest_launches(bundle, "cuda")
+    assert loaded[:3] == ["cuInit 0", "retain context 0", "load cubin"]
+    assert loaded.count(f"htod {weights}") == 1
+    assert [line.split()[1] for line in loaded if line.startswith("captured")] == symbols
+    stub.clear()
+    m.run(feeds)
+    ran = stub.log()
+    n_in = sum(x.nbytes for x in feeds.values())
+    assert ran[0] == f"htod {n_in}" and ran[1] == f"graph launch {len(symbols)}"
+    assert [line.split()[1] for line in ran if line.startswith("launch")] == symbols
+    assert ran[-2:] == [f"dtoh {m.bundle.outputs[0].nbytes}", "sync"]
+    m.close()
+    assert stub.log()[-1] == "release context 0"
+    assert stub.live_allocations() == 0
+
+
+@pytest.mark.parametrize(("cc", "loads"), [(90, "load cubin"), (120, "load ptx sm_90"), (89, "load cubin"),
+                                           (86, "load cubin"), (100, "load ptx sm_90")])
+def test_cuda_variant_choice(stub, small_model, cc, loads, monkeypatch):
+    """The cubin on its own architecture family, else the PTX (JIT) for newer GPUs; sm_80's cubin for
+    8.x devices that sm_90 cannot serve."""
+    model, _ = small_model
+    bundle = _fat_cuda(model)
+    monkeypatch.setenv("SVOD_STUB_CC", str(cc))
+    with svodrt.load(bundle, device="cuda") as m:
+        assert m.variant.cpu == ("sm_80" if cc < 90 else "sm_90")
+    assert loads in stub.log()
+
+
+_FAT: dict = {}
+
+
+def _fat_cuda(model) -> bytes:
+    if "b" not in _FAT:
+        _FAT["b"] = svodc.compile(model, target="sm_90,sm_80")
+    return _FAT["b"]
+
+
+def test_cuda_device_too_old(stub, small_gpu, monkeypatch):
+    monkeypatch.setenv("SVOD_STUB_CC", "75")
+    with pytest.raises(UnsupportedHostError, match=r"cuda:0 \(stub device 0, compute capability 7\.5\): cuda:sm_90 "
+                                                   r"\(needs compute capability 9\.0\); hip:gfx942 \(not a cuda"):
+        svodrt.load(small_gpu[0], device="cuda:0")
+
+
+def test_hip_takes_the_code_object_the_driver_accepts(stub, small_model, monkeypatch):
+    model, feeds = small_model
+    bundle = svodc.compile(model, target="gfx942,gfx1100")
+    monkeypatch.setenv("SVOD_STUB_MACH", "0x41")  # a gfx1100
+    emu = emulate(model)
+    stub.set_launcher(emu.launcher(stub))
+    with svodrt.load(bundle, device="hip:0") as m:
+        assert m.variant.cpu == "gfx1100"
+        assert_close(m.run(feeds), reference(model, feeds))
+    assert not emu.errors
+    monkeypatch.setenv("SVOD_STUB_MACH", "0x30")
+    with pytest.raises(UnsupportedHostError, match=r"hip:gfx942 \(hipModuleLoadData failed on hip:0: "
+                                                   r"hipErrorNoBinaryForGpu \(209\)\); hip:gfx1100 \("):
+        svodrt.load(bundle, device="hip:0")
+
+
+@pytest.mark.parametrize("device", ["cuda:0", "hip:0"])
+def test_driver_library_missing(small_gpu, device):
+    """Without the driver library the error names the library and what to install."""
+    import ctypes
+
+    kind = device.split(":")[0]
+    for name in svodrt.gpu_driver.LIBRARIES[kind]:
+        try:
+            ctypes.CDLL(name)
+            pytest.skip(f"this machine has the {kind} driver library {name}")
+        except OSError:
+            pass
+    lib = "libcuda.so.1" if kind == "cuda" else "libamdhip64.so"
+    with pytest.raises(DeviceError, match=rf"no (CUDA|HIP) driver: {lib}.* not found; install"):
+        svodrt.load(small_gpu[0], device=device)
+
+
+@pytest.mark.parametrize(("env", "device", "message"), [
+    ({"SVOD_STUB_DEVICES": "0"}, "cuda:0", r"cuda:0 does not exist: the CUDA driver reports 0 devices"),
+    ({}, "hip:2", r"hip:2 does not exist: the HIP driver reports 1 device$"),
+    ({"SVOD_STUB_FAIL": "cuInit"}, "cuda:0", r"cuInit failed on cuda:0: CUDA_ERROR_UNKNOWN \(999\)"),
+    ({"SVOD_STUB_FAIL": "hipMalloc"}, "hip:0", r"hipMalloc failed on hip:0: hipErrorUnknown \(999\)"),
+])
+def test_device_errors(stub, small_gpu, monkeypatch, env, device, message):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(DeviceError, match=message):
+        svodrt.load(small_gpu[0], device=device)
+    assert stub.live_allocations() == 0, "a failed load frees what it allocated"
+
+
+def test_driver_refuses_the_code_object(stub, small_gpu, monkeypatch):
+    monkeypatch.setenv("SVOD_STUB_FAIL", "cuModuleLoadData")
+    with pytest.raises(UnsupportedHostError, match=r"cuda:sm_90 \(cuModuleLoadData failed on cuda:0: "):
+        svodrt.load(small_gpu[0], device="cuda:0")
+
+
+@pytest.mark.parametrize("section", ["gpu.cuda.sm_90.cubin", "gpu.hip.gfx942"])
+def test_damaged_code_object_is_never_loaded(stub, small_gpu, section):
+    from svodrt.bundle import parse_bundle
+
+    bundle = bytearray(small_gpu[0])
+    sec = next(s for s in parse_bundle(bytes(bundle)).sections if s.name == section)
+    bundle[sec.offset + sec.length // 2] ^= 0x40
+    with pytest.raises(BundleFormatError, match=rf"section '{section}' at offset {sec.offset} fails its sha256"):
+        svodrt.load(bytes(bundle), device=section.split(".")[1])
+    assert not any(line.startswith("load") for line in stub.log())
+
+
+def test_without_graphs_where_capture_fails(stub, small_gpu, monkeypatch):
+    bundle, emu, model, feeds = small_gpu
+    monkeypatch.setenv("SVOD_STUB_FAIL", "cuStreamBeginCapture_v2")
+    stub.set_launcher(emu.launcher(stub))
+    with svodrt.load(bundle, device="cuda:0") as m:
+        stub.clear()
+        assert_close(m.run(feeds), reference(model, feeds))
+        assert not any("graph" in line for line in stub.log())
+
+
+def test_launch_failure_and_closed_model(stub, small_gpu, monkeypatch):
+    from svodrt.errors import ModelClosedError
+
+    bundle, _, _, feeds = small_gpu
+    m = svodrt.load(bundle, device="hip:0", graph=False)
+    monkeypatch.setenv("SVOD_STUB_FAIL", "hipModuleLaunchKernel")
+    with pytest.raises(DeviceError, match=r"hipModuleLaunchKernel failed on hip:0"):
+        m.run(feeds)
+    m.close()
+    with pytest.raises(ModelClosedError):
+        m.run(feeds)
+
+
+def test_cpu_load_of_a_gpu_only_bundle_says_which_device(small_gpu):
+    with pytest.raises(UnsupportedHostError, match=r"cuda:sm_90 \(a cuda GPU variant: load with device='cuda:0'\)"):
+        svodrt.load(small_gpu[0])
