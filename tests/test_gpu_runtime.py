@@ -9,29 +9,9 @@ import pytest
 
 import svodc
 import svodrt
-import svodrt.gpu_driver
 from svodrt.errors import BundleFormatError, DeviceError, UnsupportedHostError
-from tests.gpu.harness import StubDriver, assert_close, build_stub, c_compiler, emulate
+from tests.gpu.harness import assert_close, emulate
 from tests.onnx_util import reference
-
-
-@pytest.fixture(scope="session")
-def stub_library(tmp_path_factory):
-    if c_compiler() is None:
-        pytest.skip("no C compiler to build the stand-in driver (install gcc or the ziglang package)")
-    return StubDriver(build_stub(tmp_path_factory.mktemp("stub")))
-
-
-@pytest.fixture
-def stub(stub_library, monkeypatch):
-    """svodrt opens the stand-in instead of libcuda.so.1 / libamdhip64.so."""
-    path = str(stub_library.path)
-    monkeypatch.setattr(svodrt.gpu_driver, "LIBRARIES", {"cuda": (path,), "hip": (path,)})
-    for var in ("SVOD_STUB_CC", "SVOD_STUB_MACH", "SVOD_STUB_DEVICES", "SVOD_STUB_FAIL"):
-        monkeypatch.delenv(var, raising=False)
-    stub_library.clear()
-    yield stub_library
-    stub_library.set_launcher(None)
 
 
 @pytest.fixture(scope="session")

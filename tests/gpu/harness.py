@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import shutil
+import struct
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ import numpy as np
 HERE = Path(__file__).parent
 LAUNCHER = ctypes.CFUNCTYPE(None, ctypes.c_char_p, *[ctypes.c_uint] * 6, ctypes.POINTER(ctypes.c_void_p))
 EMULATED = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+EM_CUDA = 190
 
 
 def c_compiler() -> list[str] | None:
@@ -109,21 +111,90 @@ class Emulation:
         return launch
 
 
-def emulate(model, options=None) -> Emulation:
-    """Lower an ONNX model as svodc.compile does and compile its GPU kernels for the CPU."""
-    from svodc.codegen.gpu_compile import compile_gpu_emulation
+def lower(model, options=None):
+    """The Program svodc.compile makes of an ONNX model."""
     from svodc.frontend.importer import import_model, load_model
     from svodc.options import CompileOptions
     from svodc.passes.pipeline import build_program
+
+    options = options or CompileOptions()
+    return build_program(import_model(load_model(model), options), options)
+
+
+def emulate(model, options=None, program=None) -> Emulation:
+    """The CPU emulation of the GPU kernels of a model (or of its already lowered program)."""
+    from svodc.codegen.gpu_compile import compile_gpu_emulation
+    from svodc.options import CompileOptions
     from svodc.target import parse_target
 
     options = options or CompileOptions()
-    program = build_program(import_model(load_model(model), options), options)
+    program = program or lower(model, options)
     image, launches = compile_gpu_emulation(program, parse_target("x86_64-linux-gnu:x86-64")[0], options)
     return Emulation(program, image, launches)
+
+
+def gpu_bundle(program, images) -> bytes:
+    """A GPU-only bundle of a lowered program and its compiled GPU images."""
+    from svodc.bundle import write_bundle
+
+    return write_bundle(program, [], "0" * 64, None, images)
+
+
+def run_on_stub(stub: StubDriver, bundle: bytes, emu: Emulation, feeds: dict, device: str) -> dict[str, np.ndarray]:
+    """Load a GPU bundle on the stand-in driver and run it, its kernels emulated."""
+    import svodrt
+
+    emu.errors.clear()
+    stub.set_launcher(emu.launcher(stub))
+    with svodrt.load(bundle, device=device) as m:
+        out = m.run(feeds)
+    assert not emu.errors, emu.errors
+    assert emu.launched, "no kernel ran"
+    return out
 
 
 def assert_close(got: dict[str, np.ndarray], want: list[np.ndarray]) -> None:
     for (name, g), w in zip(got.items(), want, strict=True):
         scale = float(np.abs(w).max()) if w.size else 0.0
         np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-5 * max(scale, 1.0), err_msg=name)
+
+
+def _elf_header(data: bytes) -> tuple[int, int]:
+    assert data[:4] == b"\x7fELF"
+    return struct.unpack_from("<HH", data, 16)
+
+
+def check_code_objects(program, images) -> None:
+    """What acceptance asks of every image: PTX that ptxas assembles (a cubin) with an entry per launch;
+    AMD code objects that are ET_DYN AMDGPU HSA v5 objects whose metadata note lists every kernel with
+    its .kd symbol and one 8-byte pointer argument per buffer of its kernel."""
+    from svodc.codegen import gpu_tools
+    from svodc.codegen.gpu_compile import plan_statements
+
+    statements = plan_statements(program)
+    for img in images:
+        assert [x.symbol for x in img.launches] == [s.launch.symbol for s in statements]
+        if img.target.kind == "cuda":
+            ptx = img.code.decode().rstrip("\0")
+            assert img.code.endswith(b"\0") and f".target {img.target.cpu}" in ptx
+            for s in statements:
+                assert f".entry {s.launch.symbol}(" in ptx
+            if gpu_tools.find_ptxas() is None:
+                assert img.cubin is None
+                continue
+            assert _elf_header(img.cubin) == (2, EM_CUDA)  # ET_EXEC cubin for the GPU
+            continue
+        info = gpu_tools.amd_metadata(img.code)
+        assert (info["type"], info["machine"], info["osabi"], info["abi_version"]) == (3, 224, 64, 3)
+        md = info["metadata"]
+        assert md["amdhsa.target"].endswith(f"--{img.target.cpu}")
+        kernels = {k[".name"]: k for k in md["amdhsa.kernels"]}
+        assert set(kernels) == {s.launch.symbol for s in statements}
+        for s in statements:
+            k = kernels[s.launch.symbol]
+            assert k[".symbol"] == f"{s.launch.symbol}.kd"
+            explicit = [a for a in k[".args"] if not a[".value_kind"].startswith("hidden_")]
+            assert [(a[".offset"], a[".size"], a[".value_kind"]) for a in explicit] == \
+                [(8 * i, 8, "global_buffer") for i in range(len(program.kernels[s.launch.kernel].params))]
+            assert k[".max_flat_workgroup_size"] >= s.launch.block
+            assert k[".private_segment_fixed_size"] == 0, "accumulators live in registers, not scratch"
