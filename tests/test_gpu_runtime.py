@@ -189,3 +189,83 @@ def test_launch_failure_and_closed_model(stub, small_gpu, monkeypatch):
 def test_cpu_load_of_a_gpu_only_bundle_says_which_device(small_gpu):
     with pytest.raises(UnsupportedHostError, match=r"cuda:sm_90 \(a cuda GPU variant: load with device='cuda:0'\)"):
         svodrt.load(small_gpu[0])
+
+
+def _edit(bundle: bytes, fn) -> bytes:
+    import copy
+
+    from tests.bundle_tools import manifest_of, repack
+
+    m = copy.deepcopy(manifest_of(bundle))
+    fn(next(v for v in m["variants"] if v.get("kind") == "cuda"), m)
+    return repack(bundle, m)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda v, m: v["launches"][0].update(kernel=99), r"variants\[0\]\.launches\[0\]: kernel 99 of 8"),
+    (lambda v, m: v["launches"][0].update(block=[2048, 1, 1]), r"launches\[0\]\.block\[0\]: = 2048 is out of range"),
+    (lambda v, m: v["launches"][0].update(block=[64, 64, 1]), r"launches\[0\]: .* at most 1024 threads in all"),
+    (lambda v, m: v["launches"][0].update(grid=[0, 1, 1]), r"3 positive grid sizes"),
+    (lambda v, m: v["launches"][0].update(symbol="svod_k1_0"), r"variants\[0\]\.gpu_binding: does not match"),
+    (lambda v, m: v["launches"].pop(), r"variants\[0\]\.gpu_binding: does not match"),
+    (lambda v, m: v.update(cubin=0), r"variants\[0\]\.cubin: 0 is not a code section"),
+    (lambda v, m: v.pop("gpu_binding"), r"variants\[0\]\.gpu_binding: is missing"),
+    (lambda v, m: v.update(kernels=[0]), r"variants\[0\]\.kernels: has 1 offsets for 8 kernels"),
+])
+def test_gpu_manifest_edits_are_refused_by_name(small_gpu, edit, message):
+    with pytest.raises(BundleFormatError, match=message):
+        svodrt.load(_edit(small_gpu[0], edit), device="cuda:0")
+
+
+def test_unknown_variant_kind_is_skipped_not_refused(small_model):
+    """A kind from a later format (say "vulkan") does not stop a runtime from using the other variants."""
+    model, feeds = small_model
+    bundle = svodc.compile(model, target="x86_64,sm_90")
+    newer = _edit(bundle, lambda v, m: v.update(kind="vulkan"))
+    with svodrt.load(newer) as m:
+        assert m.run(feeds)["y"].shape == (2, 10)
+    with pytest.raises(UnsupportedHostError, match=r"variant kind 'vulkan' is unknown to this runtime"):
+        svodrt.load(newer, variant=1)
+
+
+FORMAT_1_0_COMMIT = "96fc5d7"  # main just before format 1.2: its svodrt is a format 1.0 runtime
+
+
+def test_a_format_1_0_runtime_runs_the_cpu_variant_and_refuses_gpu_ones(small_model, tmp_path):
+    """Compatibility promise of 1.2 (docs/bundle-format.md): an older runtime reads a fat CPU + GPU bundle
+    and runs its CPU variant; a GPU-only bundle it refuses by architecture, with its usual message."""
+    import subprocess
+    import sys
+    import tarfile
+    from io import BytesIO
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run(["git", "-C", str(root), "archive", FORMAT_1_0_COMMIT, "svodrt"], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"the format 1.0 runtime (commit {FORMAT_1_0_COMMIT}) is not in this checkout's history: "
+                    f"{r.stderr.decode(errors='replace').strip()[:200]}")
+    with tarfile.open(fileobj=BytesIO(r.stdout)) as tar:
+        tar.extractall(tmp_path, filter="data")
+    model, feeds = small_model
+    (tmp_path / "fat.svod").write_bytes(svodc.compile(model, target="x86_64,sm_90,gfx942"))
+    (tmp_path / "gpu.svod").write_bytes(svodc.compile(model, target="sm_90"))
+    np.save(tmp_path / "x.npy", feeds["x"])
+    script = """
+import numpy as np, svodrt, sys
+assert svodrt.__file__.startswith(sys.argv[1]), svodrt.__file__
+from svodrt.format import FORMAT_MINOR
+assert FORMAT_MINOR == 0
+with svodrt.load(sys.argv[1] + "/fat.svod") as m:
+    np.save(sys.argv[1] + "/y.npy", m.run({"x": np.load(sys.argv[1] + "/x.npy")})["y"])
+try:
+    svodrt.load(sys.argv[1] + "/gpu.svod")
+except svodrt.UnsupportedHostError as e:
+    print(e)
+"""
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
+                         cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "nvptx64:sm_90 (architecture nvptx64)" in out.stdout
+    with svodrt.load(tmp_path / "fat.svod") as m:
+        np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), m.run(feeds)["y"])
