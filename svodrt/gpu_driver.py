@@ -1,11 +1,8 @@
-"""GPU drivers through ctypes, no toolkit at run time: the CUDA driver API (libcuda.so.1, installed with
-the NVIDIA driver) and HIP's module API (libamdhip64.so, ROCm's runtime library).
-
-The two APIs mirror each other: one table names each operation in both, with the same argument
-layout. Only device set-up differs: CUDA uses the device's primary context, made current in every
-thread that calls the driver (activate()); HIP selects the device per thread with hipSetDevice.
-Every call's status is checked; a failure is a DeviceError naming the function and the driver's
-error name.
+"""GPU drivers through ctypes, no toolkit at run time: the CUDA driver API (libcuda.so.1, from the
+NVIDIA driver) and HIP's module API (libamdhip64.so, ROCm's runtime). The APIs mirror each other: one
+table names each operation in both (same argument layout). Device set-up differs: CUDA makes the
+device's primary context current in each calling thread, HIP calls hipSetDevice (activate()). Every
+status is checked: a failure is a DeviceError naming the function and the driver's error name.
 """
 
 from __future__ import annotations
@@ -77,72 +74,50 @@ class Device:
         self.kind, self.ordinal = kind, ordinal
         self.capability = 0  # CUDA compute capability as major*10 + minor
         self._ctx: c_void_p | None = None
-        lib = _open(kind)
-        api = 0 if kind == "cuda" else 1
+        lib, api = _open(kind), 0 if kind == "cuda" else 1
+        own = _CUDA_ONLY if kind == "cuda" else _HIP_ONLY
+        self._names = {op: spec[api] for op, spec in _OPS.items()} | {n: n for n in own}
         try:
-            self._fn = {op: self._bind(lib, spec[api], spec[2]) for op, spec in _OPS.items()}
-            self._own = {n: self._bind(lib, n, a) for n, a in (_CUDA_ONLY if kind == "cuda" else _HIP_ONLY).items()}
+            self._fn = {op: getattr(lib, name) for op, name in self._names.items()}
         except AttributeError as e:
             raise DeviceError(f"the {_API[kind]} driver library lacks {e.args[0].split(': ')[-1]}: it is too old; "
                               "update it") from None
+        for op, f in self._fn.items():
+            f.argtypes, f.restype = _OPS[op][2] if op in _OPS else own[op], c_int
         if kind == "hip":
-            self._own["hipGetErrorName"].restype = c_char_p
-        self.call("init", 0)
+            self._fn["hipGetErrorName"].restype = c_char_p
         n = c_int()
+        self.call("init", 0)
         self.call("count", ctypes.byref(n))
         if not 0 <= ordinal < n.value:
             raise DeviceError(f"{kind}:{ordinal} does not exist: the {_API[kind]} driver reports {n.value} device"
                               f"{'s' if n.value != 1 else ''}")
         self._dev = ordinal  # HIP: the ordinal; CUDA: the handle cuDeviceGet gives
         if kind == "cuda":
-            dev, ctx, major, minor = c_int(), c_void_p(), c_int(), c_int()
-            self._call_own("cuDeviceGet", ctypes.byref(dev), ordinal)
+            dev, major, minor = c_int(), c_int(), c_int()
+            self.call("cuDeviceGet", ctypes.byref(dev), ordinal)
             self._dev = dev.value
-            self._call_own("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), self._dev)
-            self._ctx = ctx
-            self._call_own("cuDeviceGetAttribute", ctypes.byref(major), CU_COMPUTE_CAPABILITY_MAJOR, self._dev)
-            self._call_own("cuDeviceGetAttribute", ctypes.byref(minor), CU_COMPUTE_CAPABILITY_MINOR, self._dev)
+            self._ctx = self.handle("cuDevicePrimaryCtxRetain", self._dev)
+            self.call("cuDeviceGetAttribute", ctypes.byref(major), CU_COMPUTE_CAPABILITY_MAJOR, self._dev)
+            self.call("cuDeviceGetAttribute", ctypes.byref(minor), CU_COMPUTE_CAPABILITY_MINOR, self._dev)
             self.capability = major.value * 10 + minor.value
         self.activate()
         buf = ctypes.create_string_buffer(256)
         self.call("name", buf, 256, self._dev)
         self.name = buf.value.decode(errors="replace")
 
-    @staticmethod
-    def _bind(lib: ctypes.CDLL, name: str, argtypes: list) -> ctypes._CFuncPtr:
-        f = getattr(lib, name)
-        f.argtypes, f.restype = argtypes, c_int
-        return f
-
     def _error(self, status: int) -> str:
         if self.kind == "hip":
-            name = self._own["hipGetErrorName"](status)
+            name = self._fn["hipGetErrorName"](status)
         else:
             p = c_char_p()
-            name = p.value if self._own["cuGetErrorName"](status, ctypes.byref(p)) == 0 else None
+            name = p.value if self._fn["cuGetErrorName"](status, ctypes.byref(p)) == 0 else None
         return f"{name.decode(errors='replace') if name else 'unknown error'} ({status})"
 
-    def _check(self, status: int, fn: str) -> None:
-        if status != 0:
-            raise DeviceError(f"{fn} failed on {self.kind}:{self.ordinal}: {self._error(status)}")
-
     def call(self, op: str, *args) -> None:
-        self._check(self._fn[op](*args), _OPS[op][0 if self.kind == "cuda" else 1])
-
-    def _call_own(self, name: str, *args) -> None:
-        self._check(self._own[name](*args), name)
-
-    def activate(self) -> None:
-        """Make this device current in the calling thread."""
-        if self.kind == "cuda":
-            self._call_own("cuCtxSetCurrent", self._ctx)
-        else:
-            self._call_own("hipSetDevice", self.ordinal)
-
-    def alloc(self, nbytes: int) -> int:
-        p = c_uint64()
-        self.call("malloc", ctypes.byref(p), max(nbytes, 1))
-        return p.value
+        status = self._fn[op](*args)
+        if status != 0:
+            raise DeviceError(f"{self._names[op]} failed on {self.kind}:{self.ordinal}: {self._error(status)}")
 
     def handle(self, op: str, *args) -> c_void_p:
         """Call an operation whose first argument receives a handle (module, function, stream, graph)."""
@@ -150,7 +125,19 @@ class Device:
         self.call(op, ctypes.byref(h), *args)
         return h
 
+    def activate(self) -> None:
+        """Make this device current in the calling thread."""
+        if self.kind == "cuda":
+            self.call("cuCtxSetCurrent", self._ctx)
+        else:
+            self.call("hipSetDevice", self.ordinal)
+
+    def alloc(self, nbytes: int) -> int:
+        p = c_uint64()
+        self.call("malloc", ctypes.byref(p), max(nbytes, 1))
+        return p.value
+
     def release(self) -> None:
         if self._ctx is not None:
-            self._call_own("cuDevicePrimaryCtxRelease_v2", self._dev)
+            self.call("cuDevicePrimaryCtxRelease_v2", self._dev)
             self._ctx = None

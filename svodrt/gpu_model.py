@@ -1,15 +1,12 @@
-"""GpuModel: a bundle's GPU variant loaded on a CUDA or HIP device (svodrt/gpu_driver.py).
+"""GpuModel: a bundle's GPU variant on a CUDA or HIP device (svodrt/gpu_driver.py).
 
-Load: pick the first variant of the device's kind that it can run (CUDA: the cubin when the device
-has the variant's architecture, else the PTX, which the driver compiles for newer devices; HIP: the
-code object the driver accepts), copy the code object out of the file, check its sha256 on the copy,
-and load it; upload the weights once (checked like the CPU path: at load when at most 16 MiB or when
-asked); allocate the arena and one device buffer per input and output; resolve every launch's
-function and argument array (the device addresses of its kernel's buffers, from the plan); and
-capture the launch list into a graph (CUDA/HIP graphs: one submission per run) unless graph=False.
-
-run(): copy the inputs in, launch the list (or the graph), copy the outputs back, wait for the
-stream. Device buffers are per model, so concurrent run() calls take turns (a lock).
+Load: the first variant of the device's kind it runs (CUDA: the cubin on its architecture, else PTX
+for newer devices; HIP: the code object the driver accepts), its sha256 checked on the copy that is
+loaded; weights uploaded once (checked like the CPU path); the arena and one buffer per input and
+output allocated; every launch's function and argument array (its kernel's buffers' device addresses,
+from the plan) resolved; the launch list captured as a graph unless graph=False. run(): inputs in,
+graph (or launches), outputs back, stream synchronized. One set of device buffers per model, so
+concurrent run() calls take turns.
 """
 
 from __future__ import annotations
@@ -17,7 +14,6 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-import re
 import threading
 from collections.abc import Mapping as MappingT
 from pathlib import Path
@@ -33,10 +29,9 @@ from svodrt.model import WEIGHTS_CHECK_LIMIT, Runner
 def cuda_image(v: Variant, capability: int) -> tuple[Section | None, str]:
     """(the section a CUDA device of this compute capability loads, or None; why / what it is). A cubin
     runs on its architecture's major version with an equal or higher minor; PTX on any newer device."""
-    m = re.fullmatch(r"sm_(\d+)", v.cpu)
-    if m is None:
+    if not (v.cpu.startswith("sm_") and v.cpu[3:].isdigit()):
         return None, f"unknown architecture {v.cpu!r}"
-    want = int(m.group(1))
+    want = int(v.cpu[3:])
     if v.cubin is not None and capability // 10 == want // 10 and capability >= want:
         return v.cubin, "cubin"
     if capability >= want:
@@ -96,12 +91,12 @@ class GpuModel(Runner):
         w = b.weights
         if verify_weights or (verify_weights is None and w.length <= WEIGHTS_CHECK_LIMIT):
             check_section(data, w)
-        host = np.frombuffer(data, np.uint8)
         self._stream = d.handle("stream", 0)
-        weights, arena = self._alloc(b.weights_size), self._alloc(b.arena_size)
-        io = [self._alloc(t.nbytes) for t in (*b.inputs, *b.outputs)]
+        for nbytes in (b.weights_size, b.arena_size, *(t.nbytes for t in (*b.inputs, *b.outputs))):
+            self._buffers.append(d.alloc(nbytes))  # one at a time: close() frees them if one fails
+        weights, arena, *io = self._buffers
         if b.weights_size:
-            d.call("h2d", weights, host.ctypes.data + w.offset, b.weights_size, self._stream)
+            d.call("h2d", weights, np.frombuffer(data, np.uint8).ctypes.data + w.offset, b.weights_size, self._stream)
         base = {"weight": weights, "scratch": arena}
         where = {"input": 0, "output": len(b.inputs)}
 
@@ -121,28 +116,23 @@ class GpuModel(Runner):
         if graph and self._launches:
             self._capture()
 
-    def _alloc(self, nbytes: int) -> int:
-        p = self.device.alloc(nbytes)
-        self._buffers.append(p)
-        return p
-
     def _launch_all(self) -> None:
         for launch in self._launches:
             self.device.call("launch", *launch[:-1])
 
     def _capture(self) -> None:
         """Record the launch list as a graph; where the driver cannot, run() launches one by one."""
-        d, graph = self.device, ctypes.c_void_p()
+        d = self.device
         try:
             d.call("capture", self._stream, CAPTURE_THREAD_LOCAL)
         except DeviceError:
             return
+        self._graph = ctypes.c_void_p()
         try:
             self._launch_all()
         finally:
-            d.call("end_capture", self._stream, ctypes.byref(graph))
-        self._graph = graph
-        self._exec = d.handle("instantiate", graph, 0)
+            d.call("end_capture", self._stream, ctypes.byref(self._graph))
+        self._exec = d.handle("instantiate", self._graph, 0)
 
     def run(self, feeds: MappingT[str, object]) -> dict[str, np.ndarray]:
         """{input name: array} -> {output name: array}, like Model.run. Safe from many threads (they take turns)."""
@@ -172,7 +162,7 @@ class GpuModel(Runner):
             if self._closed:
                 return
             self._closed = True
-            d = self.device if hasattr(self, "device") else None
+            d = getattr(self, "device", None)
             if d is None:
                 return
             d.activate()

@@ -99,9 +99,6 @@ class Runner:
         self._output_specs = [(tuple(t.shape), np.dtype(DTYPES[t.dtype][0])) for t in self.bundle.outputs]
         self._output_names = [t.name for t in self.bundle.outputs]
 
-    def close(self) -> None:
-        raise NotImplementedError
-
     # ------------------------------------------------------------------ description
     @property
     def inputs(self) -> list[TensorInfo]:
