@@ -269,3 +269,41 @@ except svodrt.UnsupportedHostError as e:
     assert "nvptx64:sm_90 (architecture nvptx64)" in out.stdout
     with svodrt.load(tmp_path / "fat.svod") as m:
         np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), m.run(feeds)["y"])
+
+
+def test_verify_runs_the_test_vectors_on_the_device(stub, small_gpu):
+    from svodrt.verify import verify
+
+    bundle, emu, _, _ = small_gpu
+    emu.errors.clear()
+    stub.set_launcher(emu.launcher(stub))
+    report = verify(bundle, device="cuda:0")
+    assert report.ok, report.text()
+    lines = report.text().splitlines()
+    assert any(line.startswith("ok    test vector 0 on cuda:sm_90: output 'y' max error") for line in lines)
+    assert "skip  variant 1 hip:gfx942: cannot run on this host (not a cuda:0 variant)" in lines
+    assert not emu.errors
+
+
+def test_cli_finds_the_driver_by_its_library_name(stub_library, small_gpu, tmp_path):
+    """`svodrt run --device cuda:0` in a fresh process that finds libcuda.so.1 on LD_LIBRARY_PATH (the
+    stand-in, whose launches compute nothing here: this checks the lookup and the CLI, not numbers)."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libcuda.so.1").symlink_to(stub_library.path)
+    (tmp_path / "m.svod").write_bytes(small_gpu[0])
+    np.save(tmp_path / "x.npy", small_gpu[3]["x"])
+    cli = [os.path.join(os.path.dirname(sys.executable), "svodrt"), "run", str(tmp_path / "m.svod"),
+           "--input", f"x={tmp_path / 'x.npy'}", "--device", "cuda:0"]
+    env = {**os.environ, "LD_LIBRARY_PATH": str(tmp_path / "lib")}
+    out = subprocess.run(cli, capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "(cuda:0, cuda:sm_90)" in out.stderr and out.stdout.startswith("y: float32[2, 10]")
+    env["LD_LIBRARY_PATH"] = str(tmp_path)
+    out = subprocess.run([*cli[:-1], "hip:0"], capture_output=True, text=True, env=env, timeout=120)
+    if out.returncode == 0:
+        pytest.skip("this machine has a HIP driver")
+    assert out.stderr.strip().startswith("svodrt: error: no HIP driver: libamdhip64.so"), out.stderr
