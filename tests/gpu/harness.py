@@ -170,6 +170,7 @@ def check_code_objects(program, images) -> None:
     its .kd symbol and one 8-byte pointer argument per buffer of its kernel."""
     from svodc.codegen import gpu_tools
     from svodc.codegen.gpu_compile import plan_statements
+    from svodc.ir.ops import Ops
 
     statements = plan_statements(program)
     for img in images:
@@ -179,6 +180,8 @@ def check_code_objects(program, images) -> None:
             assert img.code.endswith(b"\0") and f".target {img.target.cpu}" in ptx
             for s in statements:
                 assert f".entry {s.launch.symbol}(" in ptx
+            gemms = sum(1 for s in statements if s.stmt.op is Ops.GEMM)
+            assert ptx.count("bar.sync") >= 2 * gemms, "two barriers per k step of every GEMM kernel"
             if gpu_tools.find_ptxas() is None:
                 assert img.cubin is None
                 continue
