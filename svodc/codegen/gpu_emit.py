@@ -63,7 +63,10 @@ def map_launch(kernel: int, symbol: str, total: int) -> Launch | None:
     return Launch(kernel, symbol, min(-(-total // MAP_BLOCK), MAX_GRID), MAP_BLOCK)
 
 
-def _range(uid: int, end: int) -> UOp:
+def loop_range(uid: int, end: int) -> UOp:
+    """A loop of the GPU code itself (blocks, threads, grid stride, k steps), not of the kernel's AST.
+    Negative ids never meet the AST's ranges (ids from 0); each id is used for one role, and no two
+    loops of the same role are ever open at once (open loops are keyed by their UOp)."""
     return UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, end),), RangeArg(uid, RangeKind.LOOP))
 
 
@@ -81,8 +84,8 @@ class GpuEmitter(KernelEmitter):
         if backend == "amdgcn":
             self.ALLOCA_SUFFIX = ", addrspace(5)"
             self.PRIVATE_PTR = "ptr addrspace(5)"
-        self.bid_r = _range(-2, launch.grid)
-        self.tid_r = _range(-3, launch.block)
+        self.bid_r = loop_range(-2, launch.grid)
+        self.tid_r = loop_range(-3, launch.block)
         self.emulated = backend == "emulate"
 
     # ------------------------------------------------------------------ ids, phases, memory
@@ -170,7 +173,7 @@ class GpuEmitter(KernelEmitter):
             t = self.value(self.tid_r)
             base = line(self.stack[-1], f"mul nuw nsw i64 {b}, {block}")
             g0 = line(self.stack[-1], f"add nuw nsw i64 {base}, {t}")
-            self.open_loop(_range(-4, total), g0, str(total), str(grid * block))
+            self.open_loop(loop_range(-4, total), g0, str(total), str(grid * block))
             rest = self.stack[-1].ivar
             values: list[str] = []
             for r in reversed(ranges):

@@ -20,14 +20,11 @@ chosen for the CPU micro-kernels; the GPU kernel just indexes it.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
+from svodc.codegen.gpu_emit import GpuEmitter, Launch, loop_range
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import A_PANEL, B_PANEL, GemmArg, GemmOperand
 from svodc.ir.uop import UOp
-
-if TYPE_CHECKING:
-    from svodc.codegen.gpu_emit import GpuEmitter, Launch
 
 BM = BN = 64
 TK = 16
@@ -40,8 +37,6 @@ KK_UNROLL = 2
 
 
 def gemm_launch(kernel: int, symbol: str, arg: GemmArg) -> Launch | None:
-    from svodc.codegen.gpu_emit import Launch
-
     tiles = math.prod(arg.batch) * -(-arg.m // BM) * -(-arg.n // BN)
     return Launch(kernel, symbol, tiles, THREADS) if tiles else None
 
@@ -110,12 +105,10 @@ def _thread_yx(em: GpuEmitter) -> tuple[str, str]:
 
 def _accumulate(em: GpuEmitter, a_tile: str, a_t: str, b_tile: str, b_t: str, acc: str) -> None:
     """acc[i][j] += A[ty + 16 i][kk] * B[kk][tx + 16 j] over the kk of one staged step."""
-    from svodc.codegen.gpu_emit import _range
-
     line = em.emit_line
     ty, tx = _thread_yx(em)
     slots = [em.private_slot(acc, RM * RN, i) for i in range(RM * RN)]
-    em.open_loop(_range(-6, TK), "0", str(TK), loop_md=em.unroll(KK_UNROLL))
+    em.open_loop(loop_range(-6, TK), "0", str(TK), loop_md=em.unroll(KK_UNROLL))
     sc = em.stack[-1]
     kk = sc.ivar
     a_vals, b_vals = [], []
@@ -145,13 +138,11 @@ def _store(em: GpuEmitter, arg: GemmArg, pc: str, c_base: str, m0: str, n0: str,
     """Every thread writes its elements of C that lie inside C, each followed by the epilogue. A loop
     over the thread's RM x RN elements, so the epilogue's code exists once (not RM x RN times); the
     element's value is picked from the accumulators (registers) by a chain of selects."""
-    from svodc.codegen.gpu_emit import _range
-
     line = em.emit_line
     ty, tx = _thread_yx(em)
     values = [line(em.stack[-1], f"load float, {em.PRIVATE_PTR} {em.private_slot(acc, RM * RN, c)}, align 4")
               for c in range(RM * RN)]
-    em.open_loop(_range(-7, RM * RN), "0", str(RM * RN), loop_md=em.unroll(1))
+    em.open_loop(loop_range(-7, RM * RN), "0", str(RM * RN), loop_md=em.unroll(1))
     sc = em.stack[-1]
     c = sc.ivar
     v = values[0]
@@ -180,8 +171,6 @@ def _store(em: GpuEmitter, arg: GemmArg, pc: str, c_base: str, m0: str, n0: str,
 
 
 def emit_gpu_gemm(em: GpuEmitter, node: UOp) -> None:
-    from svodc.codegen.gpu_emit import _range
-
     arg: GemmArg = node.arg
     assert all(x.dtype.base is dtypes.float32 for x in node.src[:3]), "GEMM kernels are float32"
     pa, pb, pc = (em.value(x) for x in node.src[:3])
@@ -211,7 +200,7 @@ def emit_gpu_gemm(em: GpuEmitter, node: UOp) -> None:
         with em.threads():
             for i in range(RM * RN):
                 em.stack[-1].lines.append(f"  store float 0.0, {pt} {em.private_slot(acc, RM * RN, i)}, align 4")
-        em.open_loop(_range(-5, steps), "0", str(steps))
+        em.open_loop(loop_range(-5, steps), "0", str(steps))
         k0 = line(em.stack[-1], f"mul nuw nsw i64 {em.stack[-1].ivar}, {TK}")
         with em.threads():
             _stage(em, arg, "a", pa, a_base, a_tile, a_t, m0, k0)
