@@ -54,3 +54,14 @@ def stub(stub_library, monkeypatch):
     stub_library.clear()
     yield stub_library
     stub_library.set_launcher(None)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print the real models' max errors (tests/test_models.py) after the run."""
+    import sys
+
+    module = sys.modules.get("tests.test_models")
+    if module is not None and module.ERRORS:
+        terminalreporter.section("real models: max error vs onnxruntime")
+        for line in module.ERRORS:
+            terminalreporter.line(line)

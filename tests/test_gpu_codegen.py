@@ -163,3 +163,22 @@ def test_batched_gemm_with_broadcast_and_fused_epilogue(stub):
     images = compile_gpu_programs(program, [GpuTarget("gfx942")], CompileOptions())
     got = run_on_stub(stub, gpu_bundle(program, images), emulate(model, program=program), feeds, "hip:0")
     np.testing.assert_allclose(got["y"], reference(model, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_serial_kernels_run_on_one_thread_in_order(stub):
+    """A scatter with repeated indices and reduction=add: its kernel must store in order, so every
+    statement of it is launched as one block of one thread; the copy before it is its own launch."""
+    n, m = 64, 4096
+    x = np.zeros((n,), np.float32)
+    idx = R.integers(-n, n, size=(m, 1)).astype(np.int64)
+    model = make_model([helper.make_node("ScatterND", ["x", "i", "u"], ["y"], reduction="add")],
+                       {"x": (np.float32, [n]), "i": (np.int64, [m, 1]), "u": (np.float32, [m])}, ["y"])
+    feeds = {"x": x, "i": idx, "u": np.ones((m,), np.float32)}
+    program = lower(model)
+    serial = [i for i, k in enumerate(program.kernels) if getattr(k.ast.arg, "serial", False)]
+    images = compile_gpu_programs(program, [GpuTarget("sm_90")], CompileOptions())
+    launches = [x for x in images[0].launches if x.kernel in serial]
+    assert len(launches) == 2 and all((x.grid, x.block) == (1, 1) for x in launches)
+    got = run_on_stub(stub, gpu_bundle(program, images), emulate(model, program=program), feeds, "cuda:0")
+    want = np.bincount(np.where(idx[:, 0] < 0, idx[:, 0] + n, idx[:, 0]), minlength=n).astype(np.float32)
+    np.testing.assert_array_equal(got["y"], want)

@@ -64,10 +64,11 @@ def plan_statements(program: Program) -> list[Statement]:
     out = []
     for ki, kernel in enumerate(program.kernels):
         k = prepare_kernel(kernel)
+        serial = getattr(k.ast.arg, "serial", False)
         for si, stmt in enumerate(k.ast.src):
             symbol = f"svod_k{ki}_{si}"
             launch = gemm_launch(ki, symbol, stmt.arg) if stmt.op is Ops.GEMM else \
-                map_launch(ki, symbol, _store_total(stmt))
+                map_launch(ki, symbol, _store_total(stmt), serial)
             if launch is not None:
                 out.append(Statement(launch, stmt, len(kernel.params)))
     return out

@@ -56,10 +56,14 @@ def store_ranges(em_free: frozenset[UOp]) -> list[UOp]:
     return sorted(em_free, key=lambda r: r.arg.id)
 
 
-def map_launch(kernel: int, symbol: str, total: int) -> Launch | None:
-    """The launch of a map kernel over `total` elements (None: nothing to compute)."""
+def map_launch(kernel: int, symbol: str, total: int, serial: bool = False) -> Launch | None:
+    """The launch of a map kernel over `total` elements (None: nothing to compute). serial: one thread
+    does every element in index order (kernels whose stores must happen in order: a scatter's
+    read-modify-write at run-time positions that may repeat)."""
     if total == 0:
         return None
+    if serial:
+        return Launch(kernel, symbol, 1, 1)
     return Launch(kernel, symbol, min(-(-total // MAP_BLOCK), MAX_GRID), MAP_BLOCK)
 
 
