@@ -13,6 +13,7 @@ import numpy as np
 import zstandard
 
 from svodc import __version__
+from svodc.codegen.gpu_compile import GpuImage
 from svodc.codegen.link import CodeImage
 from svodc.errors import BundleError
 from svodc.program import Buffer, BufferKind, Program
@@ -27,6 +28,7 @@ from svodrt.format import (
     HEADER_SIZE,
     Header,
     align_up,
+    gpu_binding,
     section_align,
     variant_binding,
 )
@@ -53,9 +55,27 @@ def _weights_blob(program: Program) -> bytes:
     return bytes(blob)
 
 
+def _gpu_variant(program: Program, image: GpuImage, sections: list[tuple[dict, bytes]]) -> dict:
+    """A GPU variant (docs/bundle-format.md, "GPU variants"): the code object (PTX for cuda), the
+    cubin when there is one, and the launch list. entry/kernels/fixups are placeholders that keep the
+    variant well-formed for runtimes before 1.2, which refuse it by its architecture."""
+    t = image.target
+    sections.append(({"name": f"gpu.{t.kind}.{t.cpu}{'.ptx' if t.kind == 'cuda' else ''}", "kind": "code"},
+                     image.code))
+    v = {"kind": t.kind, "arch": t.arch, "cpu": t.cpu, "features": [], "feature_bits": 0,
+         "section": len(sections) - 1, "entry": 0, "kernels": [0] * len(program.kernels), "fixups": [],
+         "launches": [{"kernel": x.kernel, "symbol": x.symbol, "grid": [x.grid, 1, 1], "block": [x.block, 1, 1]}
+                      for x in image.launches]}
+    if image.cubin is not None:
+        sections.append(({"name": f"gpu.{t.kind}.{t.cpu}.cubin", "kind": "code"}, image.cubin))
+        v["cubin"] = len(sections) - 1
+    return v
+
+
 def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model_digest: str,
-                 test_vectors: list[dict] | None = None) -> bytes:
-    """The bundle's bytes. test_vectors: manifest entries from svodc.testvec (optional)."""
+                 test_vectors: list[dict] | None = None, gpu_images: list[GpuImage] = ()) -> bytes:
+    """The bundle's bytes. test_vectors: manifest entries from svodc.testvec (optional); gpu_images:
+    GPU variants, after the CPU ones."""
     sections: list[tuple[dict, bytes]] = [({"name": "weights", "kind": "weights"}, _weights_blob(program))]
     variants = []
     for target, image in images:
@@ -70,6 +90,7 @@ def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model
             "kernels": [image.symbols[k.name] for k in program.kernels],
             "fixups": list(image.fixups),
         })
+    variants += [_gpu_variant(program, g, sections) for g in gpu_images]
 
     out = bytearray(HEADER_SIZE)
     table = []
@@ -96,6 +117,8 @@ def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model
     }
     for v in variants:
         v["binding"] = variant_binding(v, table[v["section"]]["sha256"], manifest)
+        if "launches" in v:
+            v["gpu_binding"] = gpu_binding(v, table[v["cubin"]]["sha256"] if "cubin" in v else None)
     if test_vectors:
         manifest["test_vectors"] = test_vectors
     raw = msgpack.packb(manifest, use_bin_type=True)
