@@ -38,11 +38,14 @@ def _buffer_entry(b: Buffer) -> dict:
     return entry
 
 
-def _weights_blob(program: Program) -> bytes:
+def _weights_blob(program: Program, byte_order: str) -> bytes:
+    """The weights section, every element in the bundle's byte order (converted here, at compile time,
+    so the runtime maps weights as they are)."""
     blob = bytearray(program.weights_size)
+    order = "<" if byte_order == "little" else ">"
     for w in program.weights:
         assert w.data is not None
-        raw = np.ascontiguousarray(w.data.array).astype(w.data.array.dtype.newbyteorder("<"), copy=False)
+        raw = np.ascontiguousarray(w.data.array).astype(w.data.array.dtype.newbyteorder(order), copy=False)
         data = raw.tobytes()
         blob[w.offset: w.offset + len(data)] = data
     return bytes(blob)
@@ -51,7 +54,11 @@ def _weights_blob(program: Program) -> bytes:
 def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model_digest: str,
                  extra: dict | None = None) -> bytes:
     sections: list[tuple[dict, bytes]] = []
-    weights = _weights_blob(program)
+    orders = {t.byte_order for t, _ in images}
+    if len(orders) != 1:  # parse_target refuses this with a message for the user; this guards the writer
+        raise ValueError(f"code variants of one bundle must share a byte order, got {sorted(orders)}")
+    byte_order = orders.pop()
+    weights = _weights_blob(program, byte_order)
     sections.append(({"name": "weights", "kind": "weights"}, weights))
     variants = []
     for target, image in images:
@@ -79,7 +86,7 @@ def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model
         "format": [FORMAT_MAJOR, FORMAT_MINOR],
         "producer": {"name": "svodc", "version": __version__},
         "model": {"sha256": model_digest, "producer": program.producer},
-        "byte_order": "little",
+        "byte_order": byte_order,
         "inputs": [_buffer_entry(b) for b in program.inputs],
         "outputs": [_buffer_entry(b) for b in program.outputs],
         "arena_size": program.arena_size,

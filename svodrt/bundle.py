@@ -19,6 +19,7 @@ import msgpack
 import zstandard
 
 from svodrt.errors import BundleFormatError, BundleVersionError
+from svodrt.features import BYTE_ORDER
 from svodrt.format import (
     DTYPES,
     FLAG_MANIFEST_ZSTD,
@@ -264,6 +265,12 @@ def parse_bundle(data: bytes | memoryview, verify_checksums: bool = True) -> Bun
             raise _fail(f"manifest: variants[{i}] has {len(v.kernels)} kernel offsets for {len(kernels)} kernels")
     if not variants:
         raise _fail("manifest: the bundle has no code variant")
-    if _field(m, "byte_order", str, "manifest") != "little":
-        raise _fail("manifest: byte_order must be 'little' in format 1")
+    # [cross] format 1.1: a bundle's data is in one byte order, that of all its variants' architectures.
+    byte_order = _field(m, "byte_order", str, "manifest")
+    if byte_order not in ("little", "big"):
+        raise _fail(f"manifest: byte_order {byte_order!r} must be 'little' or 'big'")
+    for i, v in enumerate(variants):
+        if BYTE_ORDER.get(v.arch, byte_order) != byte_order:
+            raise _fail(f"manifest: variants[{i}] is for {v.arch}, whose data is {BYTE_ORDER[v.arch]}-endian, but the "
+                        f"bundle's byte_order is {byte_order!r}")
     return Bundle(h, m, inputs, outputs, sections, variants, kernels, arena, wsec[0], weights_size)

@@ -1,6 +1,7 @@
 """The .svod bundle format: constants and the header, defined once, here (svodc imports them).
 
-Layout (all integers little-endian; see docs/bundle-format.md for the full specification):
+Layout (header integers little-endian, section data in the manifest's byte_order; see
+docs/bundle-format.md for the full specification):
 
     0         header (HEADER_SIZE bytes)
     65536     sections, each starting at a multiple of SECTION_ALIGN (code images, weights),
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 
 MAGIC = b"SVOD\x00\r\n\x1a"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 0
+FORMAT_MINOR = 1  # 1.1: byte_order "big" (s390x), variants for aarch64, riscv64, ppc64le, s390x
 HEADER = struct.Struct("<8sHHIIIQQQQ8s")
 FLAG_MANIFEST_ZSTD = 1
 HEADER_SIZE = HEADER.size  # 64

@@ -39,15 +39,19 @@ def select_variant(bundle: Bundle, host: Host) -> Variant:
     reasons = []
     for v in bundle.variants:
         if v.arch != host.arch:
-            reasons.append(f"{v.arch}:{v.cpu} (architecture {v.arch})")
             continue
         missing = [f for f in v.features if f not in host.features]
         if not missing:
             return v
         reasons.append(f"{v.arch}:{v.cpu} (missing {', '.join(missing)})")
+    has = ", ".join(f"{v.arch}:{v.cpu}" for v in bundle.variants)
+    if not reasons:  # [cross] name what the bundle has when nothing is for this architecture
+        raise UnsupportedHostError(f"this bundle has no code for this {host.arch} host; it has {has}. Recompile "
+                                   f"with a variant for {host.arch}, e.g. --target {host.arch}-linux-gnu, or add one "
+                                   f"to a fat bundle: --target {bundle.variants[0].arch},{host.arch}")
     raise UnsupportedHostError(f"no code variant of this bundle runs on this {host.arch} host: "
                                f"{'; '.join(reasons)}. Recompile with a variant for this machine, e.g. "
-                               f"--target {host.arch}-linux-gnu:{'x86-64' if host.arch == 'x86_64' else 'generic'}")
+                               f"--target {host.arch}-linux-gnu")
 
 
 def _aligned_empty(nbytes: int) -> tuple[np.ndarray, int]:

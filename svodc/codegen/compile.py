@@ -33,6 +33,7 @@ class LLVMJob:
     opt_level: int
     codemodel: str
     want_asm: bool
+    abiname: str = ""  # riscv64: "lp64d" (svodc/arches.py)
 
 
 def _llvm_init():
@@ -52,7 +53,8 @@ def compile_llvm(job: LLVMJob) -> tuple[bytes, str]:
     except RuntimeError as e:
         raise CodegenError(f"LLVM rejected the IR of {job.name}: {e}") from None
     tm = llvm.Target.from_triple(job.triple).create_target_machine(
-        cpu=job.cpu, features=job.features, opt=job.opt_level, reloc="pic", codemodel=job.codemodel)
+        cpu=job.cpu, features=job.features, opt=job.opt_level, reloc="pic", codemodel=job.codemodel,
+        abiname=job.abiname)
     if job.opt_level > 0:
         pto = llvm.create_pipeline_tuning_options(speed_level=job.opt_level)
         pto.loop_vectorization = True
@@ -86,9 +88,9 @@ def compile_program(program: Program, target: Target, options: CompileOptions) -
     for i, chunk in enumerate(_chunks(kernels, jobs_n * 2)):
         jobs.append(LLVMJob(f"kernels[{', '.join(k.name for k in chunk[:4])}{'...' if len(chunk) > 4 else ''}]",
                             kernel_module(chunk, nin, target, f"chunk{i}"), target.triple, target.llvm_cpu,
-                            target.llvm_features, options.opt_level, target.codemodel, dbg >= 4))
+                            target.llvm_features, options.opt_level, target.codemodel, dbg >= 4, target.abiname))
     jobs.append(LLVMJob("entry", entry_module([k.name for k in kernels], target), target.triple, target.llvm_cpu,
-                        target.llvm_features, options.opt_level, target.codemodel, dbg >= 4))
+                        target.llvm_features, options.opt_level, target.codemodel, dbg >= 4, target.abiname))
     if dbg >= 3:
         for j in jobs:
             print(f"===== LLVM IR {j.name} =====\n{j.ir}", file=sys.stderr)
