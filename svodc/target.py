@@ -68,6 +68,13 @@ class Target:
         return BYTE_ORDER[self.arch]
 
     @property
+    def native_f16(self) -> bool:
+        """Whether the CPU converts float16<->float32 in hardware (else svodc/codegen/f16.py does it with
+        integer ops: LLVM would call compiler-rt). s390x has no such instruction at any level."""
+        return {"x86_64": "f16c" in self.features, "aarch64": True, "riscv64": "zfh" in self.features,
+                "ppc64le": "power9" in self.features, "s390x": False}[self.arch]
+
+    @property
     def vector_bits(self) -> int:
         """The vector register width kernels can count on (SVE and RVV: their 128-bit minimum)."""
         if "avx512f" in self.features:

@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass
 
 from svodc.codegen.elf import read_object
+from svodc.codegen.f16 import legalize_f16
 from svodc.codegen.link import CodeImage, link
 from svodc.codegen.module import ENTRY, entry_module, kernel_module
 from svodc.codegen.transcendental import pm_transcendental
@@ -67,9 +68,11 @@ def compile_llvm(job: LLVMJob) -> tuple[bytes, str]:
     return tm.emit_object(mod), asm
 
 
-def prepare_kernel(kernel: Kernel) -> Kernel:
+def prepare_kernel(kernel: Kernel, target: Target | None = None) -> Kernel:
     """Target-level rewrites on a kernel's loop AST before emission."""
     ast = graph_rewrite(kernel.ast, pm_transcendental)
+    if target is not None and not target.native_f16:
+        ast = legalize_f16(ast)  # [cross] else LLVM calls __extendhfsf2/__truncsfhf2, which the image lacks
     ast = graph_rewrite(ast, pm_symbolic)
     return Kernel(kernel.name, ast, kernel.params, kernel.provenance)
 
@@ -80,7 +83,7 @@ def _chunks(items: list, n: int) -> list[list]:
 
 
 def compile_program(program: Program, target: Target, options: CompileOptions) -> CodeImage:
-    kernels = [prepare_kernel(k) for k in program.kernels]
+    kernels = [prepare_kernel(k, target) for k in program.kernels]
     nin = len(program.inputs)
     jobs_n = options.jobs or os.cpu_count() or 1
     dbg = debug_level()
