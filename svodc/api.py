@@ -41,7 +41,7 @@ def compile(model: ModelSource, target: str = "host", options: CompileOptions | 
             progress: Progress | None = None, **kw) -> bytes:
     """Compile an ONNX model (path, bytes or ModelProto) into .svod bundle bytes.
 
-    target: "host", or "x86_64-linux-gnu[:CPU[,CPU...]]" (one code variant per CPU).
+    target: "host", or variants like "x86_64:x86-64-v3,x86-64,aarch64:generic+dotprod" (svodc/target.py).
     Keyword options (dims=, input_shapes=, opt_level=, jobs=) fill a CompileOptions."""
     options = options or CompileOptions(**kw)
     say = progress or (lambda _msg: None)

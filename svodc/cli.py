@@ -65,7 +65,8 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Bundle path (default: MODEL with .svod).")
 @click.option("--target", default="host", show_default=True,
-              help="host, or x86_64-linux-gnu[:CPU[,CPU...]] (one code variant per CPU).")
+              help="Comma-separated variants: host, ARCH[-linux-gnu][:CPU[+FEATURE...]], or a CPU continuing the "
+                   "previous ARCH (x86_64, aarch64, riscv64, ppc64le, s390x). E.g. x86_64:x86-64-v3,x86-64,aarch64.")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Fix a symbolic input dimension.")
 @click.option("--input-shape", "shapes", multiple=True, metavar="NAME=DxDx...", help="Fix an input's shape.")
 @click.option("-O", "opt_level", type=click.IntRange(0, 3), default=3, show_default=True, help="LLVM opt level.")
