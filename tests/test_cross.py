@@ -2,7 +2,9 @@
 links with no undefined symbol, big-endian bundles, host feature detection, float16 without
 hardware conversions, and the runtime's refusal of bundles for other architectures.
 
-Running the cross code is tests/test_cross_emulated.py (`make test-cross`)."""
+aarch64 and riscv64 code also runs here, in-process under unicorn (tests/cross/unicorn_run.py); all
+architectures with their vector extensions run under qemu-user in tests/test_cross_emulated.py
+(`make test-cross`)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,9 @@ from svodc.target import parse_target
 from svodrt.bundle import parse_bundle
 from svodrt.features import FEATURES
 from svodrt.host import detect_host, features_from_hwcap, features_from_riscv_isa
-from tests.onnx_util import make_model
+from tests.cross.transformer import transformer_model
+from tests.cross.unicorn_run import run_unicorn
+from tests.onnx_util import make_model, reference
 
 # One variant per architecture at its floor and one with its vector extension, compiled and linked.
 VARIANTS = ["x86_64", "aarch64", "aarch64:neoverse-v1", "aarch64:generic+sve2", "riscv64", "riscv64:rv64gc+v",
@@ -158,3 +162,14 @@ def test_host_features_from_hwcap_and_isa_strings():
     assert features_from_riscv_isa(["rv64gcv"]) == {"m", "a", "f", "d", "c", "v"}
     host = detect_host()
     assert host.arch == "x86_64" and host.features <= {f.name for f in FEATURES["x86_64"]}
+
+
+@pytest.mark.parametrize("spec", ["aarch64", "aarch64:cortex-a76", "riscv64"])  # unicorn lacks Zba/Zbb, SVE, RVV
+def test_cross_code_runs_under_unicorn(spec, small_model):
+    """The real bundle bytes, laid out as svodrt does, executed on an emulated aarch64/riscv64 CPU."""
+    t = parse_target(spec)[0]
+    for model, feeds in (small_model, transformer_model()):
+        want = reference(model, feeds)
+        got = run_unicorn(svodc.compile(model, target=spec), t.arch, set(t.features), feeds)
+        for (name, g), w in zip(got.items(), want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-4 * float(np.abs(w).max()), err_msg=f"{spec} {name}")
