@@ -31,7 +31,7 @@ cross-tools:
 	bash scripts/install-cross-tools.sh
 
 test-cross: $(STAMP) cross-tools
-	$(BIN)/python -m pytest -q -rs tests/test_cross.py tests/test_cross_emulated.py
+	$(BIN)/python -m pytest -q -rs --durations=0 tests/test_cross.py tests/test_cross_emulated.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check svodc svodrt tests scripts
