@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
 .PHONY: setup demo test test-fast test-cross cross-tools lint bench clean
+BENCH_STAMP := $(VENV)/.bench-stamp
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,7 +19,7 @@ demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
 test: $(STAMP)
-	$(BIN)/ruff check svodc svodrt tests scripts
+	$(BIN)/ruff check svodc svodrt tests scripts bench
 	$(BIN)/python -m pytest -q --ignore=tests/test_cross_emulated.py
 
 # Everything but the end-to-end model tests.
@@ -33,8 +34,16 @@ cross-tools:
 test-cross: $(STAMP) cross-tools
 	$(BIN)/python -m pytest -q -rs --durations=0 tests/test_cross.py tests/test_cross_emulated.py
 
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
+
+# Not a test: svod vs onnxruntime side by side; writes docs/benchmarks.md and docs/benchmarks.png.
+bench: $(BENCH_STAMP)
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
 lint: $(STAMP)
-	$(BIN)/ruff check svodc svodrt tests scripts
+	$(BIN)/ruff check svodc svodrt tests scripts bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -83,6 +83,16 @@ class Target:
             return 256
         return 128
 
+    @property
+    def vector_regs(self) -> int:
+        """Vector registers (x86-64 AVX2: 16, AVX-512: 32; NEON/SVE, RVV, z/Arch vector: 32; VSX: 64).
+        rv64gc has no vector unit: its 32 FP registers hold fixed vectors as scalars, so 16."""
+        if self.arch == "x86_64":
+            return 32 if "avx512f" in self.features else 16
+        if self.arch == "riscv64" and "v" not in self.features:
+            return 16
+        return 64 if self.arch == "ppc64le" else 32
+
     def describe(self) -> str:
         return f"{self.arch}:{self.cpu}"
 

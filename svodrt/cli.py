@@ -66,6 +66,20 @@ def cmd_run(args: argparse.Namespace) -> None:
           f"{model.variant.arch}:{model.variant.cpu})", file=sys.stderr)
 
 
+def cmd_profile(args: argparse.Namespace) -> None:
+    import svodrt
+
+    model = svodrt.load(args.bundle, threads=1)
+    rows = model.profile(_load_inputs(args.input), repeat=args.repeat)
+    total = sum(t for _, t, _ in rows)
+    rows_sorted = sorted(rows, key=lambda r: -r[1])[: args.top]
+    print(f"{'kernel':40s} {'ms':>8s} {'%':>6s}  onnx nodes")
+    for name, t, prov in rows_sorted:
+        nodes = ", ".join(prov[:3]) + (f" (+{len(prov) - 3})" if len(prov) > 3 else "")
+        print(f"{name[:40]:40s} {1e3 * t:8.3f} {100 * t / total:6.1f}  {nodes}")
+    print(f"{'total (sum of medians)':40s} {1e3 * total:8.3f}")
+
+
 def cmd_info(args: argparse.Namespace) -> None:
     from svodrt.describe import describe
 
@@ -84,6 +98,12 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--threads", type=int, default=None, help="threads per inference (default: all cores)")
     r.add_argument("--repeat", type=int, default=1, help="run this many times and report the mean time")
     r.set_defaults(fn=cmd_run)
+    pr = sub.add_parser("profile", help="time every kernel on its own (one thread)")
+    pr.add_argument("bundle")
+    pr.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy|FILE.npz")
+    pr.add_argument("--repeat", type=int, default=10, help="runs per kernel; the median is shown")
+    pr.add_argument("--top", type=int, default=25, help="show the slowest N kernels")
+    pr.set_defaults(fn=cmd_profile)
     i = sub.add_parser("info", help="describe a bundle")
     i.add_argument("bundle")
     i.add_argument("-v", "--verbose", action="store_true", help="list kernels with their ONNX nodes")

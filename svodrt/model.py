@@ -179,6 +179,29 @@ class Model:
                 self._arenas.append(arena)
         return {t.name: o for t, o in zip(self.bundle.outputs, outs, strict=True)}
 
+    def profile(self, feeds: MappingT[str, object], repeat: int = 10) -> list[tuple[str, float, tuple[str, ...]]]:
+        """Time each kernel alone (single-threaded, its own entry point): [(kernel, median seconds,
+        ONNX nodes)], in execution order. Runs the whole model once per repeat. Times are the calling
+        thread's CPU time, so a busy machine that preempts the thread does not inflate them."""
+        import time
+
+        arrays = self._check_inputs(feeds)
+        outs = [np.empty(t.shape, dtype=np.dtype(DTYPES[t.dtype][0])) for t in self.bundle.outputs]
+        arena = self._arena()
+        ptrs = [arena[1], self.weights_address, *(a.ctypes.data for a in arrays), *(o.ctypes.data for o in outs)]
+        table = (ctypes.c_void_p * len(ptrs))(*ptrs)
+        kernel_fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32)
+        fns = [kernel_fn(self._maps[0].address + off) for off in self.variant.kernels]
+        times: list[list[float]] = [[] for _ in fns]
+        for _ in range(repeat):
+            for i, fn in enumerate(fns):
+                t0 = time.thread_time()
+                fn(table, None, 0, 1)
+                times[i].append(time.thread_time() - t0)
+        with self._arena_lock:
+            self._arenas.append(arena)
+        return [(k.name, float(np.median(t)), k.provenance) for k, t in zip(self.bundle.kernels, times, strict=True)]
+
     def _call(self, table, sync) -> None:
         n = self.threads
         if n > 1 and self._team.acquire(blocking=False):

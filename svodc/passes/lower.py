@@ -111,6 +111,11 @@ class KernelLowerer:
 
     # ------------------------------------------------------------------ the kernel
     def lower_kernel(self, root: UOp, copy_from: Buffer | None = None) -> UOp:
+        # A reshape keeps the linear order, so a kernel whose root is a reshape can iterate over the
+        # shape before it and store at the same addresses: no div/mod to split merged axes (this
+        # turns an im2col copy into affine loops over the window axes).
+        while copy_from is None and root.op is Ops.RESHAPE and self._buffer_for(root.src[0]) is None:
+            root = root.src[0]
         shape = root.shape
         idx = self.output_index(shape)
         value = self.load(copy_from, idx) if copy_from is not None else self.lower(root, idx, top=True)
