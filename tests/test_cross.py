@@ -8,8 +8,12 @@ architectures with their vector extensions run under qemu-user in tests/test_cro
 
 from __future__ import annotations
 
+import hashlib
+
+import msgpack
 import numpy as np
 import pytest
+import zstandard
 from onnx import TensorProto, helper
 
 import svodc
@@ -17,8 +21,9 @@ import svodrt
 from svodc.arches import ARCHES
 from svodc.errors import TargetError
 from svodc.target import parse_target
-from svodrt.bundle import parse_bundle
+from svodrt.bundle import parse_bundle, read_header, read_manifest
 from svodrt.features import FEATURES
+from svodrt.format import Header
 from svodrt.host import detect_host, features_from_hwcap, features_from_riscv_isa
 from tests.cross.transformer import transformer_model
 from tests.cross.unicorn_run import run_unicorn
@@ -132,6 +137,26 @@ def test_big_endian_bundle_holds_big_endian_weights(tiny_model):
         start = b.weights.offset + buf["offset"]
         stored = np.frombuffer(data[start: start + w.nbytes], ">f4" if order == "big" else "<f4")
         np.testing.assert_array_equal(stored, w)
+
+
+def _with_manifest(data: bytes, change) -> bytes:
+    """The bundle with its manifest changed by `change(manifest)`, header and digest made consistent."""
+    h = read_header(data)
+    m = read_manifest(data, h)
+    change(m)
+    raw = msgpack.packb(m, use_bin_type=True)
+    stored = zstandard.ZstdCompressor().compress(raw)
+    header = Header(h.major, h.minor, h.header_size, h.flags, 0, h.manifest_offset + len(stored), h.manifest_offset,
+                    len(stored), len(raw), hashlib.sha256(raw).digest()[:8])
+    return header.pack() + data[len(header.pack()): h.manifest_offset] + stored
+
+
+def test_runtime_refuses_data_in_the_wrong_byte_order(tiny_model):
+    data = svodc.compile(tiny_model, target="aarch64")
+    with pytest.raises(svodrt.BundleFormatError, match="variants.0. is for aarch64, whose data is little-endian"):
+        svodrt.load(_with_manifest(data, lambda m: m.update(byte_order="big")))
+    with pytest.raises(svodrt.BundleFormatError, match="byte_order 'pdp' must be 'little' or 'big'"):
+        svodrt.load(_with_manifest(data, lambda m: m.update(byte_order="pdp")))
 
 
 def test_runtime_refuses_a_bundle_without_code_for_its_architecture(tiny_model):
