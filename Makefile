@@ -26,8 +26,9 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q --ignore=tests/test_light_models.py --ignore=tests/test_cross_emulated.py
 
-# Cross-compiled code (aarch64, riscv64, ppc64le, s390x) executed under qemu-user: slow (see
-# docs/architecture.md "Cross targets" for its timing), so not part of `make test`.
+# Cross-compiled code (aarch64, riscv64, ppc64le, s390x) executed under qemu-user: about 48 minutes
+# on 2 busy cores (docs/architecture.md "Cross targets"), so not part of `make test`. Installs
+# qemu-user and Debian's cross compilers with apt first.
 cross-tools:
 	bash scripts/install-cross-tools.sh
 
