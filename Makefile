@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test test-fast test-cross cross-tools lint bench clean
+.PHONY: setup demo test test-fast test-cross cross-tools lint bench clean fuzz
 BENCH_STAMP := $(VENV)/.bench-stamp
 
 $(STAMP): pyproject.toml
@@ -34,6 +34,10 @@ cross-tools:
 
 test-cross: $(STAMP) cross-tools
 	$(BIN)/python -m pytest -q -rs --durations=0 tests/test_cross.py tests/test_cross_emulated.py
+
+# 10,000 damaged bundles (a new seed each run; the test suite runs 2,000 with a fixed one).
+fuzz: $(STAMP)
+	$(BIN)/python -m tests.fuzzing --count 10000
 
 $(BENCH_STAMP): $(STAMP)
 	$(BIN)/pip install -q -e '.[dev,bench]'

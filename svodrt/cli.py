@@ -40,11 +40,18 @@ def _summary(a: np.ndarray) -> str:
     return f"{a.dtype}{list(a.shape)} [{head}{', ...' if a.size > 5 else ''}]{extra}"
 
 
+def _host(args: argparse.Namespace):
+    from svodrt.host import detect_host
+
+    host = detect_host()
+    return host.limited_to(args.as_cpu) if args.as_cpu else host
+
+
 def cmd_run(args: argparse.Namespace) -> None:
     import svodrt
 
     t0 = time.perf_counter()
-    model = svodrt.load(args.bundle, threads=args.threads)
+    model = svodrt.load(args.bundle, threads=args.threads, host=_host(args), verify_weights=args.verify_weights)
     t1 = time.perf_counter()
     feeds = _load_inputs(args.input)
     t2 = time.perf_counter()
@@ -64,6 +71,15 @@ def cmd_run(args: argparse.Namespace) -> None:
     per = (t4 - t2) / args.repeat if args.repeat > 1 else t3 - t2
     print(f"load {1e3 * (t1 - t0):.2f} ms, run {1e3 * per:.2f} ms ({model.threads} threads, "
           f"{model.variant.arch}:{model.variant.cpu})", file=sys.stderr)
+
+
+def cmd_verify(args: argparse.Namespace) -> None:
+    from svodrt.verify import verify
+
+    report = verify(args.bundle, host=_host(args), threads=args.threads or 1)
+    print(report.text())
+    if not report.ok:
+        raise SvodError(f"{args.bundle} failed verification: {report.failures[0]}")
 
 
 def cmd_profile(args: argparse.Namespace) -> None:
@@ -97,7 +113,16 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("-o", "--output", help="write the outputs to this .npz")
     r.add_argument("--threads", type=int, default=None, help="threads per inference (default: all cores)")
     r.add_argument("--repeat", type=int, default=1, help="run this many times and report the mean time")
+    r.add_argument("--verify-weights", action="store_true", default=None,
+                   help="check the weights' sha256 even when they are large")
     r.set_defaults(fn=cmd_run)
+    v = sub.add_parser("verify", help="check a bundle completely and run its test vectors on this machine")
+    v.add_argument("bundle")
+    v.add_argument("--threads", type=int, default=1, help="threads per inference for the test vectors")
+    v.set_defaults(fn=cmd_verify)
+    for cmd in (r, v):
+        cmd.add_argument("--as-cpu", metavar="LEVEL", help="choose code as if this machine were only an x86-64 "
+                         "LEVEL (x86-64, x86-64-v2, -v3, -v4): to try a fat bundle's smaller variants")
     pr = sub.add_parser("profile", help="time every kernel on its own (one thread)")
     pr.add_argument("bundle")
     pr.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy|FILE.npz")

@@ -7,15 +7,19 @@
 - riscv64: the `isa` lines of /proc/cpuinfo, one per hart; a feature counts when every hart has it
   (boards such as the SpacemiT K1 could mix cores). The single-letter extensions are also in
   AT_HWCAP, which is the fallback when /proc is not mounted.
+
+If a source cannot be read, the host is taken to have no optional feature, so only baseline code is
+chosen: unknown means "no".
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import platform
 from dataclasses import dataclass
 
-from svodrt.features import FEATURES
+from svodrt.features import FEATURES, X86_64_LEVELS
 
 _ARCH = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64", "riscv64": "riscv64",
          "ppc64le": "ppc64le", "s390x": "s390x"}
@@ -35,6 +39,13 @@ HWCAP_BITS: dict[str, dict[str, tuple[int, int]]] = {
 class Host:
     arch: str
     features: frozenset[str]
+
+    def limited_to(self, cpu: str) -> Host:
+        """This host as if it were only a `cpu` (an x86-64 level): its features that the level has.
+        For trying a fat bundle's smaller variants on a bigger machine; it can only remove features."""
+        if self.arch != "x86_64" or cpu not in X86_64_LEVELS:
+            raise ValueError(f"cannot limit a {self.arch} host to {cpu!r}; known: {', '.join(X86_64_LEVELS)}")
+        return Host(self.arch, self.features & frozenset(X86_64_LEVELS[cpu]))
 
 
 def host_arch() -> str:
@@ -96,6 +107,7 @@ def _riscv_hwcap_letters(hwcap: int) -> list[str]:
     return ["rv64" + "".join(chr(ord("a") + i) for i in range(26) if hwcap >> i & 1)]
 
 
+@functools.cache
 def detect_host() -> Host:
     arch = host_arch()
     table = FEATURES.get(arch, ())

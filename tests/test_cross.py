@@ -132,7 +132,7 @@ def test_big_endian_bundle_holds_big_endian_weights(tiny_model):
     for spec, order in (("s390x:z14", "big"), ("aarch64", "little")):
         data = svodc.compile(tiny_model, target=spec)
         b = parse_bundle(data)
-        assert b.manifest["byte_order"] == order and b.header.minor == 1
+        assert b.manifest["byte_order"] == order and b.header.minor == (1 if order == "big" else 0)
         (buf,) = [x for x in b.manifest["buffers"] if x["kind"] == "weight"]
         start = b.weights.offset + buf["offset"]
         stored = np.frombuffer(data[start: start + w.nbytes], ">f4" if order == "big" else "<f4")

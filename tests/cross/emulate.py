@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from svodrt.bundle import parse_bundle
+from svodrt.bundle import check_section, parse_bundle
 from svodrt.format import DTYPES
 from svodrt.host import Host
 from svodrt.model import check_input, select_variant
@@ -71,6 +71,7 @@ def run_emulated(bundle: bytes, arch: str, features: frozenset[str] | set[str], 
     """One inference of `bundle` on an emulated `arch` host with `features`, under `qemu -cpu qemu_cpu`."""
     b = parse_bundle(bundle)
     variant = select_variant(b, Host(arch, frozenset(features)))
+    check_section(bundle, variant.section)  # svodrt checks the code it runs (svodrt/memory.py map_code)
     order = "<" if b.manifest["byte_order"] == "little" else ">"
     arrays = [check_input(t, feeds[t.name]) for t in b.inputs]
     with tempfile.TemporaryDirectory(prefix="svod-cross-") as tmp:

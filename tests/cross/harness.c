@@ -4,10 +4,11 @@
  * The Python side parses the bundle with svodrt's own parser and picks the variant with svodrt's
  * own selection; this program gets the bundle file and the numbers from the manifest, and then
  * does what svodrt/memory.py and svodrt/model.py do:
- *   - map the code section private read+write straight from the bundle file, add the load address
- *     to every fixup word (host byte order = the bundle's), mprotect it read+execute (W^X), and on
- *     riscv64 ask the kernel to make instruction caches coherent (riscv_flush_icache);
- *   - map the weights section read-only from the file;
+ *   - copy the code section into fresh anonymous read+write memory (its sha256 was checked by the
+ *     Python side, as svodrt checks it), add the load address to every fixup word (host byte order =
+ *     the bundle's; each must hold an offset inside the image), mprotect it read+execute (W^X), and
+ *     on riscv64 ask the kernel to make instruction caches coherent (riscv_flush_icache);
+ *   - map the weights section read-only from the file (copy it when it is small and unaligned);
  *   - build the buffer table [arena, weights, inputs..., outputs...] and the zeroed 64-byte sync
  *     block with sched_yield at offset 8;
  *   - call svod_entry(bufs, NULL, thread, nthreads, sync) from nthreads threads at once.
@@ -67,13 +68,15 @@ int main(int argc, char **argv) {
 
     long page = sysconf(_SC_PAGESIZE);
     size_t code_map = (code_len + page - 1) / page * page;
-    uint8_t *code = mmap(NULL, code_map, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, (off_t)code_off);
+    uint8_t *code = mmap(NULL, code_map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (code == MAP_FAILED) die("mmap code");
+    if (pread(fd, code, code_len, (off_t)code_off) != (ssize_t)code_len) die("read code");
     for (unsigned long long i = 0; i < nfix; i++) {
         unsigned long long off;
         if (fscanf(job, "%llu", &off) != 1 || off + 8 > code_len) die("fixup");
         uint64_t word;
         memcpy(&word, code + off, 8);
+        if (word > code_len) die("fixup word is not an offset inside the image");
         word += (uint64_t)(uintptr_t)code;
         memcpy(code + off, &word, 8);
     }
@@ -82,10 +85,15 @@ int main(int argc, char **argv) {
     syscall(259 /* __NR_riscv_flush_icache */, code, code + code_map, 0UL);
 #endif
 
-    void *weights = aligned(0);
-    if (w_len) {
+    /* weights: mapped read-only from the file when the section is page-aligned (svodrt maps large
+     * sections, which are 64 KiB-aligned), else copied into aligned memory (small sections) */
+    void *weights = aligned(w_len);
+    if (w_len && w_off % (unsigned long long)page == 0) {
+        free(weights);
         weights = mmap(NULL, w_len, PROT_READ, MAP_PRIVATE, fd, (off_t)w_off);
         if (weights == MAP_FAILED) die("mmap weights");
+    } else if (w_len && pread(fd, weights, w_len, (off_t)w_off) != (ssize_t)w_len) {
+        die("read weights");
     }
     unsigned long long nin, nout;
     char paths[64][4096];

@@ -16,7 +16,7 @@ import struct
 
 import numpy as np
 
-from svodrt.bundle import parse_bundle
+from svodrt.bundle import check_section, parse_bundle
 from svodrt.format import DTYPES
 from svodrt.host import Host
 from svodrt.model import check_input, select_variant
@@ -51,12 +51,15 @@ def _engine(arch: str):
 def run_unicorn(bundle: bytes, arch: str, features: set[str], feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     b = parse_bundle(bundle)
     v = select_variant(b, Host(arch, frozenset(features)))
+    check_section(bundle, v.section)  # svodrt checks the code it runs (svodrt/memory.py map_code)
     order = "<" if b.manifest["byte_order"] == "little" else ">"
     mu, arg_regs, sp_reg, ret_reg, pc_reg = _engine(arch)
 
     code = bytearray(bundle[v.section.offset: v.section.offset + v.section.length])
     for off in v.fixups:  # what svodrt/memory.py map_code does, at the emulated base
         (word,) = struct.unpack_from(order + "Q", code, off)
+        if word > len(code):
+            raise ValueError(f"fixup at {off} holds {word}, not an offset inside the image")
         struct.pack_into(order + "Q", code, off, word + CODE)
     mu.mem_map(CODE, _up(len(code)))
     mu.mem_write(CODE, bytes(code))
