@@ -17,11 +17,12 @@ import onnx
 
 from svodc.bundle import write_bundle
 from svodc.codegen.compile import compile_program
+from svodc.codegen.gpu_compile import compile_gpu_programs
 from svodc.errors import OutputWriteError
 from svodc.frontend.importer import ModelSource, import_model, load_model
+from svodc.gpu_target import GpuTarget, parse_targets
 from svodc.options import CompileOptions
 from svodc.passes.pipeline import build_program
-from svodc.target import parse_target
 from svodc.testvec import build_test_vectors
 
 Progress = Callable[[str], None]
@@ -43,11 +44,12 @@ def compile(model: ModelSource, target: str = "host", options: CompileOptions | 
             progress: Progress | None = None, **kw) -> bytes:
     """Compile an ONNX model (path, bytes or ModelProto) into .svod bundle bytes.
 
-    target: "host", or variants like "x86_64:x86-64-v3,x86-64,aarch64:generic+dotprod" (svodc/target.py).
+    target: "host", CPU variants like "x86_64:x86-64-v3,x86-64,aarch64:generic+dotprod" (svodc/target.py),
+    GPUs ("sm_90", "gfx942", ...), or CPU and GPU items separated by commas (svodc/gpu_target.py).
     Keyword options (dims=, input_shapes=, opt_level=, jobs=, test_vectors=) fill a CompileOptions."""
     options = options or CompileOptions(**kw)
     say = progress or (lambda _msg: None)
-    targets = parse_target(target)
+    targets = parse_targets(target)
     proto = load_model(model)
     say("import")
     graph = import_model(proto, options)
@@ -55,11 +57,17 @@ def compile(model: ModelSource, target: str = "host", options: CompileOptions | 
     program = build_program(graph, options)
     vectors = build_test_vectors(graph, program, options.test_vectors, say)
     images = []
+    gpus = [t for t in targets if isinstance(t, GpuTarget)]
     for t in targets:
-        say(f"codegen {t.describe()}")
-        images.append((t, compile_program(program, t, options)))
+        if not isinstance(t, GpuTarget):
+            say(f"codegen {t.describe()}")
+            images.append((t, compile_program(program, t, options)))
+    gpu_images = []
+    if gpus:
+        say(f"codegen {', '.join(t.describe() for t in gpus)}")
+        gpu_images = compile_gpu_programs(program, gpus, options)
     say("bundle")
-    return write_bundle(program, images, _model_digest(model, proto), vectors)
+    return write_bundle(program, images, _model_digest(model, proto), vectors, gpu_images)
 
 
 def compile_to_file(model: ModelSource, output: str | os.PathLike, target: str = "host",

@@ -13,8 +13,9 @@ import numpy as np
 import zstandard
 
 from svodc import __version__
+from svodc.codegen.gpu_compile import GpuImage
 from svodc.codegen.link import CodeImage
-from svodc.errors import BundleError
+from svodc.errors import BundleError, TargetError
 from svodc.program import Buffer, BufferKind, Program
 from svodc.target import Target
 from svodrt import features as feature_table
@@ -24,10 +25,10 @@ from svodrt.format import (
     FLAG_MANIFEST_ZSTD,
     FORMAT_MAJOR,
     FORMAT_MINOR,
-    FORMAT_MINOR_BIG_ENDIAN,
     HEADER_SIZE,
     Header,
     align_up,
+    gpu_binding,
     section_align,
     variant_binding,
 )
@@ -57,14 +58,38 @@ def _weights_blob(program: Program, byte_order: str) -> bytes:
     return bytes(blob)
 
 
+def _gpu_variant(program: Program, image: GpuImage, sections: list[tuple[dict, bytes]]) -> dict:
+    """A GPU variant (docs/bundle-format.md, "GPU variants"): the code object (PTX for cuda), the
+    cubin when there is one, and the launch list. entry/kernels/fixups are placeholders that keep the
+    variant well-formed for runtimes before 1.2, which refuse it by its architecture."""
+    t = image.target
+    sections.append(({"name": f"gpu.{t.kind}.{t.cpu}{'.ptx' if t.kind == 'cuda' else ''}", "kind": "code"},
+                     image.code))
+    v = {"kind": t.kind, "arch": t.arch, "cpu": t.cpu, "features": [], "feature_bits": 0,
+         "section": len(sections) - 1, "entry": 0, "kernels": [0] * len(program.kernels), "fixups": [],
+         "launches": [{"kernel": x.kernel, "symbol": x.symbol, "grid": [x.grid, 1, 1], "block": [x.block, 1, 1]}
+                      for x in image.launches]}
+    if image.cubin is not None:
+        sections.append(({"name": f"gpu.{t.kind}.{t.cpu}.cubin", "kind": "code"}, image.cubin))
+        v["cubin"] = len(sections) - 1
+    return v
+
+
+def _byte_order(images: list[tuple[Target, CodeImage]], gpu_images: list[GpuImage]) -> str:
+    """The one byte order of the bundle's data (docs/bundle-format.md "Byte order"): its CPU variants'
+    (GPUs are little-endian). svodc.target.parse_target refuses mixes with a message for the user."""
+    orders = {t.byte_order for t, _ in images} | ({"little"} if gpu_images else set())
+    if len(orders) > 1:
+        raise TargetError(f"the variants of one bundle must share a byte order, got {sorted(orders)}: compile "
+                          "big-endian (s390x) variants into a bundle of their own")
+    return orders.pop() if orders else "little"
+
+
 def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model_digest: str,
-                 test_vectors: list[dict] | None = None) -> bytes:
-    """The bundle's bytes. test_vectors: manifest entries from svodc.testvec (optional)."""
-    orders = {t.byte_order for t, _ in images}
-    if len(orders) != 1:  # parse_target refuses this with a message for the user; this guards the writer
-        raise ValueError(f"code variants of one bundle must share a byte order, got {sorted(orders)}")
-    byte_order = orders.pop()
-    minor = FORMAT_MINOR_BIG_ENDIAN if byte_order == "big" else FORMAT_MINOR
+                 test_vectors: list[dict] | None = None, gpu_images: list[GpuImage] = ()) -> bytes:
+    """The bundle's bytes. test_vectors: manifest entries from svodc.testvec (optional); gpu_images:
+    GPU variants, after the CPU ones."""
+    byte_order = _byte_order(images, gpu_images)
     sections: list[tuple[dict, bytes]] = [({"name": "weights", "kind": "weights"}, _weights_blob(program, byte_order))]
     variants = []
     for target, image in images:
@@ -79,6 +104,7 @@ def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model
             "kernels": [image.symbols[k.name] for k in program.kernels],
             "fixups": list(image.fixups),
         })
+    variants += [_gpu_variant(program, g, sections) for g in gpu_images]
 
     out = bytearray(HEADER_SIZE)
     table = []
@@ -89,7 +115,7 @@ def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model
         table.append({**meta, "offset": offset, "length": len(data), "sha256": hashlib.sha256(data).digest()})
 
     manifest = {
-        "format": [FORMAT_MAJOR, minor],
+        "format": [FORMAT_MAJOR, FORMAT_MINOR],
         "producer": {"name": "svodc", "version": __version__},
         "model": {"sha256": model_digest, "producer": program.producer},
         "byte_order": byte_order,
@@ -105,6 +131,8 @@ def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model
     }
     for v in variants:
         v["binding"] = variant_binding(v, table[v["section"]]["sha256"], manifest)
+        if "launches" in v:
+            v["gpu_binding"] = gpu_binding(v, table[v["cubin"]]["sha256"] if "cubin" in v else None)
     if test_vectors:
         manifest["test_vectors"] = test_vectors
     raw = msgpack.packb(manifest, use_bin_type=True)
@@ -112,7 +140,7 @@ def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model
     stored = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True, threads=0).compress(raw)
     manifest_offset = len(out)
     out += stored
-    header = Header(FORMAT_MAJOR, minor, HEADER_SIZE, FLAG_MANIFEST_ZSTD, 0, len(out), manifest_offset,
+    header = Header(FORMAT_MAJOR, FORMAT_MINOR, HEADER_SIZE, FLAG_MANIFEST_ZSTD, 0, len(out), manifest_offset,
                     len(stored), len(raw), hashlib.sha256(raw).digest()[:8])
     out[:HEADER_SIZE] = header.pack()
     data = bytes(out)

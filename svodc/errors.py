@@ -25,6 +25,9 @@ class UnsupportedNode:
     domain: str
     opset: int
     reason: str
+    # Graph inputs whose values this node needs at compile time (fixing them with
+    # CompileOptions.input_values / --input-value would make it compile).
+    needs_values: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         dom = self.domain or "ai.onnx"
@@ -50,6 +53,11 @@ class TargetError(SvodcError):
 
 class CodegenError(SvodcError):
     """LLVM rejected or crashed on generated code (a compiler bug: please report it)."""
+
+
+class ToolMissingError(SvodcError):
+    """A tool a target needs is not installed (ld.lld for AMD GPU code objects). The message says
+    what to install."""
 
 
 class LinkError(SvodcError):

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class CompileOptions:
     # Fix symbolic input dims by name (`--dim batch=1`) or whole input shapes (`--input-shape x=1x3x224x224`).
     dims: dict[str, int] = field(default_factory=dict)
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # Fix graph inputs' values at compile time (`--input-value starts=starts.npy`): the input becomes a
+    # constant and leaves the bundle's inputs. For inputs that decide shapes (Reshape's shape, Slice's
+    # starts, TopK's k...), which a static compiler must know. The bundle is only valid for these values.
+    # None fixes an optional input to "no value". (Sequence inputs: see frontend/boundary.py.)
+    input_values: dict[str, np.ndarray | None] = field(default_factory=dict)
     # LLVM optimization level for kernels (0-3).
     opt_level: int = 3
     # Worker processes compiling kernels (LLVM runs out of process so a fatal error cannot kill us).

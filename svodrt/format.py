@@ -33,10 +33,7 @@ import msgpack
 
 MAGIC = b"SVOD\x00\r\n\x1a"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 0
-# 1.1 = 1.0 + byte_order "big" (s390x). Only big-endian bundles are written as 1.1: a little-endian
-# bundle, whatever its architectures, is exactly a 1.0 bundle (docs/bundle-format.md "Byte order").
-FORMAT_MINOR_BIG_ENDIAN = 1
+FORMAT_MINOR = 2  # 1.2: GPU variants (kind "cuda"/"hip" with launch lists); 1.1: byte_order "big" (s390x)
 HEADER = struct.Struct("<8sHHIIIQQQQ8s")
 FLAG_MANIFEST_ZSTD = 1
 HEADER_SIZE = HEADER.size  # 64
@@ -110,6 +107,22 @@ def variant_binding(variant: Mapping, code_sha256: bytes, manifest: Mapping) -> 
     fields = [variant["arch"], variant["cpu"], list(variant["features"]), variant["feature_bits"], bytes(code_sha256),
               variant["entry"], list(variant["kernels"]), list(variant["fixups"]), sig(manifest["inputs"]),
               sig(manifest["outputs"]), manifest["arena_size"], manifest["weights_size"]]
+    return hashlib.sha256(msgpack.packb(fields, use_bin_type=True)).digest()
+
+
+# GPU variants (format 1.2). Older runtimes read a GPU variant as a CPU variant of an architecture no
+# host has ("nvptx64", "amdgcn"), so they refuse it by architecture and still run the bundle's CPU variants.
+GPU_KINDS = ("cuda", "hip")
+MAX_GRID = (1 << 31) - 1  # blocks per launch (CUDA's grid x limit)
+MAX_BLOCK = 1024  # threads per block
+
+
+def gpu_binding(variant: Mapping, cubin_sha256: bytes | None) -> bytes:
+    """Binds what only GPU runtimes read -- the kind, the launch list and the cubin -- to the variant's
+    binding (which covers the code object and the plan). sha256 of the msgpack array
+    [binding, kind, cubin sha256 or empty, [[kernel, symbol, grid, block] per launch]]."""
+    launches = [[x["kernel"], x["symbol"], list(x["grid"]), list(x["block"])] for x in variant["launches"]]
+    fields = [bytes(variant["binding"]), variant["kind"], bytes(cubin_sha256 or b""), launches]
     return hashlib.sha256(msgpack.packb(fields, use_bin_type=True)).digest()
 
 

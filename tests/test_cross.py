@@ -23,7 +23,7 @@ from svodc.errors import TargetError
 from svodc.target import parse_target
 from svodrt.bundle import parse_bundle, read_header, read_manifest
 from svodrt.features import FEATURES
-from svodrt.format import Header
+from svodrt.format import FORMAT_MINOR, Header
 from svodrt.host import detect_host, features_from_hwcap, features_from_riscv_isa
 from tests.cross.transformer import transformer_model
 from tests.cross.unicorn_run import run_unicorn
@@ -132,7 +132,7 @@ def test_big_endian_bundle_holds_big_endian_weights(tiny_model):
     for spec, order in (("s390x:z14", "big"), ("aarch64", "little")):
         data = svodc.compile(tiny_model, target=spec)
         b = parse_bundle(data)
-        assert b.manifest["byte_order"] == order and b.header.minor == (1 if order == "big" else 0)
+        assert b.manifest["byte_order"] == order and (b.header.major, b.header.minor) == (1, FORMAT_MINOR)
         (buf,) = [x for x in b.manifest["buffers"] if x["kind"] == "weight"]
         start = b.weights.offset + buf["offset"]
         stored = np.frombuffer(data[start: start + w.nbytes], ">f4" if order == "big" else "<f4")

@@ -1,3 +1,16 @@
 """ONNX op handlers, one module per family. Importing this package registers them all."""
 
-from svodc.frontend.ops import elementwise, linalg, nn, reduction, shape_ops  # noqa: F401
+from svodc.frontend.ops import (  # noqa: F401
+    control_flow,
+    elementwise,
+    indexing,
+    linalg,
+    movement,
+    nn,
+    reduction,
+    resize,
+    rnn,
+    selection,
+    sequence,
+    shape_ops,
+)

@@ -158,9 +158,9 @@ def cast(ctx: NodeContext) -> UOp:
     return ctx.input(0).cast(to)
 
 
-@onnx_op("Identity", 1, 13, 14, 16, 19, 21)
-def identity(ctx: NodeContext) -> UOp:
-    return ctx.input(0)
+@onnx_op("Identity", 1, 13, 14, 16, 19, 21, 23, 24, 25)
+def identity(ctx: NodeContext):
+    return ctx.value(0)  # tensors, sequences and optionals alike
 
 
 @onnx_op("Dropout", 1, 6, 7, 10, 12, 13, 22)
