@@ -72,7 +72,7 @@ def select_variant(bundle: Bundle, host: Host, index: int | None = None) -> Vari
         if problem is None:
             return v
         reasons.append(f"{v.describe()} ({problem})")
-    if index is None and all(v.arch != host.arch for v in candidates):  # [cross] name what the bundle has
+    if index is None and all(v.kind == "cpu" and v.arch != host.arch for v in candidates):  # [cross] name them
         has = ", ".join(v.describe() for v in candidates)
         raise UnsupportedHostError(f"this bundle has no code for this {host.arch} host; it has {has}. Recompile "
                                    f"with a variant for {host.arch}, e.g. --target {host.arch}-linux-gnu, or add one "
