@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test test-fast test-models test-gpu lint bench clean onnx-coverage fuzz
+.PHONY: setup demo test test-fast test-models test-gpu test-cross cross-tools lint bench clean onnx-coverage fuzz
 BENCH_STAMP := $(VENV)/.bench-stamp
 
 $(STAMP): pyproject.toml
@@ -20,17 +20,26 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check svodc svodrt tests scripts bench
-	$(BIN)/python -m pytest -q -m "not gpu_sweep"
+	$(BIN)/python -m pytest -q -m "not gpu_sweep" --ignore=tests/test_cross_emulated.py
 
 # Everything but the end-to-end model tests and the conformance suite.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q --ignore=tests/test_light_models.py --ignore=tests/conformance \
-		--ignore=tests/test_gpu_light_models.py
+		--ignore=tests/test_gpu_light_models.py --ignore=tests/test_cross_emulated.py
 
 # All 9 light models for gfx942, gfx1100, sm_90 and sm_80, run on the stand-in driver with emulated
 # kernels (make test runs two of them). No GPU needed; scripts/gpu_check.py is the on-hardware check.
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q tests/test_gpu_light_models.py tests/test_gpu_codegen.py tests/test_gpu_runtime.py
+
+# Cross-compiled code (aarch64, riscv64, ppc64le, s390x) executed under qemu-user: about 48 minutes
+# on 2 busy cores (docs/architecture.md "Cross targets"), so not part of `make test`. Installs
+# qemu-user and Debian's cross compilers with apt first.
+cross-tools:
+	bash scripts/install-cross-tools.sh
+
+test-cross: $(STAMP) cross-tools
+	$(BIN)/python -m pytest -q -rs --durations=0 tests/test_cross.py tests/test_cross_emulated.py
 
 # The real models of ../shared/models against onnxruntime's outputs (also part of `make test`),
 # with the max error per model printed.

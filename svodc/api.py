@@ -44,8 +44,8 @@ def compile(model: ModelSource, target: str = "host", options: CompileOptions | 
             progress: Progress | None = None, **kw) -> bytes:
     """Compile an ONNX model (path, bytes or ModelProto) into .svod bundle bytes.
 
-    target: "host", "x86_64-linux-gnu[:CPU[,CPU...]]" (one code variant per CPU), GPUs ("sm_90",
-    "gfx942", ...), or CPU and GPU items separated by commas (svodc/gpu_target.py).
+    target: "host", CPU variants like "x86_64:x86-64-v3,x86-64,aarch64:generic+dotprod" (svodc/target.py),
+    GPUs ("sm_90", "gfx942", ...), or CPU and GPU items separated by commas (svodc/gpu_target.py).
     Keyword options (dims=, input_shapes=, opt_level=, jobs=, test_vectors=) fill a CompileOptions."""
     options = options or CompileOptions(**kw)
     say = progress or (lambda _msg: None)

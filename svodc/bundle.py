@@ -15,7 +15,7 @@ import zstandard
 from svodc import __version__
 from svodc.codegen.gpu_compile import GpuImage
 from svodc.codegen.link import CodeImage
-from svodc.errors import BundleError
+from svodc.errors import BundleError, TargetError
 from svodc.program import Buffer, BufferKind, Program
 from svodc.target import Target
 from svodrt import features as feature_table
@@ -45,11 +45,14 @@ def _buffer_entry(b: Buffer) -> dict:
     return entry
 
 
-def _weights_blob(program: Program) -> bytes:
+def _weights_blob(program: Program, byte_order: str) -> bytes:
+    """The weights section, every element in the bundle's byte order (converted here, at compile time,
+    so the runtime maps weights as they are)."""
     blob = bytearray(program.weights_size)
+    order = "<" if byte_order == "little" else ">"
     for w in program.weights:
         assert w.data is not None
-        raw = np.ascontiguousarray(w.data.array).astype(w.data.array.dtype.newbyteorder("<"), copy=False)
+        raw = np.ascontiguousarray(w.data.array).astype(w.data.array.dtype.newbyteorder(order), copy=False)
         data = raw.tobytes()
         blob[w.offset: w.offset + len(data)] = data
     return bytes(blob)
@@ -72,11 +75,22 @@ def _gpu_variant(program: Program, image: GpuImage, sections: list[tuple[dict, b
     return v
 
 
+def _byte_order(images: list[tuple[Target, CodeImage]], gpu_images: list[GpuImage]) -> str:
+    """The one byte order of the bundle's data (docs/bundle-format.md "Byte order"): its CPU variants'
+    (GPUs are little-endian). svodc.target.parse_target refuses mixes with a message for the user."""
+    orders = {t.byte_order for t, _ in images} | ({"little"} if gpu_images else set())
+    if len(orders) > 1:
+        raise TargetError(f"the variants of one bundle must share a byte order, got {sorted(orders)}: compile "
+                          "big-endian (s390x) variants into a bundle of their own")
+    return orders.pop() if orders else "little"
+
+
 def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model_digest: str,
                  test_vectors: list[dict] | None = None, gpu_images: list[GpuImage] = ()) -> bytes:
     """The bundle's bytes. test_vectors: manifest entries from svodc.testvec (optional); gpu_images:
     GPU variants, after the CPU ones."""
-    sections: list[tuple[dict, bytes]] = [({"name": "weights", "kind": "weights"}, _weights_blob(program))]
+    byte_order = _byte_order(images, gpu_images)
+    sections: list[tuple[dict, bytes]] = [({"name": "weights", "kind": "weights"}, _weights_blob(program, byte_order))]
     variants = []
     for target, image in images:
         sections.append(({"name": f"code.{target.arch}.{target.cpu}", "kind": "code"}, image.data))
@@ -104,7 +118,7 @@ def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model
         "format": [FORMAT_MAJOR, FORMAT_MINOR],
         "producer": {"name": "svodc", "version": __version__},
         "model": {"sha256": model_digest, "producer": program.producer},
-        "byte_order": "little",
+        "byte_order": byte_order,
         "inputs": [_buffer_entry(b) for b in program.inputs],
         "outputs": [_buffer_entry(b) for b in program.outputs],
         "arena_size": program.arena_size,

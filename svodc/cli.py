@@ -78,8 +78,9 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", type=click.Path(), help="Bundle path (default: MODEL with .svod).")
 @click.option("--target", default="host", show_default=True,
-              help="host, x86_64-linux-gnu[:CPU[,CPU...]] (one code variant per CPU), GPUs (sm_80, sm_90, gfx942, "
-                   "gfx1100, gfx1151, gfx1200), or a comma-separated mix of CPU and GPU items.")
+              help="Comma-separated variants: host, ARCH[-linux-gnu][:CPU[+FEATURE...]] (x86_64, aarch64, riscv64, "
+                   "ppc64le, s390x), a CPU continuing the previous ARCH, or a GPU (sm_80, sm_90, gfx942, gfx1100, "
+                   "gfx1151, gfx1200). E.g. x86_64:x86-64-v3,x86-64,aarch64,sm_90.")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Fix a symbolic input dimension.")
 @click.option("--input-shape", "shapes", multiple=True, metavar="NAME=DxDx...", help="Fix an input's shape.")
 @click.option("--input-value", "values", multiple=True, metavar="NAME=FILE.npy",

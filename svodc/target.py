@@ -1,62 +1,82 @@
 """Targets: what a code image is compiled for.
 
-A target string is `ARCH[-OS-ABI][:CPU[,CPU...]]`, or `host`. Each CPU gives one variant of a fat
-bundle. A CPU is an x86-64 level (x86-64, x86-64-v2/v3/v4), a known CPU name, or `host`; it is
-always resolved to an explicit set of named feature bits from svodrt's table, and code is generated
-for exactly those features (LLVM cpu "x86-64" plus an explicit +/- feature list), tuned for the
-named CPU. So the features a bundle records are the features its code can use, never "native".
+A target string names one or more code variants (a fat bundle has several):
+
+    TARGETS := ITEM ("," ITEM)*
+    ITEM    := "host" | ARCH["-linux-gnu"][":" CPU] | CPU      (a bare CPU continues the previous ARCH)
+    CPU     := NAME ("+" FEATURE)*
+
+e.g. `x86_64-linux-gnu:x86-64-v3,x86-64`, `x86_64,aarch64`, `aarch64:neoverse-v1,generic+dotprod`,
+`riscv64:rv64gc+v`, `s390x:z15`. ARCH is x86_64, aarch64, riscv64, ppc64le or s390x (svodc/arches.py
+lists aliases and CPU names); without a CPU, the architecture's most portable one. Each variant is
+resolved to an explicit set of named feature bits from svodrt's table (closed under implication),
+and code is generated for exactly those features: an explicit +/- list for every feature in the
+table on a generic LLVM CPU (on ppc64le/s390x the CPU of the ISA level), tuned for a named CPU. So
+the features a bundle records are the features its code can use, never "native".
+
+A bundle's data has one byte order (docs/bundle-format.md), so its variants are all little-endian
+or all big-endian (s390x).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from svodc.arches import ARCHES, BASELINE, ArchSpec
 from svodc.errors import TargetError
-from svodrt.features import FEATURES, X86_64_LEVELS
+from svodrt.features import BYTE_ORDER, FEATURES
 
-# Known CPU names -> (level, extra features). Tuning uses the name itself.
-_X86_CPUS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "haswell": ("x86-64-v3", ()),
-    "skylake": ("x86-64-v3", ()),
-    "skylake-avx512": ("x86-64-v4", ()),
-    "cascadelake": ("x86-64-v4", ("avx512vnni",)),
-    "icelake-server": ("x86-64-v4", ("avx512vnni", "avx512ifma", "avx512vbmi", "avx512vbmi2", "avx512bitalg",
-                                     "avx512vpopcntdq", "gfni", "vaes", "vpclmulqdq")),
-    "sapphirerapids": ("x86-64-v4", ("avx512vnni", "avx512ifma", "avx512vbmi", "avx512vbmi2", "avx512bitalg",
-                                     "avx512vpopcntdq", "gfni", "vaes", "vpclmulqdq", "avx512bf16",
-                                     "avx512fp16", "avxvnni")),
-    "znver2": ("x86-64-v3", ()),
-    "znver3": ("x86-64-v3", ("vaes", "vpclmulqdq")),
-    "znver4": ("x86-64-v4", ("avx512vnni", "avx512ifma", "avx512vbmi", "avx512vbmi2", "avx512bitalg",
-                             "avx512vpopcntdq", "avx512bf16", "gfni", "vaes", "vpclmulqdq")),
-}
-
-_ARCH_ALIASES = {"x86_64": "x86_64", "amd64": "x86_64", "x86-64": "x86_64"}
-_TRIPLES = {"x86_64": "x86_64-unknown-linux-gnu"}
+_OS_SUFFIXES = ("linux-gnu", "unknown-linux-gnu", "linux", "pc-linux-gnu")
 
 
 @dataclass(frozen=True)
 class Target:
-    arch: str  # "x86_64"
+    arch: str  # "x86_64", "aarch64", "riscv64", "ppc64le", "s390x"
     triple: str  # LLVM triple
-    cpu: str  # the CPU name the user asked for, resolved ("znver4", "x86-64-v3")
+    cpu: str  # what the user asked for, resolved ("znver4", "x86-64-v3", "generic+dotprod")
     features: tuple[str, ...]  # our feature names, in table order: exactly what the code may use
 
     @property
+    def spec(self) -> ArchSpec:
+        return ARCHES[self.arch]
+
+    @property
     def llvm_cpu(self) -> str:
-        return "x86-64"
+        return self.spec.llvm_cpu(frozenset(self.features))
 
     @property
     def tune_cpu(self) -> str:
-        return self.cpu if self.cpu in _X86_CPUS else "generic"
+        name = self.cpu.split("+", 1)[0]
+        return name if name in self.spec.tune_cpus else "generic"
 
     @property
     def llvm_features(self) -> str:
         on = set(self.features)
-        return ",".join(("+" if f.name in on else "-") + f.llvm for f in FEATURES[self.arch])
+        table = [("+" if f.name in on else "-") + f.llvm for f in FEATURES[self.arch]]
+        return ",".join([*table, *self.spec.fixed_llvm_features])
+
+    @property
+    def abiname(self) -> str:
+        return self.spec.abiname
+
+    @property
+    def codemodel(self) -> str:
+        return self.spec.codemodel
+
+    @property
+    def byte_order(self) -> str:
+        return BYTE_ORDER[self.arch]
+
+    @property
+    def native_f16(self) -> bool:
+        """Whether the CPU converts float16<->float32 in hardware (else svodc/codegen/f16.py does it with
+        integer ops: LLVM would call compiler-rt). s390x has no such instruction at any level."""
+        return {"x86_64": "f16c" in self.features, "aarch64": True, "riscv64": "zfh" in self.features,
+                "ppc64le": "power9" in self.features, "s390x": False}[self.arch]
 
     @property
     def vector_bits(self) -> int:
+        """The vector register width kernels can count on (SVE and RVV: their 128-bit minimum)."""
         if "avx512f" in self.features:
             return 512
         if "avx" in self.features:
@@ -65,70 +85,113 @@ class Target:
 
     @property
     def vector_regs(self) -> int:
-        return 32 if "avx512f" in self.features else 16
-
-    @property
-    def codemodel(self) -> str:
-        return "small"
+        """Vector registers (x86-64 AVX2: 16, AVX-512: 32; NEON/SVE, RVV, z/Arch vector: 32; VSX: 64).
+        rv64gc has no vector unit: its 32 FP registers hold fixed vectors as scalars, so 16."""
+        if self.arch == "x86_64":
+            return 32 if "avx512f" in self.features else 16
+        if self.arch == "riscv64" and "v" not in self.features:
+            return 16
+        return 64 if self.arch == "ppc64le" else 32
 
     def describe(self) -> str:
         return f"{self.arch}:{self.cpu}"
 
 
 def host_target() -> Target:
+    """This machine, as LLVM sees it, restricted to the features in our table."""
     import llvmlite.binding as llvm
 
     arch = _host_arch()
-    if arch not in FEATURES:
-        raise TargetError(f"host architecture {arch} is not supported yet; supported: {sorted(FEATURES)}")
+    if arch not in ARCHES:
+        raise TargetError(f"host architecture {arch} is not supported; supported: {sorted(ARCHES)}")
     host = llvm.get_host_cpu_features()
-    names = tuple(f.name for f in FEATURES[arch] if host.get(f.llvm, False))
-    return Target(arch, _TRIPLES[arch], llvm.get_host_cpu_name(), names)
+    names = {f.name for f in FEATURES[arch] if host.get(f.llvm, False)} | set(BASELINE[arch])
+    spec = ARCHES[arch]
+    return Target(arch, spec.triple, llvm.get_host_cpu_name(), spec.closure(names))
 
 
 def _host_arch() -> str:
     import platform
 
-    m = platform.machine().lower()
-    return _ARCH_ALIASES.get(m, m)
+    return _arch_name(platform.machine().lower()) or platform.machine().lower()
+
+
+def _arch_name(word: str) -> str | None:
+    for name, spec in ARCHES.items():
+        if word == name or word in spec.aliases:
+            return name
+    return None
 
 
 def _resolve_cpu(arch: str, cpu: str) -> Target:
+    spec = ARCHES[arch]
     if cpu == "host":
         t = host_target()
         if t.arch != arch:
             raise TargetError(f"'host' CPU requested for {arch}, but this machine is {t.arch}")
         return t
-    if cpu in X86_64_LEVELS:
-        return Target(arch, _TRIPLES[arch], cpu, _ordered(arch, X86_64_LEVELS[cpu]))
-    if cpu in _X86_CPUS:
-        level, extra = _X86_CPUS[cpu]
-        return Target(arch, _TRIPLES[arch], cpu, _ordered(arch, X86_64_LEVELS[level] + extra))
-    known = ", ".join(sorted([*X86_64_LEVELS, *_X86_CPUS, "host"]))
-    raise TargetError(f"unknown {arch} CPU {cpu!r}; known: {known}")
+    name, *extra = cpu.split("+")
+    if name not in spec.cpus:
+        raise TargetError(f"unknown {arch} CPU {name!r}; known: {', '.join(sorted([*spec.cpus, 'host']))}")
+    known = {f.name for f in FEATURES[arch]}
+    bad = [e for e in extra if e not in known]
+    if bad:
+        raise TargetError(f"unknown {arch} feature{'s' if len(bad) > 1 else ''} {bad} in {cpu!r}; "
+                          f"known: {', '.join(f.name for f in FEATURES[arch])}")
+    names = {*BASELINE[arch], *spec.cpus[name], *extra}
+    return Target(arch, spec.triple, cpu, spec.closure(names))
 
 
-def _ordered(arch: str, names: tuple[str, ...]) -> tuple[str, ...]:
-    wanted = set(names)
-    return tuple(f.name for f in FEATURES[arch] if f.name in wanted)
+def _split_arch(item: str) -> tuple[str, str] | None:
+    """(arch, cpu or "") if `item` names an architecture (`aarch64`, `aarch64-linux-gnu:generic`)."""
+    head, _, cpu = item.partition(":")
+    for name, spec in ARCHES.items():
+        for word in (name, *spec.aliases):
+            if head == word:
+                return name, cpu
+            if head.startswith(word + "-"):
+                rest = head[len(word) + 1:]
+                if rest not in _OS_SUFFIXES:
+                    raise TargetError(f"target {item!r}: only Linux targets are supported, not {rest!r}")
+                return name, cpu
+    return None
 
 
 def parse_target(spec: str) -> list[Target]:
-    """`host`, `x86_64`, `x86_64-linux-gnu:x86-64-v3,x86-64` -> one Target per variant."""
-    spec = spec.strip()
-    if spec == "host":
-        return [host_target()]
-    arch_part, _, cpus = spec.partition(":")
-    arch = rest = None
-    for alias in sorted(_ARCH_ALIASES, key=len, reverse=True):
-        if arch_part == alias or arch_part.startswith(alias + "-"):
-            arch, rest = _ARCH_ALIASES[alias], arch_part[len(alias) + 1:]
-            break
-    if arch is None or arch not in FEATURES:
-        raise TargetError(f"unknown target {spec!r}; supported: host, x86_64-linux-gnu[:CPU[,CPU...]]")
-    if rest and rest not in ("linux-gnu", "unknown-linux-gnu", "linux", "pc-linux-gnu"):
-        raise TargetError(f"target {spec!r}: only Linux targets are supported, not {rest!r}")
-    names = [c.strip() for c in cpus.split(",")] if cpus else ["x86-64"]
-    if any(not c for c in names):
-        raise TargetError(f"target {spec!r} has an empty CPU name")
-    return [_resolve_cpu(arch, c) for c in names]
+    """A target string (see the module doc) -> one Target per variant, in the given order (the runtime
+    picks the first that fits its host: list the most capable first)."""
+    targets: list[Target] = []
+    arch: str | None = None
+    for raw in spec.split(","):
+        item = raw.strip()
+        if not item:
+            raise TargetError(f"target {spec!r} has an empty item")
+        if item == "host":
+            t = host_target()
+            targets.append(t)
+            arch = t.arch
+            continue
+        # A CPU of the current architecture wins over an architecture alias ("x86-64" is both).
+        if arch is not None and item.split("+", 1)[0] in ARCHES[arch].cpus:
+            targets.append(_resolve_cpu(arch, item))
+            continue
+        split = _split_arch(item)
+        if split is None:
+            if arch is None:
+                raise TargetError(f"unknown target {item!r} in {spec!r}; an item is host, ARCH[-linux-gnu][:CPU] "
+                                  f"or a CPU of the previous ARCH; architectures: {', '.join(ARCHES)}")
+            targets.append(_resolve_cpu(arch, item))  # raises, naming the known CPUs
+            continue
+        arch, cpu = split
+        targets.append(_resolve_cpu(arch, cpu or ARCHES[arch].default_cpu))
+    orders = {t.byte_order: t for t in targets}
+    if len(orders) > 1:
+        raise TargetError(f"target {spec!r} mixes little-endian ({orders['little'].arch}) and big-endian "
+                          f"({orders['big'].arch}) variants; a bundle holds its weights in one byte order: "
+                          "compile one bundle per byte order")
+    seen = set()
+    for t in targets:
+        if t.describe() in seen:
+            raise TargetError(f"target {spec!r} names the variant {t.describe()} twice")
+        seen.add(t.describe())
+    return targets

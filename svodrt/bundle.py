@@ -17,6 +17,7 @@ import msgpack
 import zstandard
 
 from svodrt.errors import BundleFormatError, BundleVersionError
+from svodrt.features import BYTE_ORDER
 from svodrt.format import (
     FLAG_MANIFEST_ZSTD,
     FORMAT_MAJOR,
@@ -148,13 +149,19 @@ def parse_bundle(data: bytes | memoryview) -> Bundle:
         fmt = field(m, "format", list, "manifest")
         if fmt != [h.major, h.minor]:
             raise _fail(f"manifest format {fmt!r} disagrees with the header version {h.major}.{h.minor}")
-        if field(m, "byte_order", str, "manifest") != "little":
-            raise _fail(f"manifest byte_order {m['byte_order'][:20]!r} must be 'little' in format 1")
+        # [cross] format 1.1: "big" for s390x; all variants share the bundle's byte order
+        byte_order = field(m, "byte_order", str, "manifest")
+        if byte_order not in ("little", "big"):
+            raise _fail(f"manifest byte_order {byte_order[:20]!r} must be 'little' or 'big'")
         sections = _sections(m, h, data)
         weights = [s for s in sections if s.kind == "weights"]
         if len(weights) != 1:
             raise _fail(f"manifest sections: expected one weights section, found {len(weights)}")
         plan = parse_plan(m, sections, weights[0])
+        for i, v in enumerate(plan.variants):
+            if BYTE_ORDER.get(v.arch, byte_order) != byte_order:
+                raise _fail(f"manifest variants[{i}] is for {v.arch}, whose data is {BYTE_ORDER[v.arch]}-endian, "
+                            f"but the bundle's byte_order is {byte_order!r}")
     except BundleFormatError as e:
         raise BundleFormatError(f"{e} (manifest at offset {h.manifest_offset})") from None
     return Bundle(**{f.name: getattr(plan, f.name) for f in fields(plan)}, header=h, manifest=m, sections=sections,

@@ -40,7 +40,8 @@ def describe_bundle(b: Bundle, host: Host | None = None, verbose: bool = False) 
                      f"needs {feats}")
     if chosen is None:
         lines.append(f"  (none runs on this {host.arch} host)")
-    lines.append(f"memory: arena {_size(b.arena_size)}, weights {_size(b.weights_size)}")
+    lines.append(f"memory: arena {_size(b.arena_size)}, weights {_size(b.weights_size)} "
+                 f"({m.get('byte_order', 'little')}-endian data)")
     lines.append("sections:")
     lines += [f"  {s.name}: {_size(s.length)} at offset {s.offset}" for s in b.sections]
     lines.append(f"kernels: {len(b.kernels)}")

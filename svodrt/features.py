@@ -3,7 +3,14 @@
 The compiler records in a bundle which of these features a code image needs; the runtime checks
 that the host has all of them before it maps the code. The table is frozen: a feature keeps its
 bit forever, new features are appended. Each entry names the feature as LLVM spells it (what the
-compiler enables) and as Linux reports it (what the runtime detects).
+compiler enables) and as Linux reports it (what the runtime detects: a /proc/cpuinfo flag on x86_64,
+a HWCAP name on aarch64, ppc64le and s390x, an ISA-string extension on riscv64; svodrt/host.py maps
+each to where the kernel reports it).
+
+Features are named per architecture, never by CPU model (a model name is ambiguous on arm and
+riscv, where vendors pick extensions freely). On ppc64le and s390x an ISA level is unambiguous, so
+a level is one feature there ("power9" = Power ISA 3.0, "vxe" = z14's vector enhancements 1, which
+only z14 and later have): the code for a level may use the whole level.
 """
 
 from __future__ import annotations
@@ -55,7 +62,60 @@ X86_64 = (
     Feature("avxvnni", "avxvnni", "avx_vnni"),
 )
 
-FEATURES: dict[str, tuple[Feature, ...]] = {"x86_64": X86_64}
+# aarch64 (Linux requires FP and Advanced SIMD, so "neon" is in every variant). Append only.
+AARCH64 = (
+    Feature("neon", "neon", "asimd"),
+    Feature("fp16", "fullfp16", "asimdhp"),
+    Feature("dotprod", "dotprod", "asimddp"),
+    Feature("rdm", "rdm", "asimdrdm"),
+    Feature("lse", "lse", "atomics"),
+    Feature("fhm", "fp16fml", "asimdfhm"),
+    Feature("i8mm", "i8mm", "i8mm"),
+    Feature("bf16", "bf16", "bf16"),
+    Feature("sve", "sve", "sve"),
+    Feature("sve2", "sve2", "sve2"),
+)
+
+# riscv64 (the lp64d ABI needs rv64gc: m, a, f, d, c are in every variant). Append only.
+RISCV64 = (
+    Feature("m", "m", "m"),
+    Feature("a", "a", "a"),
+    Feature("f", "f", "f"),
+    Feature("d", "d", "d"),
+    Feature("c", "c", "c"),
+    Feature("v", "v", "v"),
+    Feature("zba", "zba", "zba"),
+    Feature("zbb", "zbb", "zbb"),
+    Feature("zbs", "zbs", "zbs"),
+    Feature("zfh", "zfh", "zfh"),
+    Feature("zvfh", "zvfh", "zvfh"),
+    Feature("zihintpause", "zihintpause", "zihintpause"),
+)
+
+# ppc64le (ELFv2 little-endian needs POWER8: "power8" is in every variant). Append only.
+PPC64LE = (
+    Feature("power8", "power8-vector", "arch_2_07"),
+    Feature("power9", "power9-vector", "arch_3_00"),
+    Feature("power10", "power10-vector", "arch_3_1"),
+    Feature("mma", "mma", "mma"),
+)
+
+# s390x (big-endian; z13's vector facility is the floor we compile for). Append only.
+S390X = (
+    Feature("vector", "vector", "vx"),
+    Feature("vxe", "vector-enhancements-1", "vxe"),
+    Feature("vxe2", "vector-enhancements-2", "vxe2"),
+    Feature("nnpa", "nnp-assist", "nnpa"),
+)
+
+FEATURES: dict[str, tuple[Feature, ...]] = {
+    "x86_64": X86_64, "aarch64": AARCH64, "riscv64": RISCV64, "ppc64le": PPC64LE, "s390x": S390X,
+}
+
+# The byte order of each architecture's data (weights, inputs, outputs, fixup words).
+BYTE_ORDER: dict[str, str] = {
+    "x86_64": "little", "aarch64": "little", "riscv64": "little", "ppc64le": "little", "s390x": "big",
+}
 
 # The x86-64 micro-architecture levels (psABI), as sets of our feature names.
 _V2 = ("sse3", "ssse3", "sse4.1", "sse4.2", "popcnt", "cx16", "sahf")

@@ -1,7 +1,8 @@
 """The .svod bundle format: constants, the header and the variant binding, defined once, here
 (svodc imports them).
 
-Layout (all integers little-endian; see docs/bundle-format.md for the full specification):
+Layout (header integers little-endian, section data in the manifest's byte_order; see
+docs/bundle-format.md for the full specification):
 
     0         header (HEADER_SIZE bytes)
     64..      sections (weights, code images), stored uncompressed, in order, not overlapping; each
@@ -32,7 +33,7 @@ import msgpack
 
 MAGIC = b"SVOD\x00\r\n\x1a"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 2  # 1.2: GPU variants (kind "cuda"/"hip" with launch lists); 1.1 is the byte-order change
+FORMAT_MINOR = 2  # 1.2: GPU variants (kind "cuda"/"hip" with launch lists); 1.1: byte_order "big" (s390x)
 HEADER = struct.Struct("<8sHHIIIQQQQ8s")
 FLAG_MANIFEST_ZSTD = 1
 HEADER_SIZE = HEADER.size  # 64

@@ -1,19 +1,38 @@
 """What this machine is: its architecture and the CPU features it has, named as in features.py.
 
-x86_64: the flags line of /proc/cpuinfo (the kernel only reports features the OS has enabled,
-e.g. AVX-512 only with its register state saved on context switch). If it cannot be read, the host
-is taken to have no optional feature, so only baseline code is chosen: unknown means "no".
+- x86_64: the flags line of /proc/cpuinfo (the kernel only reports features the OS has enabled,
+  e.g. AVX-512 only with its register state saved on context switch).
+- aarch64, ppc64le, s390x: the HWCAP and HWCAP2 words, from getauxval(3) through ctypes. The kernel
+  sets a bit only when every CPU has the feature and the OS supports it (SVE state, etc.).
+- riscv64: the `isa` lines of /proc/cpuinfo, one per hart; a feature counts when every hart has it
+  (boards such as the SpacemiT K1 could mix cores). The single-letter extensions are also in
+  AT_HWCAP, which is the fallback when /proc is not mounted.
+
+If a source cannot be read, the host is taken to have no optional feature, so only baseline code is
+chosen: unknown means "no".
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import platform
 from dataclasses import dataclass
 
 from svodrt.features import FEATURES, X86_64_LEVELS
 
-_ARCH = {"x86_64": "x86_64", "amd64": "x86_64"}
+_ARCH = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64", "riscv64": "riscv64",
+         "ppc64le": "ppc64le", "s390x": "s390x"}
+AT_HWCAP, AT_HWCAP2 = 16, 26
+
+# HWCAP name (features.py's `linux`) -> (0: AT_HWCAP, 1: AT_HWCAP2; bit), from the kernel's uapi headers:
+# arch/arm64/include/uapi/asm/hwcap.h, arch/powerpc/include/uapi/asm/cputable.h, arch/s390/include/asm/elf.h.
+HWCAP_BITS: dict[str, dict[str, tuple[int, int]]] = {
+    "aarch64": {"asimd": (0, 1), "atomics": (0, 8), "asimdhp": (0, 10), "asimdrdm": (0, 12), "asimddp": (0, 20),
+                "sve": (0, 22), "asimdfhm": (0, 23), "sve2": (1, 1), "i8mm": (1, 13), "bf16": (1, 14)},
+    "ppc64le": {"arch_2_07": (1, 31), "arch_3_00": (1, 23), "arch_3_1": (1, 18), "mma": (1, 17)},
+    "s390x": {"vx": (0, 11), "vxe": (0, 13), "vxe2": (0, 15), "nnpa": (0, 20)},
+}
 
 
 @dataclass(frozen=True)
@@ -34,15 +53,58 @@ def host_arch() -> str:
     return _ARCH.get(m, m)
 
 
-def _cpuinfo_flags() -> set[str]:
+def _cpuinfo_values(key: str) -> list[str]:
+    """The value of every `key : value` line of /proc/cpuinfo (one per CPU for most keys)."""
+    out = []
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                name, sep, value = line.partition(":")
+                if sep and name.strip() == key:
+                    out.append(value.strip())
     except OSError:
         pass
-    return set()
+    return out
+
+
+def _getauxval(kind: int) -> int:
+    try:
+        fn = ctypes.CDLL(None).getauxval
+    except (OSError, AttributeError):  # not glibc/musl: no auxiliary vector to read
+        return 0
+    fn.restype, fn.argtypes = ctypes.c_ulong, [ctypes.c_ulong]
+    return int(fn(kind))
+
+
+def features_from_hwcap(arch: str, hwcap: int, hwcap2: int) -> frozenset[str]:
+    """The table's features of `arch` that HWCAP/HWCAP2 report."""
+    words = (hwcap, hwcap2)
+    found = set()
+    for name, (word, bit) in HWCAP_BITS[arch].items():
+        if words[word] >> bit & 1:
+            found.add(name)
+    return frozenset(f.name for f in FEATURES[arch] if f.linux in found)
+
+
+def riscv_extensions(isa: str) -> set[str]:
+    """`rv64imafdcv_zba_zbb_zicsr` -> {"i", "m", "a", "f", "d", "c", "v", "zba", "zbb", "zicsr"}."""
+    isa = isa.strip().lower()
+    if not isa.startswith(("rv64", "rv32")):
+        return set()
+    base, *multi = isa[4:].split("_")
+    letters = set(base.replace("g", "imafd"))
+    return letters | {m for m in multi if m}
+
+
+def features_from_riscv_isa(isa_lines: list[str]) -> frozenset[str]:
+    """Features every hart has (the intersection of the harts' ISA strings)."""
+    sets = [riscv_extensions(line) for line in isa_lines]
+    common = set.intersection(*sets) if sets else set()
+    return frozenset(f.name for f in FEATURES["riscv64"] if f.linux in common)
+
+
+def _riscv_hwcap_letters(hwcap: int) -> list[str]:
+    return ["rv64" + "".join(chr(ord("a") + i) for i in range(26) if hwcap >> i & 1)]
 
 
 @functools.cache
@@ -50,6 +112,11 @@ def detect_host() -> Host:
     arch = host_arch()
     table = FEATURES.get(arch, ())
     if arch == "x86_64":
-        flags = _cpuinfo_flags()
+        flags = set(_cpuinfo_values("flags")[0].split()) if _cpuinfo_values("flags") else set()
         return Host(arch, frozenset(f.name for f in table if f.linux in flags))
+    if arch in HWCAP_BITS:
+        return Host(arch, features_from_hwcap(arch, _getauxval(AT_HWCAP), _getauxval(AT_HWCAP2)))
+    if arch == "riscv64":
+        isa = _cpuinfo_values("isa") or _riscv_hwcap_letters(_getauxval(AT_HWCAP))
+        return Host(arch, features_from_riscv_isa(isa))
     return Host(arch, frozenset())

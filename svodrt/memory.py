@@ -3,8 +3,12 @@
 Invariant (W^X): no mapping is ever writable and executable at once. Code is copied into anonymous
 memory mapped read+write, checked, patched, then switched to read+execute with mprotect. Code pages
 are never written after they become executable, so no instruction-cache flush is needed on any
-architecture we map code for (the kernel keeps i-cache coherent for pages whose protection it
-changes).
+architecture we map code for: Linux makes a page's instruction cache coherent when it first maps it
+executable (arm64 __sync_icache_dcache, powerpc set_pte_filter, riscv flush_icache_pte; x86 and
+s390x caches are coherent). On riscv64 we also make the riscv_flush_icache system call, which the
+RISC-V Linux ABI names as the way for user space to publish code it wrote (docs/architecture.md
+"Cross targets"). Fixup words are native 64-bit integers: a bundle only runs on a host of its
+architecture, hence of its byte order.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import ctypes
 import hashlib
 import mmap
 import os
+import platform
 
 from svodrt.errors import BundleFormatError, RuntimeFailure
 
@@ -26,6 +31,9 @@ _munmap = _libc.munmap
 _munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 MAP_FAILED = ctypes.c_void_p(-1).value
 PAGE = mmap.PAGESIZE
+
+_RISCV_FLUSH_ICACHE = 259  # __NR_riscv_flush_icache (asm-generic numbering, riscv64 only)
+_IS_RISCV64 = platform.machine().lower() == "riscv64"
 
 # sched_yield, called by the barrier in generated code when it has spun long enough.
 YIELD_FN = ctypes.cast(_libc.sched_yield, ctypes.c_void_p).value
@@ -89,6 +97,9 @@ def map_code(data: bytes | memoryview, fixups: tuple[int, ...], sha256: bytes, w
                                     f"the {length}-byte image")
         word.value = value + m.address
     _protect(m, mmap.PROT_READ | mmap.PROT_EXEC, what)
+    if _IS_RISCV64:  # all harts (flags 0), before any thread runs the code
+        _libc.syscall(ctypes.c_long(_RISCV_FLUSH_ICACHE), ctypes.c_void_p(m.address),
+                      ctypes.c_void_p(m.address + m.size), ctypes.c_ulong(0))
     return m
 
 

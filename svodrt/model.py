@@ -72,10 +72,15 @@ def select_variant(bundle: Bundle, host: Host, index: int | None = None) -> Vari
         if problem is None:
             return v
         reasons.append(f"{v.describe()} ({problem})")
+    if index is None and all(v.kind == "cpu" and v.arch != host.arch for v in candidates):  # [cross] name them
+        has = ", ".join(v.describe() for v in candidates)
+        raise UnsupportedHostError(f"this bundle has no code for this {host.arch} host; it has {has}. Recompile "
+                                   f"with a variant for {host.arch}, e.g. --target {host.arch}-linux-gnu, or add one "
+                                   f"to a fat bundle: --target {candidates[0].arch},{host.arch}")
     which = "no code variant of this bundle runs" if index is None else f"variant {index} does not run"
-    fallback = "x86-64" if host.arch == "x86_64" else "generic"
+    fallback = ":x86-64" if host.arch == "x86_64" else ""  # elsewhere the default CPU is the most portable
     raise UnsupportedHostError(f"{which} on this {host.arch} host: {'; '.join(reasons)}. Recompile with a "
-                               f"variant for this machine, e.g. --target {host.arch}-linux-gnu:{fallback}")
+                               f"variant for this machine, e.g. --target {host.arch}-linux-gnu{fallback}")
 
 
 def _aligned_empty(nbytes: int) -> tuple[np.ndarray, int]:
@@ -362,7 +367,8 @@ def check_input(t: TensorInfo, value: object) -> np.ndarray:
         if t.dtype == "bfloat16":
             hint = " (pass bfloat16 as its raw bits in a uint16 array)"
         if value.dtype.newbyteorder("=") == want:
-            got, hint = value.dtype.str, f" in big-endian byte order: convert with .astype('{want.str}')"
+            order = "big" if value.dtype.byteorder == ">" else "little"  # [cross] s390x hosts are big-endian
+            got, hint = value.dtype.str, f" in {order}-endian byte order: convert with .astype('{want.str}')"
         raise InputError(f"input {t.name!r} has dtype {got}, expected {t.dtype}{hint}")
     if value.ndim != len(t.shape):
         raise InputError(f"input {t.name!r} has rank {value.ndim} (shape {list(value.shape)}), expected rank "

@@ -154,7 +154,7 @@ def _small_manifest_edits():
         ("huge tensor", set_(["inputs", 0, "shape"], [1 << 30, 1 << 30]), r"is over 1099511627776 bytes"),
         ("slot", set_(["inputs", 0, "slot"], 3), r"inputs\[0\]\.slot: is 3, must be its position 0"),
         ("format", set_(["format"], [1, 99]), rf"format \[1, 99\] disagrees with the header version 1\.{FORMAT_MINOR}"),
-        ("byte order", set_(["byte_order"], "big"), r"byte_order 'big' must be 'little'"),
+        ("byte order", set_(["byte_order"], "big"), r"variants\[0\] is for x86_64, whose data is little-endian, but the bundle's byte_order is 'big'"),
         ("section name", set_(["sections", 1, "name"], "weights"), r"section name 'weights' .* repeats"),
         ("no variants", set_(["variants"], []), r"no code variant"),
         ("kernel name", lambda m: m["kernels"][1].update(name=m["kernels"][0]["name"]), r"kernel names repeat"),

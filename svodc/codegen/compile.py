@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass
 
 from svodc.codegen.elf import read_object
+from svodc.codegen.f16 import legalize_f16
 from svodc.codegen.link import CodeImage, link
 from svodc.codegen.module import ENTRY, entry_module, kernel_module
 from svodc.codegen.transcendental import pm_transcendental
@@ -37,6 +38,7 @@ class LLVMJob:
     # space depends on it), and "assembly" when the assembly is the product (PTX; no object file).
     set_datalayout: bool = False
     emit: str = "object"
+    abiname: str = ""  # riscv64: "lp64d" (svodc/arches.py)
 
 
 def _llvm_init():
@@ -51,7 +53,8 @@ def compile_llvm(job: LLVMJob) -> tuple[bytes, str]:
     """Run in a worker: parse, optimize, emit an ELF object (and assembly text when asked)."""
     llvm = _llvm_init()
     tm = llvm.Target.from_triple(job.triple).create_target_machine(
-        cpu=job.cpu, features=job.features, opt=job.opt_level, reloc="pic", codemodel=job.codemodel)
+        cpu=job.cpu, features=job.features, opt=job.opt_level, reloc="pic", codemodel=job.codemodel,
+        abiname=job.abiname)
     try:
         mod = llvm.parse_assembly(job.ir)
         if job.set_datalayout:
@@ -73,9 +76,11 @@ def compile_llvm(job: LLVMJob) -> tuple[bytes, str]:
     return tm.emit_object(mod), asm
 
 
-def prepare_kernel(kernel: Kernel) -> Kernel:
+def prepare_kernel(kernel: Kernel, target: Target | None = None) -> Kernel:
     """Target-level rewrites on a kernel's loop AST before emission."""
     ast = graph_rewrite(kernel.ast, pm_transcendental)
+    if target is not None and not target.native_f16:
+        ast = legalize_f16(ast)  # [cross] else LLVM calls __extendhfsf2/__truncsfhf2, which the image lacks
     ast = graph_rewrite(ast, pm_symbolic)
     return Kernel(kernel.name, ast, kernel.params, kernel.provenance)
 
@@ -92,7 +97,7 @@ def _chunks(items: list, n: int) -> list[list]:
 
 
 def compile_program(program: Program, target: Target, options: CompileOptions) -> CodeImage:
-    kernels = [prepare_kernel(k) for k in program.kernels]
+    kernels = [prepare_kernel(k, target) for k in program.kernels]
     nin = len(program.inputs)
     jobs_n = options.jobs or os.cpu_count() or 1
     dbg = debug_level()
@@ -100,9 +105,11 @@ def compile_program(program: Program, target: Target, options: CompileOptions) -
     for i, chunk in enumerate(_chunks(kernels, -(-len(kernels) // KERNELS_PER_MODULE))):
         jobs.append(LLVMJob(f"kernels[{', '.join(k.name for k in chunk[:4])}{'...' if len(chunk) > 4 else ''}]",
                             kernel_module(chunk, nin, target, f"chunk{i}"), target.triple, target.llvm_cpu,
-                            target.llvm_features, options.opt_level, target.codemodel, dbg >= 4))
+                            target.llvm_features, options.opt_level, target.codemodel, dbg >= 4,
+                        abiname=target.abiname))
     jobs.append(LLVMJob("entry", entry_module([k.name for k in kernels], target), target.triple, target.llvm_cpu,
-                        target.llvm_features, options.opt_level, target.codemodel, dbg >= 4))
+                        target.llvm_features, options.opt_level, target.codemodel, dbg >= 4,
+                        abiname=target.abiname))
     if dbg >= 3:
         for j in jobs:
             print(f"===== LLVM IR {j.name} =====\n{j.ir}", file=sys.stderr)

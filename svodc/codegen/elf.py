@@ -13,7 +13,7 @@ SHF_WRITE, SHF_ALLOC, SHF_EXECINSTR = 0x1, 0x2, 0x4
 SHN_UNDEF, SHN_ABS, SHN_COMMON = 0, 0xFFF1, 0xFFF2
 STB_LOCAL, STB_GLOBAL, STB_WEAK = 0, 1, 2
 STT_SECTION = 3
-EM_X86_64 = 62
+EM_PPC64, EM_S390, EM_X86_64, EM_AARCH64, EM_RISCV = 21, 22, 62, 183, 243
 
 
 @dataclass
@@ -37,6 +37,7 @@ class Symbol:
     bind: int
     type: int
     shndx: int
+    other: int = 0  # st_other: visibility, and on ppc64 ELFv2 the local entry point offset (bits 5-7)
 
 
 @dataclass
@@ -84,8 +85,8 @@ def read_object(data: bytes, name: str = "<object>") -> ObjectFile:
         if s.type == SHT_SYMTAB:
             strs = sections[s.link].data
             for j in range(len(s.data) // 24):
-                nm, info, _other, shndx, value, size = struct.unpack_from(e + "IBBHQQ", s.data, j * 24)
-                symbols.append(Symbol(cstr(strs, nm), value, size, info >> 4, info & 0xF, shndx))
+                nm, info, other, shndx, value, size = struct.unpack_from(e + "IBBHQQ", s.data, j * 24)
+                symbols.append(Symbol(cstr(strs, nm), value, size, info >> 4, info & 0xF, shndx, other))
     obj = ObjectFile(name, machine, le, sections, symbols)
     for s in sections:
         if s.type == SHT_REL:

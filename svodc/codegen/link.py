@@ -6,6 +6,14 @@ what is left is a list of base fixups: 64-bit words (GOT entries, absolute point
 which the runtime adds the image's load address before it makes the image executable. Code bytes
 are never patched at run time.
 
+Architecture-specific parts live in relocs_<arch>.py (registered in relocs.py): how each relocation
+type is computed, which ones go through the GOT, which must be applied first (riscv64: the HI20
+half of a PC-relative pair, whose value its LO12 half reads), and linker-defined symbols (ppc64:
+`.TOC.`, the TOC base, placed inside the image so TOC-relative addressing is image-relative).
+
+Invariant: the image is loaded at an address aligned to at least 4 KiB (the runtime maps it on a
+page boundary), so page-relative relocations (aarch64 ADRP) resolved here stay valid after loading.
+
 Refused, with a LinkError naming the symbol or section: an undefined symbol (a code image is
 self-contained: no libm, no libc), a writable or zero-initialized data section (the image is
 mapped read+execute, shared by all threads), and relocations this linker does not know.
@@ -49,12 +57,37 @@ class Place:
     name: str  # for error messages
     fixups: list[int]
     little_endian: bool
+    state: LinkState
+    local_entry: int = 0  # ppc64 ELFv2: bytes from the symbol's global to its local entry point
 
-    def write(self, fmt: str, value: int) -> None:
-        struct.pack_into(("<" if self.little_endian else ">") + fmt, self.image, self.offset, value)
+    def write(self, fmt: str, value: int, at: int = 0) -> None:
+        struct.pack_into(("<" if self.little_endian else ">") + fmt, self.image, self.offset + at, value)
 
-    def read(self, fmt: str) -> int:
-        return struct.unpack_from(("<" if self.little_endian else ">") + fmt, self.image, self.offset)[0]
+    def read(self, fmt: str, at: int = 0) -> int:
+        return struct.unpack_from(("<" if self.little_endian else ">") + fmt, self.image, self.offset + at)[0]
+
+    def patch32(self, value: int, mask: int, at: int = 0) -> None:
+        """Replace the bits `mask` of the 32-bit instruction word at the place (+at) with `value`'s."""
+        word = self.read("I", at)
+        self.write("I", (word & ~mask & 0xFFFFFFFF) | (value & mask), at)
+
+    def check(self, value: int, bits: int, what: str, align: int = 1) -> int:
+        """`value` must fit a signed `bits`-bit field and be a multiple of `align`."""
+        if not -(1 << (bits - 1)) <= value < (1 << (bits - 1)):
+            raise LinkError(f"{what} relocation at image offset {self.offset:#x} to {self.name}: value {value} does "
+                            f"not fit {bits} bits")
+        if value % align:
+            raise LinkError(f"{what} relocation at image offset {self.offset:#x} to {self.name}: value {value} is not "
+                            f"a multiple of {align}")
+        return value
+
+
+@dataclass
+class LinkState:
+    """What relocations of one link share: the TOC base (ppc64) and the values of the HI20 halves of
+    riscv64 PC-relative pairs, by the image offset of their auipc."""
+    toc: int = 0
+    pcrel_hi: dict[int, int] = field(default_factory=dict)
 
 
 def _align(n: int, a: int) -> int:
@@ -71,8 +104,8 @@ def link(objects: list[ObjectFile], exports: list[str]) -> CodeImage:
     if not objects:
         raise LinkError("nothing to link")
     machine = objects[0].machine
-    apply = relocs.applier(machine)
-    got_types = relocs.got_types(machine)
+    arch = relocs.for_machine(machine)
+    got_types = arch.got_types
 
     # 1. layout
     base: dict[tuple[int, int], int] = {}  # (object index, section index) -> image offset
@@ -94,8 +127,13 @@ def link(objects: list[ObjectFile], exports: list[str]) -> CodeImage:
         if phase == "text":
             text_end = size
 
-    # 2. symbols
+    # 2. symbols (and linker-defined ones: the TOC base goes after the code and data, see relocs_ppc64)
     globals_: dict[str, int] = {}
+    others: dict[str, int] = {}  # st_other of each global's definition
+    state = LinkState()
+    if arch.toc_symbol:
+        state.toc = _align(size, 8) + arch.toc_bias
+        globals_[arch.toc_symbol] = state.toc
     for oi, obj in enumerate(objects):
         for sym in obj.symbols:
             if sym.bind == STB_LOCAL or sym.shndx in (SHN_UNDEF,) or not sym.name:
@@ -105,6 +143,7 @@ def link(objects: list[ObjectFile], exports: list[str]) -> CodeImage:
             if sym.name in globals_:
                 raise LinkError(f"symbol {sym.name} is defined twice")
             globals_[sym.name] = base[(oi, sym.shndx)] + sym.value
+            others[sym.name] = sym.other
 
     def resolve(oi: int, si: int) -> tuple[int, str]:
         obj = objects[oi]
@@ -140,15 +179,21 @@ def link(objects: list[ObjectFile], exports: list[str]) -> CodeImage:
         struct.pack_into("<Q" if le else ">Q", image, entry, target)
         fixups.append(entry)
 
-    # 4. relocations
-    for oi, obj in enumerate(objects):
-        for si, rs in obj.relocs.items():
-            if (oi, si) not in base:
-                continue
-            for r in rs:
-                s, name = resolve(oi, r.symbol)
-                place = Place(image, base[(oi, si)] + r.offset, s, r.addend, got.get(s, -1), name, fixups, le)
-                apply(r.type, place)
+    # 4. relocations; those in arch.first_pass before the rest (their results are read by others)
+    for first in (True, False):
+        for oi, obj in enumerate(objects):
+            for si, rs in obj.relocs.items():
+                if (oi, si) not in base:
+                    continue
+                for r in rs:
+                    if (r.type in arch.first_pass) != first:
+                        continue
+                    s, name = resolve(oi, r.symbol)
+                    sym = obj.symbols[r.symbol]
+                    other = others.get(name, 0) if sym.shndx == SHN_UNDEF else sym.other
+                    place = Place(image, base[(oi, si)] + r.offset, s, r.addend, got.get(s, -1), name, fixups, le,
+                                  state, arch.local_entry(other))
+                    arch.apply(r.type, place)
 
     missing = [e for e in exports if e not in globals_]
     if missing:

@@ -48,9 +48,24 @@ def kernel_module(kernels: list[Kernel], nin: int, target: Target, name: str) ->
 
 
 def _spin_hint(target: Target) -> tuple[str, str]:
-    """(declaration, call) of the target's spin-wait hint instruction."""
+    """(declaration, call) of the target's spin-wait hint, or nothing where there is none we can emit.
+
+    - x86_64: `pause`.
+    - aarch64: `isb sy`, not `yield`: yield is a no-op on most cores, isb really waits a little
+      (the choice Rust's spin_loop and several runtimes made).
+    - riscv64: `pause` (Zihintpause) only when the variant has it, so a variant uses no instruction
+      its feature list does not name.
+    - ppc64le: none. POWER's hint is `or 27,27,27` (glibc's __ppc_yield), which only inline asm can
+      express, and llvmlite has no assembler parser for inline asm; the barrier yields after
+      SPIN_BEFORE_YIELD spins anyway.
+    - s390x: none exists in problem state (Linux's cpu_relax is a compiler barrier there).
+    """
     if target.arch == "x86_64":
         return "declare void @llvm.x86.sse2.pause()", "call void @llvm.x86.sse2.pause()"
+    if target.arch == "aarch64":
+        return "declare void @llvm.aarch64.isb(i32)", "call void @llvm.aarch64.isb(i32 15)"
+    if target.arch == "riscv64" and "zihintpause" in target.features:
+        return "declare void @llvm.riscv.pause()", "call void @llvm.riscv.pause()"
     return "", ""
 
 

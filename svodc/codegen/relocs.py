@@ -2,54 +2,50 @@
 
 S = symbol's image offset, A = addend, P = place's image offset, G = the symbol's GOT entry offset.
 PC-relative results are final (the image moves as a whole). Absolute 64-bit values are written as
-image offsets and recorded as fixups (the runtime adds the load address).
+image offsets and recorded as fixups (the runtime adds the load address). One file per
+architecture (relocs_<arch>.py) holds the types LLVM emits there with our code models
+(svodc/arches.py); anything else is a LinkError naming the type, so a new one is noticed, not
+mis-linked.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from svodc.codegen.elf import EM_X86_64
+from svodc.codegen.elf import EM_AARCH64, EM_PPC64, EM_RISCV, EM_S390, EM_X86_64
 from svodc.codegen.link import Place
 from svodc.errors import LinkError
 
-# x86_64 (System V psABI numbers)
-R_X86_64_64, R_X86_64_PC32, R_X86_64_PLT32, R_X86_64_GOTPCREL = 1, 2, 4, 9
-R_X86_64_PC64, R_X86_64_GOTPCRELX, R_X86_64_REX_GOTPCRELX = 24, 41, 42
+
+@dataclass(frozen=True)
+class RelocArch:
+    name: str
+    apply: Callable[[int, Place], None]
+    got_types: frozenset[int] = frozenset()
+    first_pass: frozenset[int] = frozenset()  # applied before all others (their results are read by others)
+    toc_symbol: str = ""  # a symbol the linker defines as the TOC base (ppc64: ".TOC.")
+    toc_bias: int = 0  # the TOC base lies this far past the end of code and data
+    local_entry: Callable[[int], int] = lambda st_other: 0  # ppc64 ELFv2 local entry offset from st_other
 
 
-def _pc32(p: Place, value: int) -> None:
-    if not -(1 << 31) <= value < (1 << 31):
-        raise LinkError(f"relocation to {p.name} out of 32-bit range ({value})")
-    p.write("i", value)
+def absolute64(p: Place) -> None:
+    """An absolute 64-bit address: written as an image offset, fixed up by the loader."""
+    p.write("Q", p.symbol + p.addend)
+    p.fixups.append(p.offset)
 
 
-def _x86_64(rtype: int, p: Place) -> None:
-    if rtype in (R_X86_64_PC32, R_X86_64_PLT32):
-        _pc32(p, p.symbol + p.addend - p.offset)
-    elif rtype in (R_X86_64_GOTPCREL, R_X86_64_GOTPCRELX, R_X86_64_REX_GOTPCRELX):
-        _pc32(p, p.got + p.addend - p.offset)
-    elif rtype == R_X86_64_PC64:
-        p.write("q", p.symbol + p.addend - p.offset)
-    elif rtype == R_X86_64_64:
-        p.write("Q", p.symbol + p.addend)
-        p.fixups.append(p.offset)
-    else:
-        raise LinkError(f"x86_64 relocation type {rtype} (against {p.name}) is not supported")
+def for_machine(machine: int) -> RelocArch:
+    from svodc.codegen import relocs_aarch64, relocs_ppc64, relocs_riscv64, relocs_s390x, relocs_x86_64
 
-
-_APPLIERS: dict[int, Callable[[int, Place], None]] = {EM_X86_64: _x86_64}
-_GOT_TYPES: dict[int, frozenset[int]] = {
-    EM_X86_64: frozenset({R_X86_64_GOTPCREL, R_X86_64_GOTPCRELX, R_X86_64_REX_GOTPCRELX}),
-}
-
-
-def applier(machine: int) -> Callable[[int, Place], None]:
+    arches = {EM_X86_64: relocs_x86_64.ARCH, EM_AARCH64: relocs_aarch64.ARCH, EM_RISCV: relocs_riscv64.ARCH,
+              EM_PPC64: relocs_ppc64.ARCH, EM_S390: relocs_s390x.ARCH}
     try:
-        return _APPLIERS[machine]
+        return arches[machine]
     except KeyError:
         raise LinkError(f"ELF machine {machine} is not supported by the linker") from None
 
 
-def got_types(machine: int) -> frozenset[int]:
-    return _GOT_TYPES.get(machine, frozenset())
+def unsupported(arch: str, rtype: int, p: Place) -> LinkError:
+    return LinkError(f"{arch} relocation type {rtype} (against {p.name}, image offset {p.offset:#x}) is not supported "
+                     "by the linker; it would need a new entry in svodc/codegen/relocs_*.py")

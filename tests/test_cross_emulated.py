@@ -1,0 +1,163 @@
+"""Cross code, executed: bundles for aarch64, riscv64, ppc64le and s390x run under qemu-user through
+tests/cross/harness.c, which loads the code image exactly as svodrt does (tests/cross/emulate.py).
+
+Models: the onnx package's squeezenet, shufflenet and resnet50 with their shipped inputs and
+references (rtol 1e-3, atol 1e-5), their random-weight variants against onnxruntime run here on
+x86_64 (logits too; atol 1e-4 * max|ref|), and a small transformer (tests/cross/transformer.py).
+Every architecture runs at its floor and with its vector extension (SVE, RVV, POWER10, z15).
+
+Slow (minutes: emulated generic kernels), so it is its own tier: `make test-cross`, which installs
+qemu-user and the cross compilers first. Without them these tests are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import subprocess
+import tempfile
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import svodc
+import svodrt
+from svodc.target import parse_target
+from svodrt.bundle import parse_bundle
+from tests.cross.emulate import missing_tools, run_emulated
+from tests.cross.transformer import transformer_model
+from tests.light_models import dummy_inputs, model_path, random_weight_variant, reference_output
+from tests.onnx_util import make_model, reference
+
+# (target, qemu -cpu): each emulated CPU has at least the variant's features.
+FLOOR = [("aarch64", "cortex-a53"), ("riscv64", "rv64"), ("ppc64le:pwr9", "power9"), ("s390x:z14", "max")]
+VECTOR = [("aarch64:neoverse-v1", "max"), ("riscv64:rva23u64", "rv64,v=true,vlen=256,vext_spec=v1.0,zba=true,"
+                                                               "zbb=true,zbs=true"),
+          ("ppc64le:pwr10", "power10"), ("s390x:z15", "max")]
+LIGHT = ["squeezenet", "shufflenet", "resnet50"]
+
+
+def _ids(cases: list[tuple[str, str]]) -> list[str]:
+    return [t for t, _ in cases]
+
+
+def _need(arch: str) -> None:
+    missing = missing_tools(arch)
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed: run `make test-cross` (installs qemu-user and the cross "
+                    "compilers with apt)")
+
+
+def emulate(bundle: bytes, spec: str, cpu: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    (t,) = parse_target(spec)
+    _need(t.arch)
+    return run_emulated(bundle, t.arch, set(t.features), feeds, cpu)
+
+
+@functools.lru_cache(maxsize=4)  # resnet50 bundles are 100 MB
+def _compiled(model_key: str, spec: str) -> bytes:
+    return svodc.compile(_models(model_key)[0], target=spec)
+
+
+@functools.lru_cache(maxsize=4)
+def _models(key: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray], list[np.ndarray]]:
+    """(model, feeds, reference outputs) for "light:NAME", "random:NAME" or "transformer"."""
+    kind, _, name = key.partition(":")
+    if kind == "light":
+        model = onnx.load(str(model_path(name)))
+        return model, dummy_inputs(model), [reference_output(name)]
+    model, feeds = transformer_model() if kind == "transformer" else (random_weight_variant(name), None)
+    feeds = feeds if feeds is not None else dummy_inputs(model)
+    return model, feeds, reference(model, feeds)
+
+
+def _check(key: str, spec: str, cpu: str, light_tolerance: bool) -> None:
+    _, feeds, want = _models(key)
+    got = emulate(_compiled(key, spec), spec, cpu, feeds)
+    for (name, g), w in zip(got.items(), want, strict=True):
+        scale = float(np.abs(w).max())
+        atol = 1e-5 if light_tolerance else 1e-4 * scale
+        np.testing.assert_allclose(g, w, rtol=1e-3, atol=atol, err_msg=f"{key} {spec} output {name}")
+
+
+@pytest.mark.parametrize("spec,cpu", FLOOR, ids=_ids(FLOOR))
+@pytest.mark.parametrize("name", LIGHT)
+def test_light_model_shipped_reference(name, spec, cpu):
+    _check(f"light:{name}", spec, cpu, light_tolerance=True)
+
+
+@pytest.mark.parametrize("spec,cpu", FLOOR + VECTOR, ids=_ids(FLOOR + VECTOR))
+@pytest.mark.parametrize("name", LIGHT)
+def test_light_model_random_weights(name, spec, cpu):
+    _check(f"random:{name}", spec, cpu, light_tolerance=False)
+
+
+@pytest.mark.parametrize("spec,cpu", FLOOR + VECTOR, ids=_ids(FLOOR + VECTOR))
+def test_transformer(spec, cpu):
+    _check("transformer", spec, cpu, light_tolerance=False)
+
+
+def test_fat_bundle_runs_natively_and_its_aarch64_variant_under_emulation():
+    model, feeds, want = _models("random:squeezenet")
+    fat = svodc.compile(model, target="x86_64,aarch64")
+    with svodrt.load(fat) as m:
+        native = m.run(feeds)
+    emulated = emulate(fat, "aarch64", "cortex-a53", feeds)
+    for (name, n), e, w in zip(native.items(), emulated.values(), want, strict=True):
+        np.testing.assert_allclose(n, w, rtol=1e-3, atol=1e-4 * float(np.abs(w).max()), err_msg=name)
+        np.testing.assert_allclose(e, w, rtol=1e-3, atol=1e-4 * float(np.abs(w).max()), err_msg=name)
+
+
+@pytest.mark.parametrize("spec,cpu", [("riscv64", "rv64"), ("ppc64le:pwr8", "power8"), ("s390x:z13", "max")])
+def test_float16_without_conversion_instructions(spec, cpu):
+    """Integer-op float16 conversions (svodc/codegen/f16.py), bit-exact, big-endian included."""
+    h = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    h2 = np.random.default_rng(0).permutation(h)
+    m = make_model([helper.make_node("Cast", ["h"], ["hf"], to=TensorProto.FLOAT),
+                    helper.make_node("Mul", ["h", "h2"], ["p"])],
+                   {"h": (np.float16, [h.size]), "h2": (np.float16, [h.size])}, ["hf", "p"])
+    got = emulate(svodc.compile(m, target=spec), spec, cpu, {"h": h, "h2": h2})
+    with np.errstate(all="ignore"):
+        want = {"hf": h.astype(np.float32), "p": (h.astype(np.float32) * h2.astype(np.float32)).astype(np.float16)}
+    for name, w in want.items():
+        bits = np.uint16 if w.dtype == np.float16 else np.uint32
+        same = (got[name].view(bits) == w.view(bits)) | (np.isnan(got[name]) & np.isnan(w))
+        assert same.all(), (spec, name, np.flatnonzero(~same)[:5])
+
+
+def _code(bundle: bytes) -> bytes:
+    v = parse_bundle(bundle).variants[0]
+    return bundle[v.section.offset: v.section.offset + v.section.length]
+
+
+def test_vector_variants_use_their_vector_instructions():
+    """SVE and RVV are not only enabled but used (else the vector runs above would prove nothing)."""
+    sve, neon = _compiled("random:squeezenet", "aarch64:neoverse-v1"), _compiled("random:squeezenet", "aarch64")
+    _need("aarch64")
+
+    def sve_instructions(bundle: bytes) -> int:
+        with tempfile.NamedTemporaryFile(suffix=".bin") as f:
+            f.write(_code(bundle))
+            f.flush()
+            out = subprocess.run(["aarch64-linux-gnu-objdump", "-D", "-b", "binary", "-maarch64", f.name],
+                                 capture_output=True, text=True, check=True).stdout
+        return len(re.findall(r"\bz\d+\.[bhsd]\b", out))  # SVE vector register operands
+
+    assert sve_instructions(sve) > 50 and sve_instructions(neon) == 0
+
+    def rvv_instructions(bundle: bytes) -> int:  # 32-bit words with major opcode OP-V (0x57)
+        code = _code(bundle)
+        count, i = 0, 0
+        while i + 4 <= len(code):
+            if code[i] & 3 != 3:  # a 16-bit compressed instruction
+                i += 2
+                continue
+            count += code[i] & 0x7F == 0x57
+            i += 4
+        return count
+
+    rvv = _compiled("random:squeezenet", "riscv64:rva23u64")
+    assert rvv_instructions(rvv) > 50 and rvv_instructions(_compiled("random:squeezenet", "riscv64")) == 0
+
