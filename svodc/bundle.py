@@ -14,6 +14,7 @@ import zstandard
 
 from svodc import __version__
 from svodc.codegen.link import CodeImage
+from svodc.ir.dtypes import to_storage
 from svodc.program import Buffer, BufferKind, Program
 from svodc.target import Target
 from svodrt import features as feature_table
@@ -42,7 +43,8 @@ def _weights_blob(program: Program) -> bytes:
     blob = bytearray(program.weights_size)
     for w in program.weights:
         assert w.data is not None
-        raw = np.ascontiguousarray(w.data.array).astype(w.data.array.dtype.newbyteorder("<"), copy=False)
+        raw = to_storage(np.ascontiguousarray(w.data.array), w.dtype)
+        raw = raw.astype(raw.dtype.newbyteorder("<"), copy=False)
         data = raw.tobytes()
         blob[w.offset: w.offset + len(data)] = data
     return bytes(blob)

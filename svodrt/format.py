@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 MAGIC = b"SVOD\x00\r\n\x1a"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 0
+FORMAT_MINOR = 1
 HEADER = struct.Struct("<8sHHIIIQQQQ8s")
 FLAG_MANIFEST_ZSTD = 1
 HEADER_SIZE = HEADER.size  # 64
@@ -70,10 +70,24 @@ def align_up(n: int, a: int = SECTION_ALIGN) -> int:
     return (n + a - 1) // a * a
 
 
-# dtype names a bundle may use, with their numpy names and sizes. bfloat16 travels as uint16 bits.
+# dtype names a bundle may use, with the numpy dtype their elements travel as (in and out of run(),
+# and in buffers) and the bytes per element. Types numpy lacks travel as raw bits: bfloat16 as uint16,
+# the float8 and float4 formats as uint8 (float4: the 4-bit code in the low half). The narrow integers
+# int4/int2 (uint4/uint2) travel one element per byte as int8 (uint8) values in their range.
+# Added in format 1.1: the float8, float4, int4/uint4 and int2/uint2 names.
 DTYPES: dict[str, tuple[str, int]] = {
     "bool": ("bool", 1), "int8": ("int8", 1), "int16": ("int16", 2), "int32": ("int32", 4),
     "int64": ("int64", 8), "uint8": ("uint8", 1), "uint16": ("uint16", 2), "uint32": ("uint32", 4),
     "uint64": ("uint64", 8), "float16": ("float16", 2), "bfloat16": ("uint16", 2),
     "float32": ("float32", 4), "float64": ("float64", 8),
+    "float8e4m3fn": ("uint8", 1), "float8e4m3fnuz": ("uint8", 1), "float8e5m2": ("uint8", 1),
+    "float8e5m2fnuz": ("uint8", 1), "float8e8m0": ("uint8", 1), "float4e2m1": ("uint8", 1),
+    "int4": ("int8", 1), "uint4": ("uint8", 1), "int2": ("int8", 1), "uint2": ("uint8", 1),
+}
+# ml_dtypes' names for the types that travel as bits: run() accepts such arrays and views their bits
+# (svodrt never imports ml_dtypes; the dtype's name is enough).
+BITS_OF: dict[str, str] = {
+    "bfloat16": "bfloat16", "float8_e4m3fn": "float8e4m3fn", "float8_e4m3fnuz": "float8e4m3fnuz",
+    "float8_e5m2": "float8e5m2", "float8_e5m2fnuz": "float8e5m2fnuz", "float8_e8m0fnu": "float8e8m0",
+    "float4_e2m1fn": "float4e2m1",
 }

@@ -26,9 +26,11 @@ import numpy as np
 
 from svodrt.bundle import Bundle, TensorInfo, Variant, parse_bundle
 from svodrt.errors import InputError, UnsupportedHostError
-from svodrt.format import DTYPES, SYNC_SIZE
+from svodrt.format import BITS_OF, DTYPES, SYNC_SIZE
 from svodrt.host import Host, detect_host
 from svodrt.memory import YIELD_FN, Mapping, map_code, map_readonly
+
+NARROW_INTS = frozenset({"int4", "uint4", "int2", "uint2"})
 
 ENTRY_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p)
 ALIGN = 64
@@ -209,6 +211,18 @@ class Model:
             self.close()
 
 
+def _as_transport(t: TensorInfo, value: np.ndarray, want: np.dtype) -> np.ndarray:
+    """An array of a type numpy lacks (ml_dtypes bfloat16, float8, int4...) in the form it travels in:
+    the bits of a float format, the values of a narrow integer. Anything else is an InputError."""
+    name = value.dtype.name
+    if BITS_OF.get(name) == t.dtype and value.dtype.itemsize == want.itemsize:
+        return value.view(want)
+    if name == t.dtype and t.dtype in NARROW_INTS:
+        return value.astype(want)
+    raise InputError(f"input {t.name!r} has dtype {value.dtype}, expected {t.dtype}"
+                     + (f" (passed as {want})" if want.name != t.dtype else ""))
+
+
 def check_input(t: TensorInfo, value: object) -> np.ndarray:
     """Validate one input against its declaration; returns a C-contiguous, aligned array.
     Non-contiguous or misaligned arrays are copied (documented); a wrong dtype, rank or dimension is
@@ -217,7 +231,7 @@ def check_input(t: TensorInfo, value: object) -> np.ndarray:
         raise InputError(f"input {t.name!r} must be a numpy.ndarray, got {type(value).__name__}")
     want = np.dtype(DTYPES[t.dtype][0])
     if value.dtype != want:
-        raise InputError(f"input {t.name!r} has dtype {value.dtype}, expected {t.dtype}")
+        value = _as_transport(t, value, want)
     if value.ndim != len(t.shape):
         raise InputError(f"input {t.name!r} has rank {value.ndim} (shape {list(value.shape)}), expected rank "
                          f"{len(t.shape)} (shape {list(t.shape)})")

@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass
 
 from svodc.codegen.elf import read_object
+from svodc.codegen.emulate import pm_emulate
 from svodc.codegen.link import CodeImage, link
 from svodc.codegen.module import ENTRY, entry_module, kernel_module
 from svodc.codegen.transcendental import pm_transcendental
@@ -67,7 +68,7 @@ def compile_llvm(job: LLVMJob) -> tuple[bytes, str]:
 
 def prepare_kernel(kernel: Kernel) -> Kernel:
     """Target-level rewrites on a kernel's loop AST before emission."""
-    ast = graph_rewrite(kernel.ast, pm_transcendental)
+    ast = graph_rewrite(kernel.ast, pm_emulate + pm_transcendental)  # emulate.py: float16/float8/int4...
     ast = graph_rewrite(ast, pm_symbolic)
     return Kernel(kernel.name, ast, kernel.params, kernel.provenance)
 

@@ -160,8 +160,6 @@ def _weight(init: onnx.TensorProto) -> UOp:
         raise UnsupportedModelError([UnsupportedNode(init.name, "initializer", "", 0, str(e))]) from None
     except Exception as e:
         raise InvalidModelError(f"initializer {init.name!r} cannot be read: {e}") from e
-    if dtype.name == "bfloat16":
-        array = np.asarray(array).view(np.uint16)
     return UOp(Ops.WEIGHT, dtype, (), ConstData(np.asarray(array, dtype=dtype.np)))
 
 

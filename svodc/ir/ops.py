@@ -74,6 +74,8 @@ class Ops(Enum):
     AND = auto()
     OR = auto()
     XOR = auto()
+    SHL = auto()  # integer shift left; a shift by >= the width gives 0
+    SHR = auto()  # integer shift right: logical for unsigned, arithmetic for signed (sign fill past the width)
     WHERE = auto()  # (cond, a, b)
     MULACC = auto()  # (a, b, c) -> a*b + c, fused where the target can
     CAST = auto()  # to self.dtype
@@ -99,7 +101,7 @@ class Ops(Enum):
 UNARY = frozenset({Ops.NEG, Ops.RECIP, Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.EXP, Ops.LOG, Ops.TANH,
                    Ops.ERF, Ops.SIN, Ops.TRUNC, Ops.FLOOR, Ops.ABS, Ops.NOT, Ops.CAST, Ops.BITCAST})
 BINARY = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.DIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.MIN, Ops.POW,
-                    Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR})
+                    Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR})
 TERNARY = frozenset({Ops.WHERE, Ops.MULACC})
 ALU = UNARY | BINARY | TERNARY
 COMPARE = frozenset({Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE})

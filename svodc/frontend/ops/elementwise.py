@@ -150,14 +150,6 @@ def where(ctx: NodeContext) -> UOp:
     return T.alu(Ops.WHERE, ctx.input(0), ctx.input(1), ctx.input(2))
 
 
-@onnx_op("Cast", 1, 6, 9, 13, 19, 21)
-def cast(ctx: NodeContext) -> UOp:
-    to = ctx.dtype_attr("to")
-    if ctx.attr("saturate", 1) != 1:
-        raise Unsupported("saturate=0 is only meaningful for float8 targets, which are not supported")
-    return ctx.input(0).cast(to)
-
-
 @onnx_op("Identity", 1, 13, 14, 16, 19, 21)
 def identity(ctx: NodeContext) -> UOp:
     return ctx.input(0)
