@@ -56,25 +56,6 @@ def conv(ctx: NodeContext) -> UOp:
     return y
 
 
-@onnx_op("BatchNormalization", 1, 6, 7, 9, 14, 15)
-def batch_norm(ctx: NodeContext) -> list[UOp | None]:
-    if ctx.version >= 14 and ctx.attr("training_mode", 0):
-        raise Unsupported("training_mode=1 is not supported (inference only)")
-    if ctx.version <= 7 and ctx.attr("spatial", 1) == 0:
-        raise Unsupported("spatial=0 is not supported")
-    if ctx.version < 7 and ctx.attr("is_test", 0) == 0 and any(ctx.output_used(i) for i in range(1, 5)):
-        raise Unsupported("training outputs are not supported")
-    x, scale, bias, mean, var = (ctx.input(i) for i in range(5))
-    eps = ctx.attr("epsilon", 1e-5)
-    shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
-    scale, bias, mean, var = (T.reshape(t.cast(x.dtype), shape) for t in (scale, bias, mean, var))
-    # y = x * a + c with a = scale / sqrt(var + eps), c = bias - mean * a: two ops per element, and
-    # when the statistics are constants, a and c fold at compile time.
-    a = T.alu(Ops.MUL, scale, T.alu(Ops.RECIP, T.alu(Ops.SQRT, T.alu(Ops.ADD, var, T.const(eps, x.dtype)))))
-    c = T.alu(Ops.SUB, bias, T.alu(Ops.MUL, mean, a))
-    return [T.alu(Ops.ADD, T.alu(Ops.MUL, x, a), c)]
-
-
 def _pool_geometry(ctx: NodeContext, x: UOp) -> tuple[list[int], list[int], list[int], list[tuple[int, int]],
                                                       list[int]]:
     """kernel, strides, dilations, explicit pads, and the extra end padding ceil_mode adds."""
@@ -148,18 +129,3 @@ def _global_pool(op: Ops):
 
 onnx_op("GlobalAveragePool", 1, 22)(_global_pool(Ops.ADD))
 onnx_op("GlobalMaxPool", 1, 22)(_global_pool(Ops.MAX))
-
-
-@onnx_op("LRN", 1, 13)
-def lrn(ctx: NodeContext) -> UOp:
-    """y = x / (bias + alpha/size * sum of x^2 over a channel window) ^ beta"""
-    x = ctx.input(0)
-    size = int(ctx.attr("size"))
-    alpha, beta, bias = ctx.attr("alpha", 1e-4), ctx.attr("beta", 0.75), ctx.attr("bias", 1.0)
-    before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
-    sq = T.alu(Ops.MUL, x, x)
-    padded = T.pad(sq, [(0, 0), (before, after)] + [(0, 0)] * (x.ndim - 2), 0)
-    win = T.window(padded, [1], [size], [1], [1])
-    total = T.reduce(win, Ops.ADD, [x.ndim], keepdims=False)
-    base = T.alu(Ops.ADD, T.alu(Ops.MUL, total, T.const(alpha / size, x.dtype)), T.const(bias, x.dtype))
-    return T.alu(Ops.DIV, x, T.alu(Ops.POW, base, T.const(beta, x.dtype)))
