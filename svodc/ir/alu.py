@@ -153,7 +153,7 @@ def _emulated(a: np.ndarray) -> bool:
     return a.dtype.kind == "V" or a.dtype == np.float16
 
 
-def _widen(a: np.ndarray) -> np.ndarray:
+def widen(a: np.ndarray) -> np.ndarray:
     if not _emulated(a):
         return a
     if a.dtype == np.float16 or "float" in a.dtype.name:
@@ -172,7 +172,7 @@ def cast_array(x: np.ndarray, to: DType) -> np.ndarray:
     target = to.np
     with np.errstate(all="ignore"):
         if to.kind == "bool":
-            return _widen(x) != 0
+            return widen(x) != 0
         if _is_floatlike(x) and to.is_int:
             wide = dtypes.int32 if to.width else to
             info_lo, info_hi = min_value(wide), max_value(wide)
@@ -182,9 +182,9 @@ def cast_array(x: np.ndarray, to: DType) -> np.ndarray:
         if to.width:  # int -> narrow int wraps
             return x.astype(np.int64).astype(target)
         if to.emulated and to.is_float and to is not dtypes.float16:
-            return _widen(x).astype(np.float32).astype(target)
+            return widen(x).astype(np.float32).astype(target)
         if to is dtypes.float16 and x.dtype.kind == "V":
-            return _widen(x).astype(target)
+            return widen(x).astype(target)
         return x.astype(target)
 
 
@@ -203,7 +203,7 @@ def eval_alu(op: Ops, out_dtype: DType, srcs: list[np.ndarray]) -> np.ndarray:
         return bitcast_array(srcs[0], out_dtype)
     if out_dtype.emulated or any(_emulated(s) for s in srcs):
         with np.errstate(all="ignore"):
-            out = np.asarray(NUMPY_ALU[op](*[_widen(s) for s in srcs]))
+            out = np.asarray(NUMPY_ALU[op](*[widen(s) for s in srcs]))
         return cast_array(out, out_dtype)
     with np.errstate(over="ignore"):
         out = NUMPY_ALU[op](*srcs)

@@ -243,7 +243,8 @@ class ConstData:
         if digest is None:
             h = hashlib.sha256()
             h.update(f"{a.dtype.str}{a.shape}".encode())
-            h.update(memoryview(a).cast("B") if a.size else b"")
+            # the bytes, without a copy (a uint8 view: memoryview refuses ml_dtypes' bfloat16 etc.)
+            h.update(a.reshape(-1).view(np.uint8).data if a.size else b"")
             digest = h.digest()
         self.digest = digest
         self._hash = hash(digest)

@@ -1,3 +1,13 @@
 """ONNX op handlers, one module per family. Importing this package registers them all."""
 
-from svodc.frontend.ops import activations, casts, elementwise, linalg, nn, normalization, reduction, shape_ops  # noqa: F401
+from svodc.frontend.ops import (  # noqa: F401
+    activations,
+    attention,
+    casts,
+    elementwise,
+    linalg,
+    nn,
+    normalization,
+    reduction,
+    shape_ops,
+)

@@ -5,16 +5,26 @@ from __future__ import annotations
 from svodc.frontend.context import NodeContext, Unsupported
 from svodc.frontend.registry import onnx_op
 from svodc.ir import tensor as T
+from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import Ops
 from svodc.ir.uop import UOp
 
 
-@onnx_op("MatMul", 1, 9, 13)
-def matmul(ctx: NodeContext) -> UOp:
-    a, b = ctx.input(0), ctx.input(1)
-    if a.dtype != b.dtype or not a.dtype.is_float:
-        raise Unsupported(f"MatMul of {a.dtype.name} x {b.dtype.name} is not supported")
+def matmul(a: UOp, b: UOp) -> UOp:
+    """numpy.matmul, also in how emulated floats (float16, bfloat16) multiply: the products are
+    summed in float32 and the sum is rounded once."""
+    dt = a.dtype
+    if dt.emulated and dt.is_float:
+        return T.matmul(a.cast(dtypes.float32), b.cast(dtypes.float32)).cast(dt)
     return T.matmul(a, b)
+
+
+@onnx_op("MatMul", 1, 9, 13)
+def matmul_op(ctx: NodeContext) -> UOp:
+    a, b = ctx.input(0), ctx.input(1)
+    if a.dtype != b.dtype:
+        raise Unsupported(f"MatMul of {a.dtype.name} x {b.dtype.name} is not supported")
+    return matmul(a, b)
 
 
 @onnx_op("Gemm", 1, 6, 7, 9, 11, 13)
@@ -28,7 +38,7 @@ def gemm(ctx: NodeContext) -> UOp:
     if ctx.attr("transB", 0):
         b = T.permute(b, (1, 0))
     alpha, beta = ctx.attr("alpha", 1.0), ctx.attr("beta", 1.0)
-    y = T.matmul(a, b)
+    y = matmul(a, b)
     if alpha != 1.0:
         y = T.alu(Ops.MUL, y, T.const(alpha, y.dtype))
     if c is not None and beta != 0.0:
