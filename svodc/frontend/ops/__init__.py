@@ -6,6 +6,7 @@ from svodc.frontend.ops import (  # noqa: F401
     casts,
     elementwise,
     linalg,
+    linear_attention,
     nn,
     normalization,
     reduction,

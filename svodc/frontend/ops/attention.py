@@ -221,3 +221,26 @@ def rotary_embedding(ctx: NodeContext) -> UOp:
         rotated = T.concat([real, imag], 3)
     out = T.concat([rotated, T.shrink(x, [(0, b), (0, s), (0, h), (rot, d)])], 3) if rot < d else rotated
     return T.reshape(out, shape) if len(shape) == 3 else T.permute(out, (0, 2, 1, 3))
+
+
+@onnx_op("FlexAttention", 1, domain="ai.onnx.preview")
+def flex_attention(ctx: NodeContext) -> UOp:
+    """softmax((Q*s) @ (K*s)^T) @ V with s = sqrt(scale) in Q's type, the softmax and the product
+    with V in softmax_precision (float32, or float64 for float64 inputs)."""
+    q, k, v = ctx.input(0), ctx.input(1), ctx.input(2)
+    if ctx.has_attr("score_mod") or ctx.has_attr("prob_mod"):
+        raise Unsupported("score_mod/prob_mod subgraphs are not supported yet")
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise Unsupported("Q, K and V must be rank 4")
+    dt = q.dtype
+    if q.shape[1] % k.shape[1]:
+        raise Unsupported(f"{q.shape[1]} query heads do not group over {k.shape[1]} key/value heads")
+    k, v = repeat_heads(k, q.shape[1] // k.shape[1]), repeat_heads(v, q.shape[1] // k.shape[1])
+    scale = ctx.attr("scale") or 1 / math.sqrt(q.shape[3])
+    s = T.const(float(np.float32(math.sqrt(np.float32(scale)))), dtypes.float32).cast(dt)
+    score = matmul(T.alu(Ops.MUL, q, s), T.permute(T.alu(Ops.MUL, k, s), (0, 1, 3, 2)))
+    precision = ctx.attr("softmax_precision")
+    p = onnx_to_dtype(precision, "softmax_precision") if precision else \
+        (dtypes.float64 if dt is dtypes.float64 else dtypes.float32)
+    probs = softmax_guarded(score.cast(p))
+    return matmul(probs, v.cast(p)).cast(dt)
