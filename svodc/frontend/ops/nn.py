@@ -1,4 +1,4 @@
-"""Neural-network ONNX ops: convolution, normalization, pooling."""
+"""Neural-network ONNX ops: convolution, transposed convolution, pooling."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 from svodc.frontend.context import NodeContext, Unsupported
 from svodc.frontend.registry import onnx_op
 from svodc.ir import tensor as T
-from svodc.ir.dtypes import min_value
+from svodc.ir.dtypes import dtypes, min_value
 from svodc.ir.interpret import window_view
 from svodc.ir.ops import ConstData, Ops, WindowArg
 from svodc.ir.uop import UOp
@@ -81,16 +81,57 @@ def _pool_geometry(ctx: NodeContext, x: UOp) -> tuple[list[int], list[int], list
 @onnx_op("MaxPool", 1, 8, 10, 11, 12, 22)
 def max_pool(ctx: NodeContext) -> list[UOp | None]:
     x = ctx.input(0)
-    if ctx.output_used(1):
-        raise Unsupported("the Indices output is not supported")
-    if ctx.attr("storage_order", 0):
-        raise Unsupported("storage_order=1 is only meaningful for Indices, which is not supported")
     kernel, strides, dilations, pads, extra = _pool_geometry(ctx, x)
     nsp = len(kernel)
     lowest = min_value(x.dtype)
-    xp = T.pad(x, [(0, 0), (0, 0)] + [(b, e + x_) for (b, e), x_ in zip(pads, extra, strict=True)], lowest)
+    full_pads = [(0, 0), (0, 0)] + [(b, e + x_) for (b, e), x_ in zip(pads, extra, strict=True)]
+    xp = T.pad(x, full_pads, lowest)
     win = T.window(xp, range(2, 2 + nsp), kernel, strides, dilations)
-    return [T.reduce(win, Ops.MAX, range(x.ndim, x.ndim + nsp), keepdims=False)]
+    window_axes = range(x.ndim, x.ndim + nsp)
+    y = T.reduce(win, Ops.MAX, window_axes, keepdims=False)
+    if not ctx.output_used(1):
+        return [y, None]
+    # Indices: the flat input index of the first maximum in each window (row-major, or column-major
+    # over the spatial axes with storage_order=1); padding never wins: its index is past the end.
+    shape = x.shape
+    flat = np.arange(math.prod(shape), dtype=np.int64).reshape(shape)
+    if ctx.attr("storage_order", 0):
+        n, c = shape[:2]
+        sp = np.arange(math.prod(shape[2:]), dtype=np.int64).reshape(shape[2:][::-1]).transpose()
+        flat = (np.arange(n * c, dtype=np.int64).reshape(n, c, *(1,) * nsp) * math.prod(shape[2:]) + sp)
+    index = UOp(Ops.WEIGHT, dtypes.int64, (), ConstData(flat))
+    past_end = math.prod(shape)
+    index_win = T.window(T.pad(index, full_pads, past_end), range(2, 2 + nsp), kernel, strides, dilations)
+    is_max = T.alu(Ops.CMPEQ, win, T.reshape(y, y.shape + (1,) * nsp))
+    candidates = T.alu(Ops.WHERE, is_max, index_win, T.scalar_like(index_win, past_end))
+    return [y, T.reduce(candidates, Ops.MIN, window_axes, keepdims=False)]
+
+
+@onnx_op("LpPool", 1, 2, 11, 18, 22)
+def lp_pool(ctx: NodeContext) -> UOp:
+    """(sum over the window of |x|^p)^(1/p); padding counts as 0."""
+    x = ctx.input(0)
+    p = float(ctx.attr("p", 2.0))
+    kernel, strides, dilations, pads, extra = _pool_geometry(ctx, x)
+    nsp = len(kernel)
+    xp = T.pad(x, [(0, 0), (0, 0)] + [(b, e + x_) for (b, e), x_ in zip(pads, extra, strict=True)], 0)
+    win = T.window(xp, range(2, 2 + nsp), kernel, strides, dilations)
+    return lp_norm_over(win, list(range(x.ndim, x.ndim + nsp)), p)
+
+
+def lp_norm_over(x: UOp, axes: list[int], p: float) -> UOp:
+    if p == 2.0:
+        return UOp(Ops.SQRT, x.dtype, (T.reduce(T.alu(Ops.MUL, x, x), Ops.ADD, axes, keepdims=False),))
+    powered = T.alu(Ops.POW, UOp(Ops.ABS, x.dtype, (x,)), T.scalar_like(x, p))
+    total = T.reduce(powered, Ops.ADD, axes, keepdims=False)
+    return T.alu(Ops.POW, total, T.scalar_like(total, 1.0 / p))
+
+
+@onnx_op("GlobalLpPool", 1, 2, 22)
+def global_lp_pool(ctx: NodeContext) -> UOp:
+    x = ctx.input(0)
+    out = lp_norm_over(x, list(range(2, x.ndim)), float(ctx.attr("p", 2.0)))
+    return T.reshape(out, x.shape[:2] + (1,) * (x.ndim - 2))
 
 
 @onnx_op("AveragePool", 1, 7, 10, 11, 19, 22)
@@ -129,3 +170,59 @@ def _global_pool(op: Ops):
 
 onnx_op("GlobalAveragePool", 1, 22)(_global_pool(Ops.ADD))
 onnx_op("GlobalMaxPool", 1, 22)(_global_pool(Ops.MAX))
+
+
+@onnx_op("ConvTranspose", 1, 11, 22)
+def conv_transpose(ctx: NodeContext) -> UOp:
+    """The convolution of the input, upsampled by the strides (zeros between elements), with the
+    spatially flipped kernel (in/out channels swapped per group), fully padded by d*(k-1); then the
+    `pads` are cropped from that full result and output_padding / output_shape extend its end."""
+    x, w, b = ctx.input(0), ctx.input(1), ctx.optional_input(2)
+    if not x.dtype.is_float:
+        raise Unsupported(f"ConvTranspose of {x.dtype.name} is not supported")
+    nsp = x.ndim - 2
+    g = int(ctx.attr("group", 1))
+    kernel = list(w.shape[2:])
+    if ctx.ints("kernel_shape", kernel) != kernel:
+        raise Unsupported(f"kernel_shape {ctx.ints('kernel_shape')} disagrees with the weight shape {w.shape}")
+    strides = ctx.ints("strides", [1] * nsp)
+    dilations = ctx.ints("dilations", [1] * nsp)
+    out_pad = ctx.ints("output_padding", [0] * nsp)
+    out_shape = ctx.ints("output_shape")
+    if out_shape is not None and len(out_shape) == nsp + 2:
+        out_shape = out_shape[2:]
+    ins = x.shape[2:]
+    full = [s * (n - 1) + (k - 1) * d + 1 for s, n, k, d in zip(strides, ins, kernel, dilations, strict=True)]
+    auto_pad = ctx.attr("auto_pad", "NOTSET")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        target = out_shape or [n * s for n, s in zip(ins, strides, strict=True)]
+        total = [f + op - t for f, op, t in zip(full, out_pad, target, strict=True)]
+        small = [t // 2 for t in total]
+        pads = [(sm, t - sm) if auto_pad == "SAME_UPPER" else (t - sm, sm) for sm, t in zip(small, total, strict=True)]
+    elif auto_pad in ("NOTSET", "", "VALID"):
+        flat = ctx.ints("pads", [0] * (2 * nsp)) if auto_pad != "VALID" else [0] * (2 * nsp)
+        pads = [(flat[i], flat[i + nsp]) for i in range(nsp)]
+        target = out_shape or [f + op - pb - pe for f, op, (pb, pe) in zip(full, out_pad, pads, strict=True)]
+    else:
+        raise Unsupported(f"auto_pad={auto_pad!r} is not a valid value")
+
+    for axis, s in enumerate(strides, start=2):  # upsample: s-1 zeros after every element, none after the last
+        if s > 1:
+            n = x.shape[axis]
+            y = T.reshape(x, x.shape[:axis + 1] + (1,) + x.shape[axis + 1:])
+            y = T.pad(y, [(0, 0)] * (axis + 1) + [(0, s - 1)] + [(0, 0)] * (x.ndim - axis - 1))
+            y = T.reshape(y, x.shape[:axis] + (n * s,) + x.shape[axis + 1:])
+            x = T.shrink(y, [(0, d) if i != axis else (0, (n - 1) * s + 1) for i, d in enumerate(y.shape)])
+    c, m_g = w.shape[0], w.shape[1]
+    wg = T.reshape(w, (g, c // g, m_g, *kernel))
+    wg = T.reshape(T.permute(wg, (0, 2, 1, *range(3, 3 + nsp))), (g * m_g, c // g, *kernel))
+    wf = T.slice_axes(wg, (0, 0, *(k - 1 for k in kernel)), (1, 1, *(-1,) * nsp), wg.shape)
+    y = T.conv(x, wf, [1] * nsp, dilations, [((k - 1) * d,) * 2 for k, d in zip(kernel, dilations, strict=True)], g)
+    # crop `pads` from the full result and pad (with zeros) or crop its end to the target size
+    grow = [(max(0, -pb), max(0, pb + t - f)) for (pb, _), t, f in zip(pads, target, full, strict=True)]
+    y = T.pad(y, [(0, 0), (0, 0), *grow])
+    y = T.shrink(y, [(0, y.shape[0]), (0, y.shape[1])]
+                 + [(max(0, pb), max(0, pb) + t) for (pb, _), t in zip(pads, target, strict=True)])
+    if b is not None:
+        y = T.alu(Ops.ADD, y, T.reshape(b, (1, b.shape[0]) + (1,) * nsp))
+    return y
