@@ -235,7 +235,7 @@ class ConstData:
 
         import numpy as np
 
-        a = np.ascontiguousarray(array)
+        a = np.asarray(array, order="C")  # (np.ascontiguousarray would make a 0-d array 1-d)
         if a.flags.writeable:
             a = a.copy() if a.base is not None else a
             a.flags.writeable = False

@@ -9,6 +9,7 @@ from svodc.frontend.ops import (  # noqa: F401
     linear_attention,
     nn,
     normalization,
+    quantize,
     reduction,
     shape_ops,
 )

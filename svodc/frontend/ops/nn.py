@@ -43,6 +43,11 @@ def conv(ctx: NodeContext) -> UOp:
     x, w, b = ctx.input(0), ctx.input(1), ctx.optional_input(2)
     if not x.dtype.is_float:
         raise Unsupported(f"Conv of {x.dtype.name} is not supported")
+    return conv_from_attrs(ctx, x, w, b)
+
+
+def conv_from_attrs(ctx: NodeContext, x: UOp, w: UOp, b: UOp | None = None) -> UOp:
+    """A convolution with the node's kernel_shape, strides, dilations, pads/auto_pad and group."""
     nsp = x.ndim - 2
     kernel = ctx.ints("kernel_shape", list(w.shape[2:]))
     if kernel != list(w.shape[2:]):
