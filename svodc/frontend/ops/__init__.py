@@ -12,4 +12,5 @@ from svodc.frontend.ops import (  # noqa: F401
     quantize,
     reduction,
     shape_ops,
+    signal,
 )
