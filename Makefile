@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test test-fast lint bench clean
+.PHONY: setup demo test test-fast lint bench clean fuzz
+BENCH_STAMP := $(VENV)/.bench-stamp
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,15 +19,27 @@ demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
 test: $(STAMP)
-	$(BIN)/ruff check svodc svodrt tests scripts
+	$(BIN)/ruff check svodc svodrt tests scripts bench
 	$(BIN)/python -m pytest -q
 
 # Everything but the end-to-end model tests.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q --ignore=tests/test_light_models.py
 
+# 10,000 damaged bundles (a new seed each run; the test suite runs 2,000 with a fixed one).
+fuzz: $(STAMP)
+	$(BIN)/python -m tests.fuzzing --count 10000
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
+
+# Not a test: svod vs onnxruntime side by side; writes docs/benchmarks.md and docs/benchmarks.png.
+bench: $(BENCH_STAMP)
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
 lint: $(STAMP)
-	$(BIN)/ruff check svodc svodrt tests scripts
+	$(BIN)/ruff check svodc svodrt tests scripts bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

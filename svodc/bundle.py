@@ -14,10 +14,13 @@ import zstandard
 
 from svodc import __version__
 from svodc.codegen.link import CodeImage
+from svodc.errors import BundleError
 from svodc.ir.dtypes import to_storage
 from svodc.program import Buffer, BufferKind, Program
 from svodc.target import Target
 from svodrt import features as feature_table
+from svodrt.bundle import parse_bundle
+from svodrt.errors import BundleFormatError
 from svodrt.format import (
     FLAG_MANIFEST_ZSTD,
     FORMAT_MAJOR,
@@ -25,6 +28,8 @@ from svodrt.format import (
     HEADER_SIZE,
     Header,
     align_up,
+    section_align,
+    variant_binding,
 )
 
 ZSTD_LEVEL = 10
@@ -51,10 +56,9 @@ def _weights_blob(program: Program) -> bytes:
 
 
 def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model_digest: str,
-                 extra: dict | None = None) -> bytes:
-    sections: list[tuple[dict, bytes]] = []
-    weights = _weights_blob(program)
-    sections.append(({"name": "weights", "kind": "weights"}, weights))
+                 test_vectors: list[dict] | None = None) -> bytes:
+    """The bundle's bytes. test_vectors: manifest entries from svodc.testvec (optional)."""
+    sections: list[tuple[dict, bytes]] = [({"name": "weights", "kind": "weights"}, _weights_blob(program))]
     variants = []
     for target, image in images:
         sections.append(({"name": f"code.{target.arch}.{target.cpu}", "kind": "code"}, image.data))
@@ -72,7 +76,7 @@ def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model
     out = bytearray(HEADER_SIZE)
     table = []
     for meta, data in sections:
-        offset = align_up(len(out))
+        offset = align_up(len(out), section_align(len(data)))
         out += bytes(offset - len(out))
         out += data
         table.append({**meta, "offset": offset, "length": len(data), "sha256": hashlib.sha256(data).digest()})
@@ -91,13 +95,22 @@ def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model
         "buffers": [_buffer_entry(b) for b in program.weights + program.scratch],
         "kernels": [{"name": k.name, "params": [b.id for b in k.params], "provenance": k.provenance}
                     for k in program.kernels],
-        **(extra or {}),
     }
+    for v in variants:
+        v["binding"] = variant_binding(v, table[v["section"]]["sha256"], manifest)
+    if test_vectors:
+        manifest["test_vectors"] = test_vectors
     raw = msgpack.packb(manifest, use_bin_type=True)
-    stored = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True).compress(raw)
+    # Single-threaded zstd at a fixed level: the same manifest always compresses to the same bytes.
+    stored = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True, threads=0).compress(raw)
     manifest_offset = len(out)
     out += stored
     header = Header(FORMAT_MAJOR, FORMAT_MINOR, HEADER_SIZE, FLAG_MANIFEST_ZSTD, 0, len(out), manifest_offset,
                     len(stored), len(raw), hashlib.sha256(raw).digest()[:8])
     out[:HEADER_SIZE] = header.pack()
-    return bytes(out)
+    data = bytes(out)
+    try:  # never write a bundle the runtime would refuse (e.g. a tensor over the format's size limit)
+        parse_bundle(data)
+    except BundleFormatError as e:
+        raise BundleError(f"cannot make a valid bundle: {e}") from None
+    return data

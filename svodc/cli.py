@@ -36,20 +36,24 @@ def _int(v: str, what: str) -> int:
 
 class _Group(click.Group):
     def invoke(self, ctx: click.Context):
+        from svodrt.errors import SvodError
+
         try:
             return super().invoke(ctx)
-        except (SvodcError, OSError) as e:
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise  # click's own usage errors and exits
+        except (SvodcError, SvodError, OSError) as e:
             if ctx.obj and ctx.obj.get("debug"):
                 raise
             click.echo(f"svodc: error: {e}", err=True)
             sys.exit(1)
-        except Exception as e:
-            from svodrt.errors import SvodError
-
-            if isinstance(e, SvodError) and not (ctx.obj and ctx.obj.get("debug")):
-                click.echo(f"svodc: error: {e}", err=True)
-                sys.exit(1)
-            raise
+        except Exception as e:  # a bug: still one line and a non-zero exit, never a partial output file
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            msg = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+            click.echo(f"svodc: internal error: {msg} (a bug in svodc: rerun with --debug for the traceback "
+                       "and please report it)", err=True)
+            sys.exit(2)
 
 
 @click.group(cls=_Group)
@@ -63,17 +67,20 @@ def main(ctx: click.Context, debug: bool) -> None:
 
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Bundle path (default: MODEL with .svod).")
+@click.option("-o", "--output", type=click.Path(), help="Bundle path (default: MODEL with .svod).")
 @click.option("--target", default="host", show_default=True,
               help="host, or x86_64-linux-gnu[:CPU[,CPU...]] (one code variant per CPU).")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Fix a symbolic input dimension.")
 @click.option("--input-shape", "shapes", multiple=True, metavar="NAME=DxDx...", help="Fix an input's shape.")
 @click.option("-O", "opt_level", type=click.IntRange(0, 3), default=3, show_default=True, help="LLVM opt level.")
 @click.option("-j", "--jobs", type=click.IntRange(0), default=0, help="Compile workers (0: one per core).")
+@click.option("--test-vectors/--no-test-vectors", "test_vectors", default=None,
+              help="Embed a reference input and its expected outputs for `svodrt verify` "
+                   "(default: when inputs and outputs take at most 1 MiB).")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success.")
 @click.option("-v", "--verbose", is_flag=True, help="Print each stage as it finishes (default on a terminal).")
 def compile(model: str, output: str | None, target: str, dims: tuple[str, ...], shapes: tuple[str, ...],
-            opt_level: int, jobs: int, quiet: bool, verbose: bool) -> None:
+            opt_level: int, jobs: int, test_vectors: bool | None, quiet: bool, verbose: bool) -> None:
     """Compile MODEL (.onnx) into a .svod bundle."""
     from svodc.api import compile_to_file
     from svodc.options import CompileOptions
@@ -83,7 +90,8 @@ def compile(model: str, output: str | None, target: str, dims: tuple[str, ...], 
     for n, v in _pairs(shapes, "--input-shape"):
         shape_map[n] = tuple(_int(d, "--input-shape") for d in v.lower().split("x"))
     out = Path(output) if output else Path(model).with_suffix(".svod")
-    options = CompileOptions(dims=dim_map, input_shapes=shape_map, opt_level=opt_level, jobs=jobs)
+    options = CompileOptions(dims=dim_map, input_shapes=shape_map, opt_level=opt_level, jobs=jobs,
+                             test_vectors=test_vectors)
     t0 = time.perf_counter()
 
     show = not quiet and (verbose or sys.stderr.isatty())

@@ -57,5 +57,15 @@ class LinkError(SvodcError):
     writable section. A code image must be self-contained and read-only."""
 
 
+class BundleError(SvodcError):
+    """The compiled model does not fit the bundle format (a tensor over its size limits, ...)."""
+
+
 class OutputWriteError(SvodcError):
     """The bundle cannot be written to the requested path."""
+
+
+class TestVectorError(SvodcError):
+    """Test vectors were asked for (--test-vectors) but cannot be made for this model."""
+
+    __test__ = False  # not a pytest class

@@ -17,3 +17,6 @@ class CompileOptions:
     jobs: int = 0
     # Largest tensor (in elements) that constant folding materializes when it has to compute one.
     fold_limit: int = 1 << 24
+    # Embed a reference input and its expected outputs (svodc/testvec.py) for `svodrt verify`:
+    # True always, False never, None when inputs and outputs are small.
+    test_vectors: bool | None = None

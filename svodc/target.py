@@ -64,6 +64,10 @@ class Target:
         return 128
 
     @property
+    def vector_regs(self) -> int:
+        return 32 if "avx512f" in self.features else 16
+
+    @property
     def codemodel(self) -> str:
         return "small"
 

@@ -13,6 +13,7 @@ from svodrt.errors import (
     BundleFormatError,
     BundleVersionError,
     InputError,
+    ModelClosedError,
     RuntimeFailure,
     SvodError,
     UnsupportedHostError,
@@ -24,13 +25,16 @@ __version__ = "0.1.0"
 
 
 def load(source: str | os.PathLike | bytes, threads: int | None = None, host: Host | None = None,
-         verify: bool = True) -> Model:
-    """Load a bundle from a path or bytes.
+         verify_weights: bool | None = None, variant: int | None = None) -> Model:
+    """Load a bundle from a path or bytes. Every structural check and the sha256 of the code that will
+    run are always done.
 
-    threads: threads per inference (default: the host's cores). host: pretend to be this host when
-    choosing a code variant (tests). verify: check every section's sha256 (default on)."""
-    return Model(source, threads=threads, host=host, verify=verify)
+    threads: threads per inference (default: the host's cores). host: choose the code variant for
+    this host instead of the detected one (e.g. `detect_host().limited_to("x86-64-v2")`).
+    verify_weights: check the weights' sha256 (default: when they are at most 16 MiB; see
+    docs/architecture.md). variant: use this variant (index) instead of the first the host can run."""
+    return Model(source, threads=threads, host=host, verify_weights=verify_weights, variant=variant)
 
 
-__all__ = ["BundleFormatError", "BundleVersionError", "Host", "InputError", "Model", "RuntimeFailure",
-           "SvodError", "UnsupportedHostError", "detect_host", "load"]
+__all__ = ["BundleFormatError", "BundleVersionError", "Host", "InputError", "Model", "ModelClosedError",
+           "RuntimeFailure", "SvodError", "UnsupportedHostError", "detect_host", "load"]

@@ -40,11 +40,18 @@ def _summary(a: np.ndarray) -> str:
     return f"{a.dtype}{list(a.shape)} [{head}{', ...' if a.size > 5 else ''}]{extra}"
 
 
+def _host(args: argparse.Namespace):
+    from svodrt.host import detect_host
+
+    host = detect_host()
+    return host.limited_to(args.as_cpu) if args.as_cpu else host
+
+
 def cmd_run(args: argparse.Namespace) -> None:
     import svodrt
 
     t0 = time.perf_counter()
-    model = svodrt.load(args.bundle, threads=args.threads)
+    model = svodrt.load(args.bundle, threads=args.threads, host=_host(args), verify_weights=args.verify_weights)
     t1 = time.perf_counter()
     feeds = _load_inputs(args.input)
     t2 = time.perf_counter()
@@ -66,6 +73,29 @@ def cmd_run(args: argparse.Namespace) -> None:
           f"{model.variant.arch}:{model.variant.cpu})", file=sys.stderr)
 
 
+def cmd_verify(args: argparse.Namespace) -> None:
+    from svodrt.verify import verify
+
+    report = verify(args.bundle, host=_host(args), threads=args.threads or 1)
+    print(report.text())
+    if not report.ok:
+        raise SvodError(f"{args.bundle} failed verification: {report.failures[0]}")
+
+
+def cmd_profile(args: argparse.Namespace) -> None:
+    import svodrt
+
+    model = svodrt.load(args.bundle, threads=1)
+    rows = model.profile(_load_inputs(args.input), repeat=args.repeat)
+    total = sum(t for _, t, _ in rows)
+    rows_sorted = sorted(rows, key=lambda r: -r[1])[: args.top]
+    print(f"{'kernel':40s} {'ms':>8s} {'%':>6s}  onnx nodes")
+    for name, t, prov in rows_sorted:
+        nodes = ", ".join(prov[:3]) + (f" (+{len(prov) - 3})" if len(prov) > 3 else "")
+        print(f"{name[:40]:40s} {1e3 * t:8.3f} {100 * t / total:6.1f}  {nodes}")
+    print(f"{'total (sum of medians)':40s} {1e3 * total:8.3f}")
+
+
 def cmd_info(args: argparse.Namespace) -> None:
     from svodrt.describe import describe
 
@@ -83,7 +113,22 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("-o", "--output", help="write the outputs to this .npz")
     r.add_argument("--threads", type=int, default=None, help="threads per inference (default: all cores)")
     r.add_argument("--repeat", type=int, default=1, help="run this many times and report the mean time")
+    r.add_argument("--verify-weights", action="store_true", default=None,
+                   help="check the weights' sha256 even when they are large")
     r.set_defaults(fn=cmd_run)
+    v = sub.add_parser("verify", help="check a bundle completely and run its test vectors on this machine")
+    v.add_argument("bundle")
+    v.add_argument("--threads", type=int, default=1, help="threads per inference for the test vectors")
+    v.set_defaults(fn=cmd_verify)
+    for cmd in (r, v):
+        cmd.add_argument("--as-cpu", metavar="LEVEL", help="choose code as if this machine were only an x86-64 "
+                         "LEVEL (x86-64, x86-64-v2, -v3, -v4): to try a fat bundle's smaller variants")
+    pr = sub.add_parser("profile", help="time every kernel on its own (one thread)")
+    pr.add_argument("bundle")
+    pr.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy|FILE.npz")
+    pr.add_argument("--repeat", type=int, default=10, help="runs per kernel; the median is shown")
+    pr.add_argument("--top", type=int, default=25, help="show the slowest N kernels")
+    pr.set_defaults(fn=cmd_profile)
     i = sub.add_parser("info", help="describe a bundle")
     i.add_argument("bundle")
     i.add_argument("-v", "--verbose", action="store_true", help="list kernels with their ONNX nodes")

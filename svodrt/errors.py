@@ -26,3 +26,7 @@ class InputError(SvodError, ValueError):
 
 class RuntimeFailure(SvodError):
     """The operating system refused a resource the runtime needs (memory mapping, protection)."""
+
+
+class ModelClosedError(SvodError, RuntimeError):
+    """run() was called on a model after close()."""

@@ -1,11 +1,13 @@
-"""The .svod bundle format: constants and the header, defined once, here (svodc imports them).
+"""The .svod bundle format: constants, the header and the variant binding, defined once, here
+(svodc imports them).
 
 Layout (all integers little-endian; see docs/bundle-format.md for the full specification):
 
     0         header (HEADER_SIZE bytes)
-    65536     sections, each starting at a multiple of SECTION_ALIGN (code images, weights),
-              stored uncompressed so they can be mapped straight from the file
-    ...       the manifest: msgpack, zstd-compressed, after the last section
+    64..      sections (weights, code images), stored uncompressed, in order, not overlapping; each
+              starts at a multiple of SMALL_ALIGN, and one of MAP_ALIGN bytes or more at a multiple
+              of MAP_ALIGN so it can be mapped straight from the file
+    ...       the manifest: msgpack, zstd-compressed, after the last section, ending the file
 
 Header fields (64 bytes):
     magic[8]          b"SVOD\\x00\\r\\n\\x1a" (a NUL, CR-LF and ^Z catch text-mode mangling)
@@ -16,13 +18,17 @@ Header fields (64 bytes):
     u64 file_size
     u64 manifest_offset, u64 manifest_size (stored), u64 manifest_raw_size (uncompressed)
     u8[8] manifest_digest: the first 8 bytes of sha256(raw manifest); the manifest in turn holds
-                      a full sha256 of every section
+                      a full sha256 of every section and a binding digest per code variant
 """
 
 from __future__ import annotations
 
+import hashlib
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+import msgpack
 
 MAGIC = b"SVOD\x00\r\n\x1a"
 FORMAT_MAJOR = 1
@@ -30,8 +36,17 @@ FORMAT_MINOR = 1
 HEADER = struct.Struct("<8sHHIIIQQQQ8s")
 FLAG_MANIFEST_ZSTD = 1
 HEADER_SIZE = HEADER.size  # 64
-SECTION_ALIGN = 65536  # arm64 kernels can use 64 KiB pages: sections must be mappable there too
+MAX_HEADER_SIZE = 4096  # a later minor version may grow the header up to this
+SMALL_ALIGN = 64  # every section starts at a multiple of this
+MAP_ALIGN = 65536  # ... and a section this large or larger at a multiple of this (64 KiB pages on arm64)
 MAX_MANIFEST_RAW = 256 << 20  # a manifest larger than this is refused before decompression
+
+# Limits that keep the runtime's arithmetic, allocations and loops bounded whatever a manifest says.
+MAX_BYTES = 1 << 40  # no tensor, arena, section or weights area may be larger (1 TiB)
+MAX_RANK = 64  # numpy's own limit
+MAX_ITEMS = 1 << 20  # no manifest list (kernels, buffers, fixups, ...) may be longer
+MAX_NAME = 4096  # characters in any name
+MAX_TEST_VECTORS = 16
 
 # Index of each pointer in the buffer table the entry function receives.
 BUF_ARENA = 0
@@ -66,8 +81,32 @@ def unpack_header(data: bytes) -> tuple[bytes, Header]:
     return magic, Header(*fields)
 
 
-def align_up(n: int, a: int = SECTION_ALIGN) -> int:
+def align_up(n: int, a: int) -> int:
     return (n + a - 1) // a * a
+
+
+def section_align(length: int) -> int:
+    """Where a section of `length` bytes may start: small ones pack tightly (a tiny model's bundle is
+    a few KB), large ones are page-aligned for every page size we map on."""
+    return MAP_ALIGN if length >= MAP_ALIGN else SMALL_ALIGN
+
+
+def variant_binding(variant: Mapping, code_sha256: bytes, manifest: Mapping) -> bytes:
+    """The digest that binds a code image to everything its machine code was compiled against.
+
+    Range checks cannot tell a plausible but wrong entry offset, fixup list, feature list, input
+    shape or arena size from the right one, and each of those decides what the code does to memory
+    or which CPU can run it. So they are hashed together with the code's own checksum; the runtime
+    recomputes this and refuses a mismatch. sha256 of the msgpack array
+    [arch, cpu, features, feature_bits, code sha256, entry, kernels, fixups,
+     [[name, dtype, shape] per input], [[name, dtype, shape] per output], arena_size, weights_size]."""
+    def sig(ts) -> list:
+        return [[t["name"], t["dtype"], list(t["shape"])] for t in ts]
+
+    fields = [variant["arch"], variant["cpu"], list(variant["features"]), variant["feature_bits"], bytes(code_sha256),
+              variant["entry"], list(variant["kernels"]), list(variant["fixups"]), sig(manifest["inputs"]),
+              sig(manifest["outputs"]), manifest["arena_size"], manifest["weights_size"]]
+    return hashlib.sha256(msgpack.packb(fields, use_bin_type=True)).digest()
 
 
 # dtype names a bundle may use, with the numpy dtype their elements travel as (in and out of run(),

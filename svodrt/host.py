@@ -1,15 +1,17 @@
 """What this machine is: its architecture and the CPU features it has, named as in features.py.
 
 x86_64: the flags line of /proc/cpuinfo (the kernel only reports features the OS has enabled,
-e.g. AVX-512 only with its register state saved on context switch).
+e.g. AVX-512 only with its register state saved on context switch). If it cannot be read, the host
+is taken to have no optional feature, so only baseline code is chosen: unknown means "no".
 """
 
 from __future__ import annotations
 
+import functools
 import platform
 from dataclasses import dataclass
 
-from svodrt.features import FEATURES
+from svodrt.features import FEATURES, X86_64_LEVELS
 
 _ARCH = {"x86_64": "x86_64", "amd64": "x86_64"}
 
@@ -18,6 +20,13 @@ _ARCH = {"x86_64": "x86_64", "amd64": "x86_64"}
 class Host:
     arch: str
     features: frozenset[str]
+
+    def limited_to(self, cpu: str) -> Host:
+        """This host as if it were only a `cpu` (an x86-64 level): its features that the level has.
+        For trying a fat bundle's smaller variants on a bigger machine; it can only remove features."""
+        if self.arch != "x86_64" or cpu not in X86_64_LEVELS:
+            raise ValueError(f"cannot limit a {self.arch} host to {cpu!r}; known: {', '.join(X86_64_LEVELS)}")
+        return Host(self.arch, self.features & frozenset(X86_64_LEVELS[cpu]))
 
 
 def host_arch() -> str:
@@ -36,6 +45,7 @@ def _cpuinfo_flags() -> set[str]:
     return set()
 
 
+@functools.cache
 def detect_host() -> Host:
     arch = host_arch()
     table = FEATURES.get(arch, ())

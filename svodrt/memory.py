@@ -1,19 +1,20 @@
 """Memory mappings through libc (ctypes): code read+execute, weights read-only.
 
-Invariant (W^X): no mapping is ever writable and executable at once. Code that needs base fixups is
-mapped private and writable, patched, then switched to read+execute with mprotect; code without
-fixups is mapped read+execute straight from the file. Code pages are never written after they
-become executable, so no instruction-cache flush is needed on any architecture we map code for
-(the kernel keeps i-cache coherent for pages it maps or whose protection it changes).
+Invariant (W^X): no mapping is ever writable and executable at once. Code is copied into anonymous
+memory mapped read+write, checked, patched, then switched to read+execute with mprotect. Code pages
+are never written after they become executable, so no instruction-cache flush is needed on any
+architecture we map code for (the kernel keeps i-cache coherent for pages whose protection it
+changes).
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import mmap
 import os
 
-from svodrt.errors import RuntimeFailure
+from svodrt.errors import BundleFormatError, RuntimeFailure
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _mmap = _libc.mmap
@@ -67,20 +68,26 @@ def _protect(m: Mapping, prot: int, what: str) -> None:
                              f"{os.strerror(err)} (is the filesystem mounted noexec, or W^X enforced?)")
 
 
-def map_code(fd: int | None, offset: int, data: bytes | memoryview, fixups: tuple[int, ...]) -> Mapping:
-    """Map a code image read+execute. fd/offset: where it is in the bundle file (None: from bytes)."""
+def map_code(data: bytes | memoryview, fixups: tuple[int, ...], sha256: bytes, what: str) -> Mapping:
+    """Copy a code image into fresh anonymous memory, check its sha256 there, apply base fixups,
+    then make it read+execute. Checking the copy means the bytes that run are the bytes that were
+    verified: nothing can change them afterwards (another process rewriting the file), and a file
+    truncated after loading cannot fault the code pages (SIGBUS)."""
     length = len(data)
-    what = "code image"
-    if fd is not None and not fixups and offset % PAGE == 0:
-        return _map(length, mmap.PROT_READ | mmap.PROT_EXEC, mmap.MAP_PRIVATE, fd, offset, what)
-    if fd is not None and offset % PAGE == 0:
-        m = _map(length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE, fd, offset, what)
-    else:
-        m = _map(length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0, what)
-        ctypes.memmove(m.address, bytes(data), length)
-    for off in fixups:  # verified earlier: inside the image, 8 bytes each
+    m = _map(length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0, what)
+    ctypes.memmove(m.address, bytes(data), length)
+    image = (ctypes.c_char * length).from_address(m.address)
+    if hashlib.sha256(memoryview(image)).digest() != sha256:
+        m.close()
+        raise BundleFormatError(f"{what} fails its sha256 checksum: the file is damaged; nothing of it was run")
+    for off in fixups:  # verified earlier: inside the image, 8 bytes apart
         word = ctypes.c_uint64.from_address(m.address + off)
-        word.value = (word.value + m.address) & 0xFFFFFFFFFFFFFFFF
+        value = word.value  # read before any close(): `word` points into the mapping
+        if value > length:
+            m.close()
+            raise BundleFormatError(f"{what}: fixup at offset {off} holds {value}, not an offset inside "
+                                    f"the {length}-byte image")
+        word.value = value + m.address
     _protect(m, mmap.PROT_READ | mmap.PROT_EXEC, what)
     return m
 

@@ -1,14 +1,19 @@
 """Model: a loaded bundle, ready to run.
 
-load() reads and verifies the bundle, picks the first code variant this host can run, maps the code
-read+execute and the weights read-only (straight from the file when loading a path), and resolves the
-entry function. run() validates every input before native code sees it, allocates the outputs, takes
-an arena from a small pool (one per concurrent call), and calls the entry function once per thread.
+load() verifies the bundle's structure (svodrt/bundle.py), picks the first code variant this host
+can run, copies that code into fresh memory, checks its sha256 there and makes it read+execute,
+checks the weights' sha256 (always when they are small, see WEIGHTS_CHECK_LIMIT), and maps the
+weights read-only (straight from the file when loading a path). run() validates every input before
+native code sees it, allocates the outputs, takes an arena from a small pool (one per concurrent
+call), and calls the entry function once per thread.
 
 Threads: the entry splits every kernel across `nthreads` callers that meet at barriers. A model owns
 threads-1 helper threads. One call at a time uses them; a call that finds them busy (another thread
 is running the same model) runs single-threaded instead of waiting, so concurrent calls are safe and
-can never deadlock on the barrier.
+can never deadlock on the barrier. With threads=None (the default: one per core) a model whose
+single-threaded run takes under AUTO_PARALLEL_MIN_S stays single-threaded (measured on its first two
+calls): waking helper threads would cost more than they save. close() refuses new calls, waits for
+the running ones, then unmaps; a call after close() raises ModelClosedError.
 """
 
 from __future__ import annotations
@@ -18,38 +23,57 @@ import ctypes
 import mmap
 import os
 import threading
+import time
 from collections.abc import Mapping as MappingT
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-from svodrt.bundle import Bundle, TensorInfo, Variant, parse_bundle
-from svodrt.errors import InputError, UnsupportedHostError
+from svodrt.bundle import Bundle, TensorInfo, Variant, check_section, parse_bundle
+from svodrt.errors import InputError, ModelClosedError, UnsupportedHostError
+from svodrt.features import feature_names
 from svodrt.format import BITS_OF, DTYPES, SYNC_SIZE
 from svodrt.host import Host, detect_host
-from svodrt.memory import YIELD_FN, Mapping, map_code, map_readonly
+from svodrt.memory import PAGE, YIELD_FN, Mapping, map_code, map_readonly
 
 NARROW_INTS = frozenset({"int4", "uint4", "int2", "uint2"})
 
 ENTRY_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p)
 ALIGN = 64
+MAX_THREADS = 1024
+# Weights sections up to this size are checksummed at every load (sha256: ~10 ms for 16 MiB); larger
+# ones only when asked (load(verify_weights=True), svodrt verify). See docs/architecture.md.
+WEIGHTS_CHECK_LIMIT = 16 << 20
 
 
-def select_variant(bundle: Bundle, host: Host) -> Variant:
-    """The first variant whose architecture is the host's and whose features the host has."""
+def variant_problem(v: Variant, host: Host) -> str | None:
+    """Why this host cannot run variant v, or None if it can."""
+    if v.arch != host.arch:
+        return f"architecture {v.arch}"
+    missing = [f for f in v.features if f not in host.features]
+    if not missing:
+        return None
+    known = set(feature_names(v.arch))
+    unknown = [f for f in missing if f not in known]
+    note = f"; {', '.join(unknown)} unknown to this runtime: upgrade svodrt" if unknown else ""
+    return f"missing {', '.join(missing)}{note}"
+
+
+def select_variant(bundle: Bundle, host: Host, index: int | None = None) -> Variant:
+    """The first variant whose architecture is the host's and whose features the host has all of
+    (or variant `index`, if the host can run it)."""
+    candidates = bundle.variants if index is None else [bundle.variants[index]]
     reasons = []
-    for v in bundle.variants:
-        if v.arch != host.arch:
-            reasons.append(f"{v.arch}:{v.cpu} (architecture {v.arch})")
-            continue
-        missing = [f for f in v.features if f not in host.features]
-        if not missing:
+    for v in candidates:
+        problem = variant_problem(v, host)
+        if problem is None:
             return v
-        reasons.append(f"{v.arch}:{v.cpu} (missing {', '.join(missing)})")
-    raise UnsupportedHostError(f"no code variant of this bundle runs on this {host.arch} host: "
-                               f"{'; '.join(reasons)}. Recompile with a variant for this machine, e.g. "
-                               f"--target {host.arch}-linux-gnu:{'x86-64' if host.arch == 'x86_64' else 'generic'}")
+        reasons.append(f"{v.describe()} ({problem})")
+    which = "no code variant of this bundle runs" if index is None else f"variant {index} does not run"
+    fallback = "x86-64" if host.arch == "x86_64" else "generic"
+    raise UnsupportedHostError(f"{which} on this {host.arch} host: {'; '.join(reasons)}. Recompile with a "
+                               f"variant for this machine, e.g. --target {host.arch}-linux-gnu:{fallback}")
 
 
 def _aligned_empty(nbytes: int) -> tuple[np.ndarray, int]:
@@ -58,69 +82,79 @@ def _aligned_empty(nbytes: int) -> tuple[np.ndarray, int]:
     return raw, raw.ctypes.data + shift
 
 
+AUTO_PARALLEL_MIN_S = 300e-6  # with threads=None, models faster than this on one thread use one thread
+
+
 class Model:
     def __init__(self, source: str | os.PathLike | bytes, threads: int | None = None, host: Host | None = None,
-                 verify: bool = True):
+                 verify_weights: bool | None = None, variant: int | None = None):
         self._closed = False
-        self._file: mmap.mmap | None = None
         self._maps: list[Mapping] = []
         self._keep: list[object] = []
-        fd = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._state = threading.Condition()
+        self._active = 0
+        n = threads if threads is not None else (os.cpu_count() or 1)
+        self._auto = threads is None  # threads chosen by us: tiny models stay on one thread
+        self._parallel = True
+        self._solo_runs = 0
+        self._solo_best = float("inf")
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_THREADS:
+            raise ValueError(f"threads must be an integer in [1, {MAX_THREADS}], got {threads!r}")
+        self.threads = n
         if isinstance(source, (bytes, bytearray, memoryview)):
-            data = memoryview(bytes(source))
+            self._load(memoryview(bytes(source)), None, host, verify_weights, variant)
         else:
-            path = Path(source)
-            with open(path, "rb") as f:
+            with open(Path(source), "rb") as f:
                 size = os.fstat(f.fileno()).st_size
-                self._file = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size else None
-                data = memoryview(self._file) if self._file is not None else memoryview(b"")
-                self._fd = os.dup(f.fileno())
-                fd = self._fd
-        try:
-            self.bundle = parse_bundle(data, verify_checksums=verify)
-            self.variant = select_variant(self.bundle, host or detect_host())
-            sec = self.variant.section
-            code = map_code(fd, sec.offset, data[sec.offset: sec.offset + sec.length], self.variant.fixups)
-            self._maps.append(code)
-            self.weights_address = self._map_weights(fd, data)
-        except BaseException:
-            self._release(data)
-            raise
-        self._release(data)
-        self._entry = ENTRY_FN(code.address + self.variant.entry)
-        self.threads = max(1, int(threads if threads is not None else (os.cpu_count() or 1)))
-        self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="svodrt") if self.threads > 1 else None
+                fmap = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size else None
+                data = memoryview(fmap if fmap is not None else b"")
+                try:
+                    self._load(data, f.fileno(), host, verify_weights, variant)
+                finally:
+                    with contextlib.suppress(BufferError):  # a traceback may still hold a view: GC closes it
+                        data.release()
+                        if fmap is not None:
+                            fmap.close()
+        self._entry = ENTRY_FN(self._maps[0].address + self.variant.entry)
+        if self.threads > 1:
+            self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="svodrt")
         self._team = threading.Lock()
+        self._input_specs = [(t.name, np.dtype(DTYPES[t.dtype][0]), tuple(t.shape)) for t in self.bundle.inputs]
+        self._output_specs = [(tuple(t.shape), np.dtype(DTYPES[t.dtype][0])) for t in self.bundle.outputs]
+        self._output_names = [t.name for t in self.bundle.outputs]
+        self._table_type = ctypes.c_void_p * (2 + len(self.bundle.inputs) + len(self.bundle.outputs))
         self._arenas: list[tuple[np.ndarray, int]] = []
         self._arena_lock = threading.Lock()
 
+    def _load(self, data: memoryview, fd: int | None, host: Host | None, verify_weights: bool | None,
+              variant: int | None) -> None:
+        try:
+            self.bundle = parse_bundle(data)
+            if variant is not None and not 0 <= variant < len(self.bundle.variants):
+                raise ValueError(f"variant {variant} does not exist (the bundle has {len(self.bundle.variants)})")
+            self.variant = select_variant(self.bundle, host or detect_host(), variant)
+            sec = self.variant.section
+            self._maps.append(map_code(data[sec.offset: sec.offset + sec.length], self.variant.fixups, sec.sha256,
+                                       f"code section {sec.name!r} at offset {sec.offset}"))
+            w = self.bundle.weights
+            if verify_weights or (verify_weights is None and w.length <= WEIGHTS_CHECK_LIMIT):
+                check_section(data, w)
+            self.weights_address = self._map_weights(fd, data)
+        except BaseException:
+            self._unmap()
+            raise
+
     def _map_weights(self, fd: int | None, data: memoryview) -> int:
         w = self.bundle.weights
-        if w.length == 0:
-            buf, addr = _aligned_empty(0)
-            self._keep.append(buf)
-            return addr
-        if fd is not None:
+        if fd is not None and w.length and w.offset % PAGE == 0:
             m = map_readonly(fd, w.offset, w.length, "weights")
             self._maps.append(m)
             return m.address
-        buf, addr = _aligned_empty(w.length)
+        buf, addr = _aligned_empty(w.length)  # from bytes, or a small section not on a page boundary
         ctypes.memmove(addr, bytes(data[w.offset: w.offset + w.length]), w.length)
         self._keep.append(buf)
         return addr
-
-    def _release(self, data: memoryview) -> None:
-        """Drop the parse-time view of the file; mappings made from it stay valid on their own."""
-        try:
-            data.release()
-            if self._file is not None:
-                self._file.close()
-        except BufferError:
-            pass  # a view is still referenced (e.g. by a traceback): the mmap closes when it is collected
-        self._file = None
-        if getattr(self, "_fd", None) is not None:
-            os.close(self._fd)
-            self._fd = None
 
     # ------------------------------------------------------------------ description
     @property
@@ -134,10 +168,30 @@ class Model:
     def __repr__(self) -> str:
         ins = ", ".join(f"{t.name}: {t.dtype}{list(t.shape)}" for t in self.inputs)
         outs = ", ".join(f"{t.name}: {t.dtype}{list(t.shape)}" for t in self.outputs)
-        return f"<svodrt.Model ({ins}) -> ({outs}) on {self.variant.arch}:{self.variant.cpu}>"
+        return f"<svodrt.Model ({ins}) -> ({outs}) on {self.variant.describe()}>"
 
     # ------------------------------------------------------------------ running
-    def _check_inputs(self, feeds: MappingT[str, object]) -> list[np.ndarray]:
+    def _fast_inputs(self, feeds: object) -> list[np.ndarray] | None:
+        """The common case in a few comparisons: a dict of exactly the inputs, each an ndarray of the
+        declared dtype and shape, C-contiguous and aligned. None means: take the full check."""
+        specs = self._input_specs
+        if type(feeds) is not dict or len(feeds) != len(specs):
+            return None
+        arrays = []
+        for name, dtype, shape in specs:
+            a = feeds.get(name)
+            if (type(a) is not np.ndarray or a.dtype != dtype or a.shape != shape or not a.flags.c_contiguous
+                    or not a.flags.aligned):
+                return None
+            arrays.append(a)
+        return arrays
+
+    def check_inputs(self, feeds: MappingT[str, object]) -> list[np.ndarray]:
+        """Validate a feed dict against the model's inputs; returns the arrays the code will read, in
+        input order (C-contiguous and aligned: copied if they were not)."""
+        fast = self._fast_inputs(feeds)
+        if fast is not None:
+            return fast
         if not isinstance(feeds, MappingT):
             raise InputError(f"inputs must be a dict of name -> array, got {type(feeds).__name__}")
         expected = [t.name for t in self.bundle.inputs]
@@ -159,27 +213,90 @@ class Model:
                 return self._arenas.pop()
         return _aligned_empty(self.bundle.arena_size)
 
-    def run(self, feeds: MappingT[str, object]) -> dict[str, np.ndarray]:
-        """Run the model: {input name: array} -> {output name: array}."""
-        if self._closed:
-            raise RuntimeError("this model was closed")
-        arrays = self._check_inputs(feeds)
+    @contextlib.contextmanager
+    def _running(self):
+        """Counts a call in flight, so close() can wait for it; refuses calls after close()."""
+        with self._state:
+            if self._closed:
+                raise ModelClosedError("this model was closed; load the bundle again to run it")
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._state:
+                self._active -= 1
+                if not self._active:
+                    self._state.notify_all()
+
+    @contextlib.contextmanager
+    def _call_buffers(self, feeds: MappingT[str, object]):
+        """(buffer table, outputs) for one call: inputs checked, outputs allocated, an arena lent."""
+        arrays = self.check_inputs(feeds)
         outs = [np.empty(t.shape, dtype=np.dtype(DTYPES[t.dtype][0])) for t in self.bundle.outputs]
         arena = self._arena()
         ptrs = [arena[1], self.weights_address, *(a.ctypes.data for a in arrays), *(o.ctypes.data for o in outs)]
-        table = (ctypes.c_void_p * len(ptrs))(*ptrs)
-        sync = (ctypes.c_uint64 * (SYNC_SIZE // 8))()
-        sync[1] = YIELD_FN  # offset 8: the barrier's yield function
         try:
-            self._call(table, sync)
+            yield (ctypes.c_void_p * len(ptrs))(*ptrs), outs
         finally:
             with self._arena_lock:
                 self._arenas.append(arena)
-        return {t.name: o for t, o in zip(self.bundle.outputs, outs, strict=True)}
+
+    def run(self, feeds: MappingT[str, object]) -> dict[str, np.ndarray]:
+        """Run the model: {input name: array} -> {output name: array}. Safe to call from many threads."""
+        # The hot path of every inference: the same steps as _running() and _call_buffers(), written
+        # out (generator context managers cost more than a small model's whole run).
+        arrays = self.check_inputs(feeds)
+        with self._state:
+            if self._closed:
+                raise ModelClosedError("this model was closed; load the bundle again to run it")
+            self._active += 1
+        try:
+            outs = [np.empty(shape, dtype) for shape, dtype in self._output_specs]
+            arena = self._arena()
+            try:
+                table = self._table_type(arena[1], self.weights_address, *(a.ctypes.data for a in arrays),
+                                         *(o.ctypes.data for o in outs))
+                sync = (ctypes.c_uint64 * (SYNC_SIZE // 8))()
+                sync[1] = YIELD_FN  # offset 8: the barrier's yield function
+                self._call(table, sync)
+            finally:
+                with self._arena_lock:
+                    self._arenas.append(arena)
+        finally:
+            with self._state:
+                self._active -= 1
+                if not self._active:
+                    self._state.notify_all()
+        return dict(zip(self._output_names, outs, strict=True))
+
+    def profile(self, feeds: MappingT[str, object], repeat: int = 10) -> list[tuple[str, float, tuple[str, ...]]]:
+        """Time each kernel alone (single-threaded, its own entry point): [(kernel, median seconds,
+        ONNX nodes)], in execution order. Runs the whole model once per repeat. Times are the calling
+        thread's CPU time, so a busy machine that preempts the thread does not inflate them."""
+        kernel_fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32)
+        with self._running(), self._call_buffers(feeds) as (table, _):
+            fns = [kernel_fn(self._maps[0].address + off) for off in self.variant.kernels]
+            times: list[list[float]] = [[] for _ in fns]
+            for _ in range(repeat):
+                for i, fn in enumerate(fns):
+                    t0 = time.thread_time()
+                    fn(table, None, 0, 1)
+                    times[i].append(time.thread_time() - t0)
+        return [(k.name, float(np.median(t)), k.provenance) for k, t in zip(self.bundle.kernels, times, strict=True)]
 
     def _call(self, table, sync) -> None:
         n = self.threads
-        if n > 1 and self._team.acquire(blocking=False):
+        if n > 1 and self._auto and self._solo_runs < 2:
+            # threads=None: the first two calls run on one thread and are timed; a model faster than
+            # AUTO_PARALLEL_MIN_S stays single-threaded (waking helpers would cost more than it saves).
+            t0 = time.perf_counter()
+            self._entry(table, None, 0, 1, sync)
+            self._solo_best = min(self._solo_best, time.perf_counter() - t0)
+            self._solo_runs += 1
+            if self._solo_runs == 2 and self._solo_best < AUTO_PARALLEL_MIN_S:
+                self._parallel = False
+            return
+        if self._pool is not None and self._parallel and self._team.acquire(blocking=False):
             try:
                 futures = [self._pool.submit(self._entry, table, None, i, n, sync) for i in range(1, n)]
                 self._entry(table, None, 0, n, sync)
@@ -191,14 +308,22 @@ class Model:
             self._entry(table, None, 0, 1, sync)
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+        """Refuse new runs, wait for running ones to finish, then release the code and weights."""
+        with self._state:
+            if self._closed:
+                return
+            self._closed = True
+            while self._active:
+                self._state.wait()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        self._unmap()
+
+    def _unmap(self) -> None:
         for m in self._maps:
             m.close()
         self._maps.clear()
+        self._keep.clear()
 
     def __enter__(self) -> Model:
         return self
@@ -219,15 +344,20 @@ def _as_transport(t: TensorInfo, value: np.ndarray, want: np.dtype) -> np.ndarra
         return value.view(want)
     if name == t.dtype and t.dtype in NARROW_INTS:
         return value.astype(want)
-    raise InputError(f"input {t.name!r} has dtype {value.dtype}, expected {t.dtype}"
-                     + (f" (passed as {want})" if want.name != t.dtype else ""))
+    got, hint = str(value.dtype), ""
+    if want.name != t.dtype:
+        what = "values" if t.dtype in NARROW_INTS else "raw bits"
+        hint = f" (pass {t.dtype} as its {what} in a {want} array, or as an ml_dtypes {t.dtype} array)"
+    if value.dtype.kind != "V" and value.dtype.newbyteorder("=") == want:
+        got, hint = value.dtype.str, f" in big-endian byte order: convert with .astype('{want.str}')"
+    raise InputError(f"input {t.name!r} has dtype {got}, expected {t.dtype}{hint}")
 
 
 def check_input(t: TensorInfo, value: object) -> np.ndarray:
     """Validate one input against its declaration; returns a C-contiguous, aligned array.
-    Non-contiguous or misaligned arrays are copied (documented); a wrong dtype, rank or dimension is
-    an InputError, never a silent conversion."""
-    if not isinstance(value, np.ndarray):
+    Non-contiguous or misaligned arrays are copied (documented); a wrong type, dtype (including byte
+    order), rank or dimension is an InputError, never a silent conversion."""
+    if not isinstance(value, np.ndarray) or isinstance(value, np.ma.MaskedArray):
         raise InputError(f"input {t.name!r} must be a numpy.ndarray, got {type(value).__name__}")
     want = np.dtype(DTYPES[t.dtype][0])
     if value.dtype != want:
@@ -239,7 +369,7 @@ def check_input(t: TensorInfo, value: object) -> np.ndarray:
         if got != exp:
             raise InputError(f"input {t.name!r} dim {i}: got {got}, expected {exp}")
     if not value.flags.c_contiguous or value.ctypes.data % want.itemsize:
-        value = np.ascontiguousarray(value).copy()
+        value = np.array(value, order="C", copy=True)  # numpy allocations are aligned
     if value.nbytes != t.nbytes:  # shapes matched; this guards the size arithmetic itself
         raise InputError(f"input {t.name!r} is {value.nbytes} bytes, expected {t.nbytes}")
     return value

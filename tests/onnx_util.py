@@ -48,3 +48,21 @@ def reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.n
     so.log_severity_level = 3
     so.intra_op_num_threads = 1
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def small_cnn() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A conv -> relu -> pool -> gemm -> softmax model with seeded random weights, and one input."""
+    r = np.random.default_rng(7)
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("Gemm", ["f", "fw"], ["g"], transB=1),
+        helper.make_node("Softmax", ["g"], ["y"]),
+    ]
+    inits = {"w": r.standard_normal((4, 3, 3, 3)).astype(np.float32), "b": r.standard_normal(4).astype(np.float32),
+             "fw": (r.standard_normal((10, 64)) * 0.1).astype(np.float32)}
+    model = make_model(nodes, {"x": (np.float32, [2, 3, 8, 8])}, ["y"], inits)
+    x = r.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    return model, {"x": x}

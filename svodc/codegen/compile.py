@@ -73,6 +73,12 @@ def prepare_kernel(kernel: Kernel) -> Kernel:
     return Kernel(kernel.name, ast, kernel.params, kernel.provenance)
 
 
+# Kernels per LLVM module. The split depends only on the kernel count, never on the number of workers
+# (-j, cores): module boundaries change the code layout, and the same model with the same options
+# must give the same bytes on every build machine.
+KERNELS_PER_MODULE = 4
+
+
 def _chunks(items: list, n: int) -> list[list]:
     n = max(1, min(n, len(items)))
     return [items[i::n] for i in range(n)]
@@ -84,7 +90,7 @@ def compile_program(program: Program, target: Target, options: CompileOptions) -
     jobs_n = options.jobs or os.cpu_count() or 1
     dbg = debug_level()
     jobs = []
-    for i, chunk in enumerate(_chunks(kernels, jobs_n * 2)):
+    for i, chunk in enumerate(_chunks(kernels, -(-len(kernels) // KERNELS_PER_MODULE))):
         jobs.append(LLVMJob(f"kernels[{', '.join(k.name for k in chunk[:4])}{'...' if len(chunk) > 4 else ''}]",
                             kernel_module(chunk, nin, target, f"chunk{i}"), target.triple, target.llvm_cpu,
                             target.llvm_features, options.opt_level, target.codemodel, dbg >= 4))

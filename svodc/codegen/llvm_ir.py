@@ -25,6 +25,7 @@ from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import Ops, ParamArg, RangeArg, RangeKind
 from svodc.ir.uop import UOp, toposort
 from svodc.program import Buffer, BufferKind, Kernel
+from svodc.target import Target
 
 FN_ATTRS = 'nounwind "no-builtins" "frame-pointer"="none"'
 
@@ -38,12 +39,15 @@ class Scope:
     ivar_ptr: str = ""
     start: str = "0"
     end: str = "0"
+    pseudo: bool = False  # a range bound to a value computed outside (no loop of its own)
 
 
 class KernelEmitter:
-    def __init__(self, name: str, ast: UOp):
+    def __init__(self, name: str, ast: UOp, target: Target):
         self.name = name
         self.ast = ast
+        self.target = target
+        self.shared_functions: dict[str, str] = {}  # name -> definition: helpers kernels may share (GEMM)
         self._n = 0
         self.allocas: list[str] = []
         self.stack: list[Scope] = [Scope(None)]
@@ -71,9 +75,21 @@ class KernelEmitter:
         self.range_pos[r] = len(self.stack)
         self.stack.append(scope)
 
+    def fresh_label(self) -> int:
+        self._n += 1
+        return self._n
+
+    def bind_range(self, r: UOp, value: str) -> None:
+        """Make `r` evaluate to `value` (an SSA value of the current scope) until close_loop()."""
+        self.range_pos[r] = len(self.stack)
+        self.stack.append(Scope(r, ivar=value, pseudo=True))
+
     def close_loop(self) -> None:
         s = self.stack.pop()
         del self.range_pos[s.range]
+        if s.pseudo:
+            self.stack[-1].lines += s.lines
+            return
         k = self._n = self._n + 1
         head, body, done, nxt, cond = f"L{k}.head", f"L{k}.body", f"L{k}.done", f"%i.next{k}", f"%c{k}"
         parent = self.stack[-1].lines
@@ -140,7 +156,7 @@ class KernelEmitter:
         return self.emit_line(scope, f"load {t}, ptr {acc}")
 
     def emit_store(self, store: UOp) -> None:
-        buf, idx, val = store.src
+        """A STORE with its loops: opens every range it depends on (in id order) around it."""
         ranges = sorted(self.free[store], key=lambda r: r.arg.id)
         for r in ranges:
             assert isinstance(r.arg, RangeArg)
@@ -150,6 +166,13 @@ class KernelEmitter:
                 self.open_loop(r, start, stop)
             else:
                 self.open_loop(r, "0", end)
+        self.emit_statement(store)
+        for _ in ranges:
+            self.close_loop()
+
+    def emit_statement(self, store: UOp) -> None:
+        """A STORE inside loops that are already open (or ranges already bound)."""
+        buf, idx, val = store.src
         v = self.value(val)
         i = self.value(idx)
         scope = self.stack[-1]
@@ -158,8 +181,6 @@ class KernelEmitter:
         if val.dtype is dtypes.bool:
             v = self.emit_line(scope, f"zext i1 {v} to i8")
         scope.lines.append(f"  store {mem_type(val.dtype)} {v}, ptr {ptr}")
-        for _ in ranges:
-            self.close_loop()
 
     def thread_split(self, total: str) -> tuple[str, str]:
         """This thread's share [start, stop) of a parallel loop of `total` iterations."""
@@ -173,8 +194,13 @@ class KernelEmitter:
 
     # ------------------------------------------------------------------ the function
     def render_body(self, nparams: int) -> str:
-        for store in self.ast.src:
-            self.emit_store(store)
+        from svodc.codegen.llvm_gemm import emit_gemm
+
+        for stmt in self.ast.src:
+            if stmt.op is Ops.GEMM:
+                emit_gemm(self, stmt, self.target)
+            else:
+                self.emit_store(stmt)
         params = ", ".join(f"ptr noalias %p{i}" for i in range(nparams))
         lines = [f"define internal void @{self.name}.body({params}, i32 %thread, i32 %nthreads) #0 {{",
                  "entry:", *[f"  {a}" for a in self.allocas], *self.stack[0].lines, "  ret void", "}"]
@@ -193,9 +219,10 @@ def param_pointer(buf: Buffer, nin: int) -> tuple[int, int]:
     return 2 + nin + buf.slot, 0
 
 
-def render_kernel(kernel: Kernel, nin: int) -> tuple[str, set[str]]:
-    """The kernel's body function and its buffer-table wrapper, and the intrinsics they declare."""
-    em = KernelEmitter(kernel.name, kernel.ast)
+def render_kernel(kernel: Kernel, nin: int, target: Target) -> tuple[str, set[str], dict[str, str]]:
+    """The kernel's body function and its buffer-table wrapper, the intrinsics they declare, and the
+    shared helper functions they call (name -> definition; one copy per module)."""
+    em = KernelEmitter(kernel.name, kernel.ast, target)
     body = em.render_body(len(kernel.params))
     lines = [f"define void @{kernel.name}(ptr %bufs, ptr %dims, i32 %thread, i32 %nthreads) #0 {{", "entry:"]
     args = []
@@ -207,4 +234,4 @@ def render_kernel(kernel: Kernel, nin: int) -> tuple[str, set[str]]:
         args.append(f"ptr %a{i}")
     lines.append(f"  call void @{kernel.name}.body({', '.join(args)}, i32 %thread, i32 %nthreads)")
     lines += ["  ret void", "}"]
-    return body + "\n\n" + "\n".join(lines), em.uses_intrinsics
+    return body + "\n\n" + "\n".join(lines), em.uses_intrinsics, em.shared_functions

@@ -37,11 +37,14 @@ def _attrs(target: Target) -> list[str]:
 def kernel_module(kernels: list[Kernel], nin: int, target: Target, name: str) -> str:
     bodies = []
     declares: set[str] = set()
+    shared: dict[str, str] = {}
     for k in kernels:
-        text, intrinsics = render_kernel(k, nin)
+        text, intrinsics, helpers = render_kernel(k, nin, target)
         bodies.append(text)
         declares |= intrinsics
-    return "\n".join([*_header(target, name), *sorted(declares), "", *bodies, "", *_attrs(target), ""])
+        shared.update(helpers)
+    helpers_text = [shared[n] for n in sorted(shared)]
+    return "\n".join([*_header(target, name), *sorted(declares), "", *helpers_text, *bodies, "", *_attrs(target), ""])
 
 
 def _spin_hint(target: Target) -> tuple[str, str]:

@@ -106,6 +106,7 @@ class Ops(Enum):
     LOAD = auto()  # src (param, index) or (param, index, valid); arg: the value when not valid
     STORE = auto()  # src (param, index, value); dtype void
     LOOP_REDUCE = auto()  # arg ReduceOp (ADD/MAX/MIN/MUL); src (value, *ranges it reduces over)
+    GEMM = auto()  # arg GemmArg; src (a param, b param, c param[, epilogue STORE]): a contraction kernel
 
 
 # Groups, as frozensets for fast membership tests.
@@ -218,6 +219,44 @@ class RangeArg:
 @dataclass(frozen=True, slots=True)
 class KernelArg:
     name: str
+
+
+# Panel sizes of operands packed at compile time. Fixed for every target, so one weights section
+# serves every code variant of a fat bundle; micro-kernels read whole panels or parts of one.
+A_PANEL = 8  # rows of A per panel: packed A is [ceil(M/8)][K][8]
+B_PANEL = 16  # columns of B per panel: packed B is [ceil(N/16)][K][16]
+
+
+@dataclass(frozen=True, slots=True)
+class GemmOperand:
+    """Where element (batch..., row, col) of an operand lives, in elements from its parameter.
+    A: row = m, col = k. B: row = k, col = n. C: row = m, col = n.
+    packed: the operand is a constant laid out in panels (A_PANEL rows of A, or B_PANEL columns of B),
+    zero-padded to whole panels; row/col strides are then ignored."""
+
+    batch_strides: tuple[int, ...]
+    row_stride: int
+    col_stride: int
+    offset: int = 0
+    packed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GemmArg:
+    """C[b, m, n] = sum_k A[b, m, k] * B[b, k, n] for every batch index b (then the epilogue).
+
+    transposed: the micro-kernels vectorize along m instead of n (C^T = B^T A^T), for products whose
+    n is small and not a multiple of the vector width (late convolution layers: n = 7*7). A is then
+    packed like a B panel (B_PANEL consecutive m per k) and C tiles are stored with a stride."""
+
+    batch: tuple[int, ...]
+    m: int
+    n: int
+    k: int
+    a: GemmOperand
+    b: GemmOperand
+    c: GemmOperand
+    transposed: bool = False
 
 
 class ConstData:

@@ -45,7 +45,8 @@ def window_out(size: int, kernel: int, stride: int, dilation: int) -> int:
 
 def infer_shape(n: UOp) -> tuple:
     op, arg = n.op, n.arg
-    if op in (Ops.SINK, Ops.PARAM, Ops.RANGE, Ops.LOAD, Ops.STORE, Ops.LOOP_REDUCE, Ops.DEFINE_VAR, Ops.CONST):
+    if op in (Ops.SINK, Ops.PARAM, Ops.RANGE, Ops.LOAD, Ops.STORE, Ops.LOOP_REDUCE, Ops.DEFINE_VAR, Ops.CONST,
+              Ops.GEMM):
         return ()
     if op is Ops.INPUT:
         assert isinstance(arg, InputArg)

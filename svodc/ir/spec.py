@@ -11,6 +11,7 @@ from svodc.ir.ops import (
     UNARY,
     ConstData,
     ConvArg,
+    GemmArg,
     InputArg,
     KernelArg,
     Ops,
@@ -52,6 +53,7 @@ _SPEC: dict[Ops, tuple[type | tuple[type, ...] | None, int | None]] = {
     Ops.LOAD: ((int, float, bool), None),
     Ops.STORE: (None, 3),
     Ops.LOOP_REDUCE: (Ops, None),
+    Ops.GEMM: (GemmArg, None),
 }
 for _op in UNARY:
     _SPEC[_op] = (None, 1)

@@ -245,6 +245,11 @@ pm_symbolic = PatternMatcher([
     (UPat(Ops.MUL, INT_LIKE, src=(ints, UPat.const(1))), lambda x: x),
     (UPat(Ops.MUL, INT_LIKE, src=(ints, UPat.const(0))), lambda x: x.const_like(0)),
     (UPat(Ops.ADD, INT_LIKE, src=(ints, UPat.const(0))), lambda x: x),
+    # min/max decided by bounds (clamps of indices that are in range)
+    (UPat(Ops.MAX, INT_LIKE, src=(UPat.var("x"), UPat.var("y"))),
+     lambda x, y: x if x.vmin >= y.vmax else (y if y.vmin >= x.vmax else None)),
+    (UPat(Ops.MIN, INT_LIKE, src=(UPat.var("x"), UPat.var("y"))),
+     lambda x, y: x if x.vmax <= y.vmin else (y if y.vmax <= x.vmin else None)),
     # boolean logic
     (UPat(Ops.AND, dtypes.bool, src=(UPat.var("x"), UPat.const(True))), lambda x: x),
     (UPat(Ops.AND, dtypes.bool, src=(UPat.var("x"), UPat.const(False))), lambda x: x.const_like(False)),

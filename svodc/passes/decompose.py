@@ -34,7 +34,24 @@ def decompose_conv(n: UOp) -> UOp:
     return T.reshape(red, (N, O, *out_sp))
 
 
-def decompose_matmul(n: UOp) -> UOp:
+def gemm_eligible(n: UOp) -> bool:
+    """MATMULs the GEMM kernels run: float32, big enough, and no operand a splat constant (a splat
+    would be materialized into panels; the generic path multiplies by the scalar instead)."""
+    from svodc.ir.dtypes import dtypes
+    from svodc.passes.contraction import GEMM_MIN_MACS
+    from svodc.passes.fold import splat_value
+
+    a, b = n.src
+    macs = a.shape[-1]
+    for d in n.shape:
+        macs *= d
+    return (n.dtype is dtypes.float32 and macs >= GEMM_MIN_MACS and splat_value(a) is None
+            and splat_value(b) is None)
+
+
+def decompose_matmul(n: UOp) -> UOp | None:
+    if gemm_eligible(n):
+        return None
     a, b = n.src
     *batch, M, K = a.shape
     N = b.shape[-1]

@@ -35,6 +35,7 @@ from svodc.ir.ops import (
 from svodc.ir.rewrite import graph_rewrite
 from svodc.ir.symbolic import pm_symbolic
 from svodc.ir.uop import UOp
+from svodc.passes.split import split_kernel
 from svodc.program import Buffer
 
 PARALLEL_MIN = 32  # collapse leading axes into one parallel loop of at least this many iterations
@@ -110,31 +111,44 @@ class KernelLowerer:
         return r
 
     # ------------------------------------------------------------------ the kernel
-    def lower_kernel(self, root: UOp, copy_from: Buffer | None = None) -> UOp:
+    def lower_kernel(self, root: UOp, copy_from: Buffer | None = None, merge_inner: bool = False) -> UOp:
+        # A reshape keeps the linear order, so a kernel whose root is a reshape can iterate over the
+        # shape before it and store at the same addresses: no div/mod to split merged axes (this
+        # turns an im2col copy into affine loops over the window axes).
+        while copy_from is None and root.op is Ops.RESHAPE and self._buffer_for(root.src[0]) is None:
+            root = root.src[0]
         shape = root.shape
-        idx = self.output_index(shape)
+        idx = self.output_index(shape, merge_inner)
         value = self.load(copy_from, idx) if copy_from is not None else self.lower(root, idx, top=True)
         out = self.params[0]
         store = UOp(Ops.STORE, dtypes.void, (self.param(out), self.linear(idx, shape), value))
         sink = UOp(Ops.SINK, dtypes.void, (store,), KernelArg(self.name))
-        return _simplify(sink)
+        return split_kernel(_simplify(sink))
 
-    def output_index(self, shape: tuple[int, ...]) -> tuple[UOp, ...]:
-        """Leading axes collapse into one PARALLEL range (split across threads); the rest loop."""
+    def output_index(self, shape: tuple[int, ...], merge_inner: bool = False) -> tuple[UOp, ...]:
+        """Leading axes collapse into one PARALLEL range (split across threads); the rest loop, one
+        range per axis, or all in one range when merge_inner (a long contiguous innermost loop)."""
         k, p = 0, 1
         while k < len(shape) and p < PARALLEL_MIN:
             p *= shape[k]
             k += 1
         idx: list[UOp] = []
         if k:
-            par = self.new_range(p, RangeKind.PARALLEL)
-            inner = p
-            for d in range(k):
-                inner //= shape[d]
-                idx.append(par // inner % shape[d] if shape[d] != 1 else ic(0))
-        for d in range(k, len(shape)):
-            idx.append(self.new_range(shape[d], RangeKind.LOOP) if shape[d] != 1 else ic(0))
+            idx += self._split_range(self.new_range(p, RangeKind.PARALLEL), shape[:k])
+        rest = shape[k:]
+        if merge_inner and len([d for d in rest if d != 1]) > 1:
+            idx += self._split_range(self.new_range(math.prod(rest), RangeKind.LOOP), rest)
+        else:
+            idx += [self.new_range(d, RangeKind.LOOP) if d != 1 else ic(0) for d in rest]
         return tuple(_simplify(i) for i in idx)
+
+    @staticmethod
+    def _split_range(r: UOp, dims: tuple[int, ...]) -> list[UOp]:
+        out, inner = [], math.prod(dims)
+        for d in dims:
+            inner //= d
+            out.append(r // inner % d if d != 1 else ic(0))
+        return out
 
     @staticmethod
     def linear(idx: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
@@ -245,11 +259,24 @@ def reduce_identity(op: Ops, dtype) -> int | float | bool:
 
 def lower_kernel(name: str, root: UOp, out: Buffer, buffer_for: Callable[[UOp], Buffer | None],
                  copy_from: Buffer | None = None) -> tuple[UOp, list[Buffer]]:
-    lowerer = KernelLowerer(name, out, buffer_for)
+    """Lower one kernel. The inner output axes are tried as one merged loop first: when that indexes
+    every buffer without div/mod (the axes are contiguous everywhere), it gives the vectorizer one
+    long loop instead of short nested ones; otherwise each axis keeps its own loop."""
     old = sys.getrecursionlimit()
     sys.setrecursionlimit(max(old, 20000))  # kernel subgraphs are bounded (schedule.MAX_FUSED_OPS)
     try:
-        ast = lowerer.lower_kernel(root, copy_from)
+        results = []
+        for merge in (True, False):
+            lowerer = KernelLowerer(name, out, buffer_for)
+            ast = lowerer.lower_kernel(root, copy_from, merge_inner=merge)
+            results.append((_divmods(ast), ast, lowerer.params))
     finally:
         sys.setrecursionlimit(old)
-    return ast, lowerer.params
+    (merged_cost, ast, params), (plain_cost, plain_ast, plain_params) = results
+    return (ast, params) if merged_cost <= plain_cost else (plain_ast, plain_params)
+
+
+def _divmods(ast: UOp) -> int:
+    from svodc.ir.uop import toposort
+
+    return sum(1 for n in toposort([ast]) if n.op in (Ops.IDIV, Ops.MOD) and n.dtype is dtypes.index)

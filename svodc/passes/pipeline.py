@@ -17,9 +17,11 @@ from svodc.ir.provenance import Provenance
 from svodc.ir.rewrite import debug_level, graph_rewrite
 from svodc.ir.uop import UOp, pretty
 from svodc.options import CompileOptions
+from svodc.passes.contraction import pm_conv_to_matmul, pm_fold_into_conv
 from svodc.passes.decompose import pm_decompose
 from svodc.passes.fold import is_folded_constant, pm_fold
 from svodc.passes.lower import lower_kernel
+from svodc.passes.lower_gemm import find_matmul, lower_gemm_kernel
 from svodc.passes.memory import plan_arena, plan_weights
 from svodc.passes.schedule import KernelPlan, plan_kernels
 from svodc.program import Buffer, BufferKind, Kernel, Program
@@ -37,6 +39,8 @@ def optimize(graph: ImportedGraph, options: CompileOptions) -> UOp:
     fold = pm_fold(options.fold_limit)
     sink = graph_rewrite(sink, fold, prov=prov)
     _debug_graph("fold", sink)
+    sink = graph_rewrite(sink, pm_fold_into_conv + fold, prov=prov)
+    sink = graph_rewrite(sink, pm_conv_to_matmul, prov=prov)
     sink = graph_rewrite(sink, pm_decompose, prov=prov)
     sink = graph_rewrite(sink, fold, prov=prov)
     _debug_graph("decompose", sink)
@@ -94,7 +98,11 @@ def build_program(graph: ImportedGraph, options: CompileOptions) -> Program:
         prov = _provenance(plan.root, realized, graph.provenance)
         name = _kernel_name(len(kernels), prov)
         copy_from = written[plan.root] if plan.copy else None
-        ast, params = lower_kernel(name, plan.root, out, buffer_for, copy_from=copy_from)
+        mm = None if plan.copy else find_matmul(plan.root, lambda n: n in realized or n.op in (Ops.INPUT, Ops.WEIGHT))
+        if mm is not None:
+            ast, params = lower_gemm_kernel(name, plan.root, mm, out, buffer_for)
+        else:
+            ast, params = lower_kernel(name, plan.root, out, buffer_for, copy_from=copy_from)
         if not plan.copy:
             written.setdefault(plan.root, out)
             if plan.root in realized:

@@ -9,6 +9,12 @@ arithmetic, elementwise chains are recomputed in place). A compute node is reali
 - it is an expensive elementwise chain that a consumer reuses (more than a few ops per element);
 - its fused subgraph would grow past MAX_FUSED_OPS (keeps kernels and compile time bounded).
 Realizing a movement op realizes its source instead: views of a buffer cost nothing.
+
+A MATMUL is the core of a contraction kernel. Its epilogue is the chain of single-consumer ALU ops
+and reshapes above it that keep its memory layout (float32 throughout); the top of that chain is
+realized and the GEMM writes straight into it. Its operands must be affine views of buffers (or
+constants, which are packed at compile time); a computed operand is realized, and a view that is not
+affine (im2col of a padded input) or whose columns are not contiguous (B) is realized as a copy.
 """
 
 from __future__ import annotations
@@ -16,8 +22,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import ALU, MOVEMENT, Ops
 from svodc.ir.uop import UOp, toposort
+from svodc.passes.views import affine_view
 
 MAX_FUSED_OPS = 400
 CHEAP_TO_REPEAT = 16  # ops per element a reusing consumer may recompute instead of loading
@@ -54,6 +62,38 @@ def _base(n: UOp) -> UOp:
     return n
 
 
+def _plan_matmuls(nodes: list[UOp], consumers: dict[UOp, list[UOp]],
+                  output_roots: set[UOp]) -> tuple[set[UOp], set[UOp]]:
+    """(nodes that must be realized, nodes fused into a GEMM epilogue)."""
+    forced: set[UOp] = set()
+    claimed: set[UOp] = set()
+    for mm in nodes:
+        if mm.op is not Ops.MATMUL:
+            continue
+        for role, x in (("a", mm.src[0]), ("b", mm.src[1])):
+            base = _base(x)
+            if base.op in (Ops.WEIGHT, Ops.CONST):
+                continue  # packed at compile time
+            if base.op is not Ops.INPUT:
+                forced.add(base)
+            view = affine_view(x, lambda n, base=base: n is base)
+            if view is None or (role == "b" and view.strides[-1] != 1 and x.shape[-1] > 1):
+                forced.add(x)
+        top = mm
+        while top not in output_roots and len(consumers[top]) == 1:
+            c = consumers[top][0]
+            if (c.op not in ALU and c.op is not Ops.RESHAPE) or c.dtype is not dtypes.float32 or c in claimed:
+                break
+            claimed.add(c)
+            top = c
+        forced.add(top)
+    return forced, claimed - forced
+
+
+def _pads_window(n: UOp) -> bool:
+    return any(b or a for b, a in n.arg.pads) and n.src[0].op is not Ops.CONST
+
+
 def plan_kernels(outputs: list[tuple[str, UOp]]) -> tuple[list[KernelPlan], set[UOp]]:
     """The kernels in execution order, and the set of realized nodes (kernel roots)."""
     roots = [o for _, o in outputs]
@@ -63,6 +103,7 @@ def plan_kernels(outputs: list[tuple[str, UOp]]) -> tuple[list[KernelPlan], set[
         for s in dict.fromkeys(n.src):
             consumers[s].append(n)
     output_roots = set(roots)
+    forced, epilogue = _plan_matmuls(nodes, consumers, output_roots)
     realized: set[UOp] = set()
     has_reduce: dict[UOp, bool] = {}
     fused_ops: dict[UOp, int] = {}
@@ -75,11 +116,18 @@ def plan_kernels(outputs: list[tuple[str, UOp]]) -> tuple[list[KernelPlan], set[
     for n in nodes:
         if n.op in (Ops.INPUT, Ops.WEIGHT, Ops.CONST):
             continue
+        if n.op is Ops.PAD and any(c.op is Ops.WINDOW for c in consumers[n]) and _pads_window(n):
+            # Windows over a padded tensor (convolution, pooling) read a padded copy: every tap is then
+            # in bounds, so the kernels index it without clamps or selects and vectorize.
+            realized.add(n)
         srcs = [state(s) for s in n.src]
-        hr = n.op is Ops.REDUCE or any(h for h, _ in srcs)
+        hr = n.op in (Ops.REDUCE, Ops.MATMUL) or any(h for h, _ in srcs)
         ops = (1 if n.op in ALU or n.op is Ops.REDUCE else 0) + sum(k for _, k in srcs)
         has_reduce[n], fused_ops[n] = hr, ops
-        if n.op not in ALU and n.op is not Ops.REDUCE:
+        if n in forced:
+            realized.add(n)
+            continue
+        if n in epilogue or (n.op not in ALU and n.op is not Ops.REDUCE):
             continue
         reuse, into_reduce = _reuse_consumers(n, consumers)
         many = len(consumers[n]) > 1

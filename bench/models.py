@@ -1,0 +1,66 @@
+"""The benchmark's model set: onnx light models (with random weights) and ../shared/models."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = Path(os.environ.get("SVOD_SHARED_MODELS", ROOT.parent / "shared" / "models"))
+
+LIGHT = ["resnet50", "squeezenet", "densenet121", "shufflenet", "inception_v2"]
+SHARED_MODELS = ["mobilenetv2_random", "ppocrv4_det", "gpt2_small_random", "silero_vad", "magika_standard_v3_3"]
+
+
+@dataclass
+class BenchModel:
+    name: str
+    model: onnx.ModelProto
+    feeds: dict[str, np.ndarray]
+    dims: dict[str, int] = field(default_factory=dict)
+    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    onnx_bytes: int = 0
+    note: str = ""
+
+
+def light(name: str) -> BenchModel:
+    from tests.light_models import dummy_inputs, random_weight_variant
+
+    # The light models' weights are ConstantOfShape fills; with them every output is 0.001 and an
+    # engine could skip work. The benchmark runs the same graphs with dense random weights.
+    model = random_weight_variant(name, seed=0)
+    return BenchModel(name, model, dummy_inputs(model), onnx_bytes=len(model.SerializeToString()),
+                      note="onnx light model, random weights")
+
+
+def shared(name: str) -> BenchModel:
+    folder = SHARED / name
+    model = onnx.load(str(folder / "model.onnx"))
+    with np.load(folder / "inputs.npz") as z:
+        feeds = {k: z[k] for k in z.files}
+    shapes = {k: tuple(v.shape) for k, v in feeds.items()}
+    meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").exists() else {}
+    return BenchModel(name, model, feeds, input_shapes=shapes, onnx_bytes=(folder / "model.onnx").stat().st_size,
+                      note=meta.get("source", "")[:60])
+
+
+def reference_outputs(name: str) -> dict[str, np.ndarray] | None:
+    path = SHARED / name / "outputs.npz"
+    if not path.exists():
+        return None
+    with np.load(path) as z:
+        return {k: z[k] for k in z.files}
+
+
+def all_models(names: list[str] | None = None) -> list[str]:
+    names = names or LIGHT + SHARED_MODELS
+    return [n for n in names if n in LIGHT or (SHARED / n / "model.onnx").exists()]
+
+
+def load(name: str) -> BenchModel:
+    return light(name) if name in LIGHT else shared(name)

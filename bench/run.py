@@ -1,0 +1,187 @@
+"""make bench: svod and onnxruntime side by side, in one run, on the same inputs.
+
+Per model and thread count: median and p90 latency of each (runs interleaved, so both see the same
+machine state) and their ratio; load time (svodrt.load vs InferenceSession creation); whole-process
+cold start (a fresh python that loads and produces the first output) and that process's peak
+resident memory; bundle vs .onnx size; compile time. Plus a GEMM micro-benchmark against numpy's
+OpenBLAS. Writes docs/benchmarks.md and docs/benchmarks.png. This is a benchmark, not a test: it
+asserts nothing about time, but it does check every output against onnxruntime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import gemm, report  # noqa: E402
+from bench.models import all_models, load  # noqa: E402
+
+COLD = r"""
+import sys, time
+t0 = time.perf_counter()
+import numpy as np
+feeds = dict(np.load(sys.argv[3]))
+if sys.argv[1] == "svod":
+    import svodrt
+    m = svodrt.load(sys.argv[2], threads=1)
+    out = m.run(feeds)
+else:
+    import onnxruntime as ort
+    so = ort.SessionOptions(); so.intra_op_num_threads = 1; so.log_severity_level = 3
+    s = ort.InferenceSession(sys.argv[2], so, providers=["CPUExecutionProvider"])
+    out = s.run(None, feeds)
+elapsed = time.perf_counter() - t0
+# VmHWM, not ru_maxrss: ru_maxrss survives exec and so counts the parent's pages at fork time.
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
+print(elapsed, hwm)
+"""
+
+
+def _ort_session(path: Path, threads: int):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def _stats(ts: list[float]) -> tuple[float, float]:
+    return float(np.median(ts)), float(np.percentile(ts, 90))
+
+
+def cold_start(engine: str, model_path: Path, inputs: Path, repeat: int) -> tuple[float, float]:
+    """(median wall seconds from process start to first output, median peak RSS in MB)."""
+    walls, rss = [], []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = subprocess.run([sys.executable, "-c", COLD, engine, str(model_path), str(inputs)], capture_output=True,
+                             text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        wall = time.perf_counter() - t
+        if out.returncode != 0:
+            raise RuntimeError(f"cold start of {engine} failed: {out.stderr[-500:]}")
+        walls.append(wall)
+        rss.append(float(out.stdout.split()[1]) / 1024)
+    return float(np.median(walls)), float(np.median(rss))
+
+
+def bench_model(name: str, work: Path, repeat: int, threads: list[int]) -> dict:
+    import svodc
+    import svodrt
+
+    bm = load(name)
+    onnx_path = work / f"{name}.onnx"
+    onnx_path.write_bytes(bm.model.SerializeToString())
+    inputs = work / f"{name}.npz"
+    np.savez(inputs, **bm.feeds)
+    row: dict = {"model": name, "note": bm.note, "onnx_mb": onnx_path.stat().st_size / 1e6}
+    t = time.perf_counter()
+    try:
+        bundle = svodc.compile_to_file(onnx_path, work / f"{name}.svod", dims=bm.dims, input_shapes=bm.input_shapes)
+    except Exception as e:  # an unsupported model is a row in the report, not a crash of the benchmark
+        row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        return row
+    row["compile_s"] = time.perf_counter() - t
+    row["bundle_mb"] = bundle.stat().st_size / 1e6
+
+    loads = []
+    for _ in range(max(5, repeat // 2)):
+        t = time.perf_counter()
+        m = svodrt.load(bundle, threads=1)
+        loads.append(time.perf_counter() - t)
+        m.close()
+    sessions = []
+    for _ in range(3):
+        t = time.perf_counter()
+        _ort_session(onnx_path, 1)
+        sessions.append(time.perf_counter() - t)
+    row["load_ms"] = 1e3 * float(np.median(loads))
+    row["session_ms"] = 1e3 * float(np.median(sessions))
+
+    for n in threads:
+        model = svodrt.load(bundle, threads=n)
+        sess = _ort_session(onnx_path, n)
+        ours = model.run(bm.feeds)
+        ref = sess.run(None, bm.feeds)
+        errs = []
+        for got, want in zip(ours.values(), ref, strict=True):
+            scale = max(float(np.abs(want).max()), 1e-30)
+            err = float(np.abs(got.astype(np.float64) - want).max()) / scale
+            errs.append(err)
+        row["max_rel_err"] = max(errs)
+        row["correct"] = all(np.allclose(g, w, rtol=1e-3, atol=1e-4 * max(float(np.abs(w).max()), 1e-30))
+                             for g, w in zip(ours.values(), ref, strict=True))
+        for _ in range(3):
+            model.run(bm.feeds)
+            sess.run(None, bm.feeds)
+        ts_s, ts_o = [], []
+        for _ in range(repeat):
+            t = time.perf_counter()
+            model.run(bm.feeds)
+            ts_s.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            sess.run(None, bm.feeds)
+            ts_o.append(time.perf_counter() - t)
+        (ms, ps), (mo, po) = _stats(ts_s), _stats(ts_o)
+        row[f"t{n}"] = {"svod_ms": 1e3 * ms, "svod_p90": 1e3 * ps, "ort_ms": 1e3 * mo, "ort_p90": 1e3 * po,
+                        "ratio": ms / mo}
+        model.close()
+        del sess
+    row["cold_svod_s"], row["rss_svod_mb"] = cold_start("svod", bundle, inputs, 3)
+    row["cold_ort_s"], row["rss_ort_mb"] = cold_start("ort", onnx_path, inputs, 3)
+    return row
+
+
+def machine() -> dict:
+    import llvmlite
+    import onnxruntime
+
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
+            "onnxruntime": onnxruntime.__version__, "llvmlite": llvmlite.__version__,
+            "date": datetime.date.today().isoformat()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("models", nargs="*", help="subset of models (default: all)")
+    p.add_argument("--repeat", type=int, default=30, help="timed runs per engine and thread count")
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--no-gemm", action="store_true")
+    p.add_argument("--out", default=str(ROOT / "docs"))
+    args = p.parse_args()
+    threads = [int(t) for t in args.threads.split(",")]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="svod-bench-") as tmp:
+        for name in all_models(args.models or None):
+            print(f"== {name}", flush=True)
+            row = bench_model(name, Path(tmp), args.repeat, threads)
+            print(report.row_summary(row, threads), flush=True)
+            rows.append(row)
+    gemm_rows = [] if args.no_gemm else gemm.run(threads)
+    report.write(Path(args.out), machine(), rows, gemm_rows, threads)
+
+
+if __name__ == "__main__":
+    main()

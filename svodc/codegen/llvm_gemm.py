@@ -1,0 +1,258 @@
+"""CPU code for GEMM nodes: a register-blocked micro-kernel and the tile loop around it.
+
+C[b, m, n] = sum_k A[b, m, k] * B[b, k, n]. One operand is read as vectors (the "vector side", vw
+floats per load), the other as broadcast scalars (the "scalar side"): normally B is the vector side
+(lanes run along n) and A the scalar side (tile rows are m); a transposed GEMM swaps them (lanes along
+m, rows along n) and stores its C tiles with a stride.
+
+The output is cut into rows x lanes tiles; the tiles of all batch indices form one parallel loop,
+split statically across threads, with row tiles innermost so consecutive tiles reuse the same vector
+panel. For each tile a micro-kernel keeps rows x (lanes/vw) vector accumulators in registers for the
+whole K loop, then stores the tile to C. The epilogue (the kernel's STORE over m and n) rewrites the
+tile in place while it is still in cache.
+
+Every size is a compile-time constant: each kernel gets micro-kernels specialized for its strides,
+plus tail variants for the last row and lane tiles (masked vector loads and stores at the edge).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from svodc.ir.dtypes import dtypes
+from svodc.ir.ops import A_PANEL, B_PANEL, GemmArg, GemmOperand, Ops, RangeArg, RangeKind
+from svodc.ir.uop import UOp
+from svodc.target import Target
+
+if TYPE_CHECKING:
+    from svodc.codegen.llvm_ir import KernelEmitter, Scope
+
+
+@dataclass(frozen=True)
+class Side:
+    """How one operand is addressed inside a tile, in elements from the tile's pointer:
+    scalar side: element (row i, k) at k*k_stride + i*row_stride;
+    vector side: lane l at k at k*k_stride + (l // B_PANEL)*panel_stride + l % B_PANEL when packed in
+    panels, else at k*k_stride + l (contiguous vectors)."""
+
+    k_stride: int
+    row_stride: int = 0  # scalar side
+    packed_panels: bool = False  # vector side packed in B_PANEL-wide panels
+    panel_stride: int = 0  # vector side, packed: elements from one panel to the next (K * B_PANEL)
+
+
+def blocking(target: Target, arg: GemmArg) -> tuple[int, int, int]:
+    """(rows, lanes, vw): tile rows (scalar side), tile lanes (vector side), floats per vector."""
+    vw = target.vector_bits // 32
+    rows_total = arg.n if arg.transposed else arg.m
+    if rows_total <= 2:  # matrix-vector-like: widen the tile so enough accumulators hide FMA latency
+        return rows_total, max(min(8 * vw, 128), B_PANEL), vw
+    if target.vector_regs >= 32:
+        return 8, 2 * vw, vw  # 16 accumulators of 32 registers
+    return 4, 2 * vw, vw  # 8 accumulators of 16 registers
+
+
+def _mask(lanes: int, vw: int) -> str:
+    return "<" + ", ".join(f"i1 {'true' if i < lanes else 'false'}" for i in range(vw)) + ">"
+
+
+def micro_kernel_name(rows: int, nvec: int, vw: int, masked: bool, packed: bool, scatter: bool) -> str:
+    return f"svod.mk.{rows}x{nvec}v{vw}{'m' if masked else ''}{'p' if packed else ''}{'s' if scatter else ''}"
+
+
+def micro_kernel(rows: int, nvec: int, vw: int, masked: bool, packed: bool, scatter: bool,
+                 intrinsics: set[str]) -> str:
+    """void mk(ptr s, ptr v, ptr c, i64 k, i64 s_k, i64 s_row, i64 v_k, i64 v_panel, i64 c_row,
+    i64 c_lane, i64 tail): C tile (rows x nvec vectors) = S[rows, :k] x V[:k, lanes].
+
+    Specialized only on its shape (rows, vectors) and modes, so kernels share micro-kernels; sizes and
+    strides are arguments. masked: the last vector has `tail` valid lanes (masked loads of V unless
+    V is packed and zero-padded; masked stores). scatter: C lanes are c_lane apart (transposed GEMM)."""
+    vt = f"<{vw} x float>"
+    mt = f"<{vw} x i1>"
+    fma = f"llvm.fmuladd.v{vw}f32"
+    intrinsics.add(f"declare {vt} @{fma}({vt}, {vt}, {vt})")
+    intrinsics.add(f"declare {vt} @llvm.masked.load.v{vw}f32.p0(ptr, i32, {mt}, {vt})")
+    intrinsics.add(f"declare void @llvm.masked.store.v{vw}f32.p0({vt}, ptr, i32, {mt})")
+    intrinsics.add(f"declare void @llvm.masked.scatter.v{vw}f32.v{vw}p0({vt}, <{vw} x ptr>, i32, {mt})")
+    iota = "<" + ", ".join(f"i64 {i}" for i in range(vw)) + ">"
+    name = micro_kernel_name(rows, nvec, vw, masked, packed, scatter)
+    L = [f"define internal void @{name}(ptr noalias %s, ptr noalias %v, ptr noalias %c, i64 %kn, i64 %s_k, "
+         "i64 %s_row, i64 %v_k, i64 %v_panel, i64 %c_row, i64 %c_lane, i64 %tail) #0 {", "entry:"]
+    L.append(f"  %ti = insertelement <{vw} x i64> poison, i64 %tail, i64 0")
+    L.append(f"  %tv = shufflevector <{vw} x i64> %ti, <{vw} x i64> poison, <{vw} x i32> zeroinitializer")
+    L.append(f"  %mask = icmp ult <{vw} x i64> {iota}, %tv")
+    for j in range(nvec):  # lane offsets of each vector of V
+        if packed:
+            L.append(f"  %vpo{j} = mul nsw i64 %v_panel, {(j * vw) // B_PANEL}")
+            L.append(f"  %vlo{j} = add nsw i64 %vpo{j}, {(j * vw) % B_PANEL}")
+        else:
+            L.append(f"  %vlo{j} = add nsw i64 0, {j * vw}")
+    L += ["  br label %loop", "loop:", "  %k = phi i64 [ 0, %entry ], [ %k.next, %loop ]"]
+    for i in range(rows):
+        for j in range(nvec):
+            L.append(f"  %acc{i}.{j} = phi {vt} [ zeroinitializer, %entry ], [ %nacc{i}.{j}, %loop ]")
+    L.append("  %vk = mul nsw i64 %k, %v_k")
+    for j in range(nvec):
+        L.append(f"  %vo{j} = add nsw i64 %vk, %vlo{j}")
+        L.append(f"  %vp{j} = getelementptr inbounds float, ptr %v, i64 %vo{j}")
+        if j == nvec - 1 and masked and not packed:
+            L.append(f"  %vv{j} = call {vt} @llvm.masked.load.v{vw}f32.p0(ptr %vp{j}, i32 4, {mt} %mask, "
+                     f"{vt} zeroinitializer)")
+        else:
+            L.append(f"  %vv{j} = load {vt}, ptr %vp{j}, align 4")
+    L.append("  %sk = mul nsw i64 %k, %s_k")
+    for i in range(rows):
+        L.append(f"  %sr{i} = mul nsw i64 %s_row, {i}")
+        L.append(f"  %so{i} = add nsw i64 %sk, %sr{i}")
+        L.append(f"  %sp{i} = getelementptr inbounds float, ptr %s, i64 %so{i}")
+        L.append(f"  %ss{i} = load float, ptr %sp{i}, align 4")
+        L.append(f"  %si{i} = insertelement {vt} poison, float %ss{i}, i64 0")
+        L.append(f"  %sv{i} = shufflevector {vt} %si{i}, {vt} poison, <{vw} x i32> zeroinitializer")
+        for j in range(nvec):
+            L.append(f"  %nacc{i}.{j} = call {vt} @{fma}({vt} %sv{i}, {vt} %vv{j}, {vt} %acc{i}.{j})")
+    L += ["  %k.next = add nuw nsw i64 %k, 1", "  %more = icmp ult i64 %k.next, %kn",
+          "  br i1 %more, label %loop, label %done", "done:"]
+    if scatter:
+        L.append(f"  %ci = insertelement <{vw} x i64> poison, i64 %c_lane, i64 0")
+        L.append(f"  %cs = shufflevector <{vw} x i64> %ci, <{vw} x i64> poison, <{vw} x i32> zeroinitializer")
+        L.append(f"  %lane_offsets = mul nsw <{vw} x i64> {iota}, %cs")
+    full = "<" + ", ".join("i1 true" for _ in range(vw)) + ">"
+    for i in range(rows):
+        L.append(f"  %cr{i} = mul nsw i64 %c_row, {i}")
+        for j in range(nvec):
+            last = j == nvec - 1 and masked
+            if scatter:
+                L.append(f"  %cl{i}.{j} = mul nsw i64 %c_lane, {j * vw}")
+            else:
+                L.append(f"  %cl{i}.{j} = add nsw i64 0, {j * vw}")
+            L.append(f"  %co{i}.{j} = add nsw i64 %cr{i}, %cl{i}.{j}")
+            L.append(f"  %cp{i}.{j} = getelementptr inbounds float, ptr %c, i64 %co{i}.{j}")
+            if scatter:
+                L.append(f"  %cv{i}.{j} = getelementptr inbounds float, ptr %cp{i}.{j}, <{vw} x i64> %lane_offsets")
+                L.append(f"  call void @llvm.masked.scatter.v{vw}f32.v{vw}p0({vt} %nacc{i}.{j}, <{vw} x ptr> "
+                         f"%cv{i}.{j}, i32 4, {mt} {'%mask' if last else full})")
+            elif last:
+                L.append(f"  call void @llvm.masked.store.v{vw}f32.p0({vt} %nacc{i}.{j}, ptr %cp{i}.{j}, i32 4, "
+                         f"{mt} %mask)")
+            else:
+                L.append(f"  store {vt} %nacc{i}.{j}, ptr %cp{i}.{j}, align 4")
+    L += ["  ret void", "}"]
+    return "\n".join(L)
+
+
+def _offset(em: KernelEmitter, scope: Scope, op: GemmOperand, batch: list[str], terms: list[tuple[str, int]]) -> str:
+    """op.offset + sum(batch_i * batch_stride_i) + sum(value * coef) as an i64 SSA value."""
+    acc = str(op.offset)
+    for v, s in [*zip(batch, op.batch_strides, strict=True), *terms]:
+        if s == 0:
+            continue
+        t = em.emit_line(scope, f"mul nsw i64 {v}, {s}")
+        acc = em.emit_line(scope, f"add nsw i64 {acc}, {t}")
+    return acc
+
+
+def _sides(arg: GemmArg) -> tuple[Side, Side, int, int]:
+    """(scalar side, vector side, C stride per tile row, C stride per lane)."""
+    a, b, c = arg.a, arg.b, arg.c
+    panels = Side(B_PANEL, packed_panels=True, panel_stride=arg.k * B_PANEL)
+    if not arg.transposed:
+        s = Side(A_PANEL, 1) if a.packed else Side(a.col_stride, a.row_stride)
+        assert b.packed or b.col_stride == 1, "the scheduler realizes B with contiguous columns"
+        return s, panels if b.packed else Side(b.row_stride), c.row_stride, 1
+    # transposed: rows run along n (B's columns), lanes along m (A's rows, packed in B_PANEL panels)
+    assert a.packed and not b.packed
+    return Side(b.row_stride, b.col_stride), panels, 1, c.row_stride
+
+
+def emit_gemm(em: KernelEmitter, node: UOp, target: Target) -> None:
+    arg: GemmArg = node.arg
+    rows, lanes, vw = blocking(target, arg)
+    pa, pb, pc = (em.value(x) for x in node.src[:3])
+    epilogue = node.src[3] if len(node.src) > 3 else None
+    ranges = node.src[4:]
+    rows_total, lanes_total = (arg.n, arg.m) if arg.transposed else (arg.m, arg.n)
+    rt_n, lt_n = -(-rows_total // rows), -(-lanes_total // lanes)
+    tiles = math.prod(arg.batch) * rt_n * lt_n
+    rows_tail, lanes_tail = rows_total - (rt_n - 1) * rows, lanes_total - (lt_n - 1) * lanes
+    s_side, v_side, c_row, c_lane = _sides(arg)
+    calls = {}
+    for r in {rows, rows_tail}:
+        for c in {lanes, lanes_tail}:
+            nvec = -(-c // vw)
+            tail = c - (nvec - 1) * vw
+            mode = (tail != vw, v_side.packed_panels, c_lane != 1)
+            name = micro_kernel_name(r, nvec, vw, *mode)
+            em.shared_functions[name] = micro_kernel(r, nvec, vw, *mode, em.uses_intrinsics)
+            calls[(r, c)] = (f"@{name}", f"i64 {arg.k}, i64 {s_side.k_stride}, i64 {s_side.row_stride}, "
+                                         f"i64 {v_side.k_stride}, i64 {v_side.panel_stride}, i64 {c_row}, "
+                                         f"i64 {c_lane}, i64 {tail}")
+
+    t_range = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, tiles),), RangeArg(-1, RangeKind.PARALLEL))
+    start, stop = em.thread_split(str(tiles))
+    em.open_loop(t_range, start, stop)
+    sc = em.stack[-1]
+    t = sc.ivar
+    line = em.emit_line
+    rt = line(sc, f"urem i64 {t}, {rt_n}")
+    rest = line(sc, f"udiv i64 {t}, {rt_n}")
+    lt = line(sc, f"urem i64 {rest}, {lt_n}")
+    flat = line(sc, f"udiv i64 {rest}, {lt_n}")
+    batch: list[str] = []
+    for d in reversed(arg.batch):
+        batch.append(line(sc, f"urem i64 {flat}, {d}"))
+        flat = line(sc, f"udiv i64 {flat}, {d}")
+    batch.reverse()
+    r0 = line(sc, f"mul nuw nsw i64 {rt}, {rows}")
+    l0 = line(sc, f"mul nuw nsw i64 {lt}, {lanes}")
+    m0, n0 = (l0, r0) if arg.transposed else (r0, l0)
+    if arg.a.packed and arg.transposed:
+        panel = line(sc, f"udiv i64 {m0}, {B_PANEL}")
+        within = line(sc, f"urem i64 {m0}, {B_PANEL}")
+        a_off = _offset(em, sc, arg.a, batch, [(panel, arg.k * B_PANEL), (within, 1)])
+    elif arg.a.packed:
+        panel = line(sc, f"udiv i64 {m0}, {A_PANEL}")
+        within = line(sc, f"urem i64 {m0}, {A_PANEL}")
+        a_off = _offset(em, sc, arg.a, batch, [(panel, arg.k * A_PANEL), (within, 1)])
+    else:
+        a_off = _offset(em, sc, arg.a, batch, [(m0, arg.a.row_stride)])
+    if arg.b.packed:
+        panel = line(sc, f"udiv i64 {n0}, {B_PANEL}")
+        within = line(sc, f"urem i64 {n0}, {B_PANEL}")
+        b_off = _offset(em, sc, arg.b, batch, [(panel, arg.k * B_PANEL), (within, 1)])
+    else:
+        b_off = _offset(em, sc, arg.b, batch, [(n0, arg.b.col_stride)])
+    c_off = _offset(em, sc, arg.c, batch, [(m0, arg.c.row_stride), (n0, 1)])
+    a_ptr, b_ptr, c_ptr = (line(sc, f"getelementptr inbounds float, ptr {p}, i64 {o}", "ptr") for p, o in
+                           ((pa, a_off), (pb, b_off), (pc, c_off)))
+    s_ptr, v_ptr = (b_ptr, a_ptr) if arg.transposed else (a_ptr, b_ptr)
+    call_args = f"ptr {s_ptr}, ptr {v_ptr}, ptr {c_ptr}"
+    last_r = line(sc, f"icmp eq i64 {rt}, {rt_n - 1}") if rows_tail != rows else "false"
+    last_l = line(sc, f"icmp eq i64 {lt}, {lt_n - 1}") if lanes_tail != lanes else "false"
+    k = em.fresh_label()
+    sc.lines.append(f"  br i1 {last_r}, label %T{k}.t, label %T{k}.f")
+    for tag, r in (("f", rows), ("t", rows_tail)):
+        sc.lines += [f"T{k}.{tag}:", f"  br i1 {last_l}, label %T{k}.{tag}t, label %T{k}.{tag}f"]
+        for sub, c in (("f", lanes), ("t", lanes_tail)):
+            fn, sizes = calls[(r, c)]
+            sc.lines += [f"T{k}.{tag}{sub}:", f"  call void {fn}({call_args}, {sizes})", f"  br label %T{k}.join"]
+    sc.lines.append(f"T{k}.join:")
+    if epilogue is not None:
+        nrows = line(sc, f"select i1 {last_r}, i64 {rows_tail}, i64 {rows}")
+        nlanes = line(sc, f"select i1 {last_l}, i64 {lanes_tail}, i64 {lanes}")
+        r1 = line(sc, f"add nuw nsw i64 {r0}, {nrows}")
+        l1 = line(sc, f"add nuw nsw i64 {l0}, {nlanes}")
+        m1, n1 = (l1, r1) if arg.transposed else (r1, l1)
+        *batch_ranges, m_range, n_range = ranges
+        for r, v in zip(batch_ranges, batch, strict=True):
+            em.bind_range(r, v)
+        em.open_loop(m_range, m0, m1)  # n innermost: contiguous in C
+        em.open_loop(n_range, n0, n1)
+        em.emit_statement(epilogue)
+        em.close_loop()
+        em.close_loop()
+        for _ in batch_ranges:
+            em.close_loop()
+    em.close_loop()

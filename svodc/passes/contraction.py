@@ -1,0 +1,116 @@
+"""Contractions at tensor level: fold per-channel scales into convolution weights, and turn
+convolutions into matrix products the GEMM kernels run.
+
+- `pm_fold_into_conv`: CONV(x, W) * a -> CONV(x, W * a) and (CONV(x, W) + b) * a -> CONV(x, W*a) + b*a
+  when a and b are per-output-channel constants (inference BatchNormalization after a convolution).
+  The weights change at compile time; rounding differs from the unfused order by an ulp or so.
+- `pm_conv_to_matmul`: CONV -> MATMUL(W as [g, O/g, K], im2col(x) as [N, g, K, OH*OW]). The im2col view
+  is only materialized when it is not a plain strided view of x (a 1x1 convolution with stride 1 and
+  no padding reads x in place). Depthwise convolutions (one input channel per group) stay on the
+  generic path, which vectorizes them directly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from svodc.ir import tensor as T
+from svodc.ir.dtypes import dtypes
+from svodc.ir.interpret import evaluate
+from svodc.ir.ops import ConvArg, Ops
+from svodc.ir.pattern import PatternMatcher, UPat
+from svodc.ir.uop import UOp
+from svodc.passes.fold import is_folded_constant, splat_value
+from svodc.passes.views import affine_view
+
+GEMM_MIN_MACS = 4096  # smaller products are cheaper on the generic path
+
+
+def channel_vector(c: UOp, channels: int, axis: int = 1) -> np.ndarray | None:
+    """The per-channel values of a constant that only varies along `axis` (length `channels`)."""
+    if not is_folded_constant(c) or c.shape[axis] not in (1, channels):
+        return None
+    view = affine_view(c, lambda n: n.op in (Ops.WEIGHT, Ops.CONST))
+    if view is None or any(s != 0 for i, s in enumerate(view.strides) if i != axis):
+        return None
+    base = evaluate([view.base])[0].reshape(-1)
+    stride = view.strides[axis] if c.shape[axis] == channels else 0
+    return np.asarray([base[view.offset + o * stride] for o in range(channels)], dtype=base.dtype)
+
+
+def _scaled_conv(conv: UOp, scale: np.ndarray) -> UOp:
+    x, w = conv.src
+    data = evaluate([w])[0] * scale.reshape((-1,) + (1,) * (w.ndim - 1))
+    from svodc.ir.ops import ConstData
+
+    w2 = UOp(Ops.WEIGHT, w.dtype, (), ConstData(np.ascontiguousarray(data.astype(w.dtype.np))))
+    return conv.replace(src=(x, w2))
+
+
+def fold_scale(conv: UOp, a: UOp) -> UOp | None:
+    if conv.dtype is not dtypes.float32 or not is_folded_constant(conv.src[1]):
+        return None
+    scale = channel_vector(a, conv.shape[1])
+    return None if scale is None else _scaled_conv(conv, scale)
+
+
+def fold_scale_bias(conv: UOp, b: UOp, a: UOp) -> UOp | None:
+    if conv.dtype is not dtypes.float32 or not is_folded_constant(conv.src[1]):
+        return None
+    channels = conv.shape[1]
+    scale, bias = channel_vector(a, channels), channel_vector(b, channels)
+    if scale is None or bias is None:
+        return None
+    from svodc.ir.ops import ConstData
+
+    new_bias = UOp(Ops.WEIGHT, conv.dtype, (), ConstData((bias * scale).astype(np.float32)))
+    shape = (1, channels) + (1,) * (conv.ndim - 2)
+    return T.alu(Ops.ADD, _scaled_conv(conv, scale), T.broadcast_to(T.reshape(new_bias, shape), conv.shape))
+
+
+def merge_biases(x: UOp, b1: UOp, b2: UOp) -> UOp | None:
+    """(x + b1) + b2 -> x + (b1 + b2) for constants: one add per element instead of two."""
+    if x.dtype is not dtypes.float32 or not (is_folded_constant(b1) and is_folded_constant(b2)):
+        return None
+    return T.alu(Ops.ADD, x, T.alu(Ops.ADD, b1, b2))
+
+
+_conv = UPat(Ops.CONV, name="conv")
+pm_fold_into_conv = PatternMatcher([
+    (UPat(Ops.MUL, src=(_conv, UPat.var("a"))), fold_scale),
+    (UPat(Ops.MUL, src=(UPat(Ops.ADD, src=(_conv, UPat.var("b"))), UPat.var("a"))), fold_scale_bias),
+    (UPat(Ops.ADD, src=(UPat(Ops.ADD, src=(UPat(Ops.CONV, name="x"), UPat.var("b1"))), UPat.var("b2"))),
+     merge_biases),
+], name="fold_into_conv")
+
+
+def conv_to_matmul(n: UOp) -> UOp | None:
+    x, w = n.src
+    arg: ConvArg = n.arg
+    if n.dtype is not dtypes.float32:
+        return None
+    N, C = x.shape[:2]
+    O = w.shape[0]
+    g = arg.groups
+    cg, og = C // g, O // g
+    nsp = x.ndim - 2
+    kernel = w.shape[2:]
+    K = cg * math.prod(kernel)
+    if cg == 1 or og * K * math.prod(n.shape[2:]) < GEMM_MIN_MACS:
+        return None  # depthwise or tiny: the generic path does better
+    if splat_value(w) is not None:
+        return None  # one scalar for every weight: packing would materialize it for nothing
+    xp = T.pad(x, [(0, 0), (0, 0), *arg.pads])
+    win = T.window(xp, range(2, 2 + nsp), kernel, arg.strides, arg.dilations)  # [N, C, *OS, *K]
+    out_sp = win.shape[2:2 + nsp]
+    P = math.prod(out_sp)
+    win = T.reshape(win, (N, g, cg, *out_sp, *kernel))
+    order = (0, 1, 2, *range(3 + nsp, 3 + 2 * nsp), *range(3, 3 + nsp))  # [N, g, cg, *K, *OS]
+    col = T.reshape(T.permute(win, order), (N, g, K, P))
+    w2 = T.expand(T.reshape(w, (1, g, og, K)), (N, g, og, K))
+    return T.reshape(UOp(Ops.MATMUL, n.dtype, (w2, col)), (N, O, *out_sp))
+
+
+pm_conv_to_matmul = PatternMatcher([(UPat(Ops.CONV, name="n"), conv_to_matmul)], name="conv_to_matmul")

@@ -1,0 +1,191 @@
+"""Lowering of a contraction kernel: a realized tensor whose fused subgraph contains a MATMUL.
+
+The kernel becomes one GEMM node: C = A x B over the batch axes, written into the kernel's output
+buffer (the scheduler only fuses a MATMUL with consumers that keep its memory layout: ALU ops and
+reshapes), followed by an epilogue STORE that rewrites each tile of C in place while it is still
+in cache: bias, folded BatchNormalization, activation, residual add...
+
+Operands are read through affine views. A constant operand is packed at compile time into panels
+(A: A_PANEL rows, B: B_PANEL columns, zero-padded), the layout the micro-kernels stream; the run time
+never repacks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from svodc.ir.dtypes import dtypes
+from svodc.ir.interpret import evaluate
+from svodc.ir.ops import (
+    A_PANEL,
+    B_PANEL,
+    MOVEMENT,
+    ConstData,
+    GemmArg,
+    GemmOperand,
+    InputArg,
+    KernelArg,
+    Ops,
+    RangeKind,
+)
+from svodc.ir.rewrite import graph_rewrite
+from svodc.ir.symbolic import pm_symbolic
+from svodc.ir.uop import UOp, toposort
+from svodc.passes.lower import KernelLowerer, reshape_index
+from svodc.passes.views import affine_view
+from svodc.program import Buffer
+
+BufferFor = Callable[[UOp], Buffer | None]
+
+
+def pack_a(a: np.ndarray) -> np.ndarray:
+    """[M, K] -> [ceil(M/A_PANEL), K, A_PANEL], zero-padded rows."""
+    m, k = a.shape
+    mp = -(-m // A_PANEL)
+    padded = np.zeros((mp * A_PANEL, k), a.dtype)
+    padded[:m] = a
+    return np.ascontiguousarray(padded.reshape(mp, A_PANEL, k).transpose(0, 2, 1))
+
+
+def pack_b(b: np.ndarray) -> np.ndarray:
+    """[K, N] -> [ceil(N/B_PANEL), K, B_PANEL], zero-padded columns."""
+    k, n = b.shape
+    np_ = -(-n // B_PANEL)
+    padded = np.zeros((k, np_ * B_PANEL), b.dtype)
+    padded[:, :n] = b
+    return np.ascontiguousarray(padded.reshape(k, np_, B_PANEL).transpose(1, 0, 2))
+
+
+def substitute(root: UOp, old: UOp, new: UOp) -> UOp:
+    """root with every use of `old` replaced by `new` (iterative, shared nodes rebuilt once)."""
+    done: dict[UOp, UOp] = {old: new}
+    for n in toposort([root]):
+        if n in done:
+            continue
+        src = tuple(done.get(s, s) for s in n.src)
+        done[n] = n if all(a is b for a, b in zip(src, n.src, strict=True)) else n.replace(src=src)
+    return done[root]
+
+
+def find_matmul(root: UOp, is_buffer: Callable[[UOp], bool]) -> UOp | None:
+    """The MATMUL computed inside this kernel (not behind a realized buffer), if any."""
+    stack, seen = [root], set()
+    while stack:
+        n = stack.pop()
+        if n in seen or (n is not root and is_buffer(n)):
+            continue
+        seen.add(n)
+        if n.op is Ops.MATMUL:
+            return n
+        stack.extend(n.src)
+    return None
+
+
+class GemmLowerer(KernelLowerer):
+    transposed = False
+
+    def operand(self, x: UOp, role: str) -> tuple[UOp, GemmOperand]:
+        nb = x.ndim - 2
+
+        def is_base(n: UOp) -> bool:
+            return n.op in (Ops.WEIGHT, Ops.CONST) or self._buffer_for(n) is not None
+
+        view = affine_view(x, is_base)
+        if view is None:
+            raise AssertionError(f"GEMM operand {role} is not an affine view (the scheduler should have realized it)")
+        if view.base.op in (Ops.WEIGHT, Ops.CONST):
+            return self.packed(x, role, view.strides[:nb])
+        buf = self._buffer_for(view.base)
+        assert buf is not None
+        *bs, rs, cs = view.strides
+        return self.param(buf), GemmOperand(tuple(bs), rs, cs, view.offset)
+
+    def packed(self, x: UOp, role: str, batch_strides: tuple[int, ...]) -> tuple[UOp, GemmOperand]:
+        data = evaluate([x])[0]
+        nb = x.ndim - 2
+        batch = x.shape[:nb]
+        # Pack once per distinct batch index: axes with stride 0 in the view are broadcasts.
+        live = [i for i in range(nb) if batch_strides[i] != 0 and batch[i] != 1]
+        index = tuple(slice(None) if i in live else slice(0, 1) for i in range(nb))
+        sub = data[index].reshape((-1,) + data.shape[-2:])
+        if role == "b":
+            panels = np.stack([pack_b(s) for s in sub])
+        elif self.transposed:  # A is the vector side: panels of B_PANEL consecutive rows of A
+            panels = np.stack([pack_b(s.T) for s in sub])
+        else:
+            panels = np.stack([pack_a(s) for s in sub])
+        per = panels[0].size
+        strides, s = [0] * nb, per
+        for i in reversed(live):
+            strides[i] = s
+            s *= batch[i]
+        weight = UOp(Ops.WEIGHT, dtypes.float32, (), ConstData(panels.astype(np.float32)))
+        real = self._buffer_for(weight)
+        assert real is not None
+        return self.param(real), GemmOperand(tuple(strides), 0, 0, 0, packed=True)
+
+    def lower_gemm(self, root: UOp, mm: UOp) -> UOp:
+        out = self.params[0]
+        a, b = mm.src
+        batch, (m, n), k = mm.shape[:-2], mm.shape[-2:], a.shape[-1]
+        self.transposed = _vectorize_along_m(m, n, k, _is_constant_view(a), _is_constant_view(b))
+        a_param, a_op = self.operand(a, "a")
+        b_param, b_op = self.operand(b, "b")
+        c_strides, s = [], m * n
+        for d in reversed(batch):
+            c_strides.append(s)
+            s *= d
+        c_op = GemmOperand(tuple(reversed(c_strides)), n, 1, 0)
+        arg = GemmArg(tuple(batch), m, n, k, a_op, b_op, c_op, self.transposed)
+        c_param = self.param(out)
+        if root is mm:
+            return UOp(Ops.GEMM, dtypes.void, (a_param, b_param, c_param), arg)
+        # The epilogue: the root's value at (batch, m, n), reading the product back from C.
+        ranges = [self.new_range(d, RangeKind.LOOP) for d in (*batch, m, n)]
+        c_view = UOp(Ops.INPUT, dtypes.float32, (), InputArg(f"__gemm_c_{out.id}__", out.shape))
+        from svodc.ir import tensor as T
+
+        body = substitute(root, mm, T.reshape(c_view, mm.shape))
+        inner = self._buffer_for
+        self._buffer_for = lambda node: out if node is c_view else inner(node)
+        try:
+            idx = tuple(_simplify(i) for i in reshape_index(tuple(ranges), mm.shape, root.shape))
+            value = self.lower(body, idx, top=True)
+        finally:
+            self._buffer_for = inner
+        store = UOp(Ops.STORE, dtypes.void, (c_param, self.linear(idx, root.shape), value))
+        return UOp(Ops.GEMM, dtypes.void, (a_param, b_param, c_param, store, *ranges), arg)
+
+
+def _is_constant_view(x: UOp) -> bool:
+    while x.op in MOVEMENT:
+        x = x.src[0]
+    return x.op in (Ops.WEIGHT, Ops.CONST)
+
+
+def _vectorize_along_m(m: int, n: int, k: int, a_const: bool, b_const: bool) -> bool:
+    """Run C^T = B^T A^T when lanes along m waste clearly less than lanes along n (n = 49 uses 49 of
+    64 lanes; m = 512 uses all) and K is long enough to pay for strided stores of C."""
+    if not a_const or b_const or k < 64:
+        return False
+    waste_n = 1 - n / (-(-n // B_PANEL) * B_PANEL)
+    waste_m = 1 - m / (-(-m // B_PANEL) * B_PANEL)
+    return waste_n - waste_m > 0.1
+
+
+def _simplify(x: UOp) -> UOp:
+    return graph_rewrite(x, pm_symbolic)
+
+
+def lower_gemm_kernel(name: str, root: UOp, mm: UOp, out: Buffer, buffer_for: BufferFor) -> tuple[UOp, list[Buffer]]:
+    lowerer = GemmLowerer(name, out, buffer_for)
+    gemm = lowerer.lower_gemm(root, mm)
+    sink = UOp(Ops.SINK, dtypes.void, (gemm,), KernelArg(name))
+    return graph_rewrite(sink, pm_symbolic), lowerer.params
+
+
+def gemm_macs(mm: UOp) -> int:
+    return math.prod(mm.shape) * mm.src[0].shape[-1]

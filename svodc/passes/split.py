@@ -1,0 +1,120 @@
+"""Index-set splitting: one loop nest per interval of an output index where comparisons decide.
+
+A concatenation is a chain of selects on the concat-axis index; a padded copy tests both borders of
+each padded axis. Evaluated as written, every output element computes every branch (and clamps
+every load). When such a comparison is `r + c < t` (or `t < r + c`) for an output loop index r, the
+kernel's STORE is split into one STORE per interval of r between the thresholds: inside each
+interval the simplifier decides the comparisons, the selects collapse to one branch and the loads
+lose their clamps. The pieces write disjoint parts of the output, so they need no barrier between
+them.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from svodc.ir.dtypes import dtypes
+from svodc.ir.ops import Ops
+from svodc.ir.rewrite import graph_rewrite
+from svodc.ir.symbolic import pm_symbolic
+from svodc.ir.uop import UOp, toposort
+
+MAX_PIECES = 24  # statements one kernel may be split into
+MAX_INTERVALS = 32  # intervals of one index
+
+
+def _offset_of(x: UOp, r: UOp) -> int | None:
+    """c when x is r or r + c (c a constant), else None."""
+    if x is r:
+        return 0
+    if x.op is Ops.ADD and x.src[0] is r and x.src[1].op is Ops.CONST:
+        return x.src[1].arg
+    return None
+
+
+def thresholds(value: UOp, r: UOp) -> set[int]:
+    """Values t in (0, size) such that some comparison in value changes between r = t-1 and r = t."""
+    size = r.src[0].arg
+    out: set[int] = set()
+    for n in toposort([value]):
+        if n.op is not Ops.CMPLT:
+            continue
+        lhs, rhs = n.src
+        c = _offset_of(lhs, r)
+        if c is not None and rhs.op is Ops.CONST:
+            out.add(rhs.arg - c)  # r + c < t  <=>  r < t - c
+        c = _offset_of(rhs, r)
+        if c is not None and lhs.op is Ops.CONST:
+            out.add(lhs.arg - c + 1)  # t < r + c  <=>  r >= t - c + 1
+    return {t for t in out if 0 < t < size}
+
+
+def _loads(x: UOp) -> int:
+    return sum(1 for n in toposort([x]) if n.op is Ops.LOAD)
+
+
+def _substitute(root: UOp, old: UOp, new: UOp) -> UOp:
+    done: dict[UOp, UOp] = {old: new}
+    for n in toposort([root]):
+        if n not in done:
+            src = tuple(done.get(s, s) for s in n.src)
+            done[n] = n if all(a is b for a, b in zip(src, n.src, strict=True)) else n.replace(src=src)
+    return done[root]
+
+
+def _output_ranges(store: UOp) -> list[UOp]:
+    free: set[UOp] = set()
+    bound: set[UOp] = set()
+    for n in toposort([store]):
+        if n.op is Ops.RANGE:
+            free.add(n)
+        elif n.op is Ops.LOOP_REDUCE:
+            bound.update(n.src[1:])
+    return sorted(free - bound, key=lambda r: r.arg.id)
+
+
+def split_store(store: UOp) -> list[UOp]:
+    """The store as one or more stores over disjoint intervals."""
+    pieces = [store]
+    changed = True
+    while changed and len(pieces) < MAX_PIECES:
+        changed = False
+        out: list[UOp] = []
+        for st in pieces:
+            best = None
+            for r in _output_ranges(st):
+                ts = thresholds(st.src[2], r)
+                if ts and len(ts) < MAX_INTERVALS and (best is None or len(ts) > len(best[1])):
+                    best = (r, ts)
+            if best is None or len(out) + len(pieces) + len(best[1]) > MAX_PIECES * 2:
+                out.append(st)
+                continue
+            r, ts = best
+            bounds = [0, *sorted(ts), r.src[0].arg]
+            new_pieces = []
+            for lo, hi in itertools.pairwise(bounds):
+                # Same id as the range it replaces: the emitter orders loops by id, so the split range
+                # keeps its place in the loop nest (a new, larger id would make it the innermost loop).
+                sub = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, hi - lo),), r.arg)
+                new = sub if lo == 0 else UOp(Ops.ADD, dtypes.index, (sub, UOp.const(dtypes.index, lo)))
+                new_pieces.append(graph_rewrite(_substitute(st, r, new), pm_symbolic))
+            # Worth it only when every piece reads fewer buffers than the whole (a concatenation);
+            # splitting away a border test alone makes more, shorter loops for no fewer loads.
+            if max(_loads(p) for p in new_pieces) >= _loads(st):
+                out.append(st)
+                continue
+            out.extend(new_pieces)
+            changed = True
+        pieces = out
+    return pieces
+
+
+def split_kernel(sink: UOp) -> UOp:
+    """Split every STORE of a kernel AST (SINK) by the comparisons on its output indices."""
+    stores: list[UOp] = []
+    for st in sink.src:
+        stores.extend(split_store(st) if st.op is Ops.STORE else [st])
+    return sink.replace(src=tuple(stores))
+
+
+

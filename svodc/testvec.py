@@ -1,0 +1,97 @@
+"""Self-test vectors: a reference input and the outputs the model should give for it, embedded in the
+bundle so `svodrt verify` can check the compiled code on the machine that will serve it.
+
+Where the expected outputs come from: svodc's numpy interpreter (svodc/ir/interpret.py) on the graph
+as imported, before our own rewrites. Not from running the compiled code on the build machine:
+ - it is independent of everything between import and machine code (folding, decomposition,
+   scheduling, lowering, LLVM, the linker), so a vector that passes on the device says the bundle
+   computes the model there, not merely that the device agrees with the build machine;
+ - it works for every target, including cross-compiled ones the build machine cannot run, and it
+   is one reference for all variants of a fat bundle (which legitimately differ in rounding:
+   FMA, vector widths), hence a tolerance per output rather than bit equality;
+ - it interprets CONV and MATMUL as einsum/matmul, not the decomposed multiply-reduce over windows,
+   which would materialize window x kernel products (hundreds of MB for a ResNet stem).
+
+The reference input is drawn from a fixed seed, so the same model gives the same bundle bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from svodc.errors import TestVectorError
+from svodc.frontend.importer import ImportedGraph
+from svodc.ir.interpret import evaluate
+from svodc.program import Buffer, Program
+
+# Vectors are embedded by default when the inputs and outputs together take at most this many bytes.
+DEFAULT_LIMIT = 1 << 20
+SEED = 0
+# Tolerance on max |got - want| for float outputs: ATOL + RTOL * max |want|, scaled by the output
+# (a softmax over 1000 classes has values near 1e-3: a floor of 1e-3 would accept anything). Loose
+# enough for the rounding differences between the interpreter and any variant's code (accumulation
+# order, FMA, polynomial transcendentals): on the light models (ResNet-50, DenseNet-121,
+# Inception v2, SqueezeNet) errors are 3-4 orders of magnitude below it; tight enough that a wrong
+# kernel or a damaged device shows.
+RTOL = {"float16": 1e-2, "float32": 1e-3, "float64": 1e-6}
+ATOL = {"float16": 1e-3, "float32": 1e-5, "float64": 1e-12}
+
+
+def reference_input(b: Buffer, rng: np.random.Generator) -> np.ndarray:
+    kind = b.dtype.kind
+    if kind == "float":
+        return rng.standard_normal(b.shape).astype(b.dtype.np)
+    if kind == "bool":
+        return rng.integers(0, 2, b.shape).astype(np.bool_)
+    return rng.integers(0, 3, b.shape).astype(b.dtype.np)  # small non-negative: safe as indices and divisors
+
+
+def _tolerance(b: Buffer, want: np.ndarray) -> float:
+    if b.dtype.kind != "float":
+        return 0.0
+    finite = np.abs(want[np.isfinite(want)].astype(np.float64))
+    return ATOL[b.dtype.name] + RTOL[b.dtype.name] * (float(finite.max()) if finite.size else 0.0)
+
+
+def _le_bytes(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<")).tobytes()
+
+
+def build_test_vectors(graph: ImportedGraph, program: Program, wanted: bool | None,
+                       say: Callable[[str], None]) -> list[dict]:
+    """Manifest entries for the bundle's `test_vectors` (empty when not wanted or not possible).
+    wanted: True always (an error if impossible), False never, None when small (DEFAULT_LIMIT)."""
+    io = program.inputs + program.outputs
+    size = sum(b.nbytes for b in io)
+    if wanted is False or (wanted is None and size > DEFAULT_LIMIT):
+        if wanted is None:
+            say(f"test vectors: skipped, inputs and outputs take {size} bytes (over {DEFAULT_LIMIT}; "
+                "--test-vectors embeds them anyway)")
+        return []
+    problem = None
+    if any(b.dtype.name not in RTOL and b.dtype.kind == "float" for b in io):
+        problem = "the interpreter has no bfloat16 arithmetic"
+    else:
+        rng = np.random.default_rng(SEED)
+        feeds = {b.name: reference_input(b, rng) for b in program.inputs}
+        try:
+            with np.errstate(all="ignore"):
+                outs = evaluate([o for _, o in graph.outputs], feeds)
+        except Exception as e:  # the interpreter lacks an op, or numpy refuses: no vector, said why
+            problem = f"the reference interpreter failed: {type(e).__name__}: {e}"
+        else:
+            for b, o in zip(program.outputs, outs, strict=True):
+                if tuple(o.shape) != tuple(b.shape) or o.dtype != b.dtype.np:
+                    problem = f"the interpreter gave output {b.name!r} as {o.dtype}{list(o.shape)}"
+    if problem is not None:
+        if wanted:
+            raise TestVectorError(f"cannot make test vectors: {problem}")
+        say(f"test vectors: skipped, {problem}")
+        return []
+    return [{
+        "inputs": [_le_bytes(feeds[b.name]) for b in program.inputs],
+        "outputs": [_le_bytes(o) for o in outs],
+        "tolerance": [_tolerance(b, o) for b, o in zip(program.outputs, outs, strict=True)],
+    }]

@@ -1,0 +1,132 @@
+"""Typed readers for manifest fields, and the records the runtime builds from a verified manifest.
+
+Every reader checks type and range and raises BundleFormatError naming the field by its path in the
+manifest (e.g. `variants[1].fixups[3]`). msgpack gives us Python values; bool is an int subclass
+and is refused wherever an integer is expected.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from svodrt.errors import BundleFormatError
+from svodrt.format import DTYPES, MAX_BYTES, MAX_ITEMS, MAX_NAME, MAX_RANK
+
+
+def fail(where: str, msg: str) -> BundleFormatError:
+    return BundleFormatError(f"manifest field {where}: {msg}")
+
+
+def field(d: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if not isinstance(d, dict):
+        raise fail(where, f"is a {type(d).__name__}, expected a map")
+    if key not in d:
+        raise fail(f"{where}.{key}", "is missing")
+    v = d[key]
+    if (isinstance(v, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,))) or not isinstance(v, kind):
+        names = "/".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise fail(f"{where}.{key}", f"has type {type(v).__name__}, expected {names}")
+    return v
+
+
+def check_uint(v: Any, where: str, limit: int = MAX_BYTES) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise fail(where, f"has type {type(v).__name__}, expected an integer")
+    if not 0 <= v <= limit:
+        raise fail(where, f"= {v} is out of range [0, {limit}]")
+    return v
+
+
+def uint(d: Any, key: str, where: str, limit: int = MAX_BYTES) -> int:
+    return check_uint(field(d, key, int, where), f"{where}.{key}", limit)
+
+
+def name(d: Any, key: str, where: str, allow_empty: bool = False) -> str:
+    v = field(d, key, str, where)
+    if len(v) > MAX_NAME or (not v and not allow_empty) or "\x00" in v:
+        raise fail(f"{where}.{key}", f"{v[:40]!r} must be 1..{MAX_NAME} characters without NUL")
+    return v
+
+
+def items(d: Any, key: str, where: str, limit: int = MAX_ITEMS) -> list:
+    v = field(d, key, list, where)
+    if len(v) > limit:
+        raise fail(f"{where}.{key}", f"has {len(v)} items, over the limit {limit}")
+    return v
+
+
+def uints(d: Any, key: str, where: str, limit: int = MAX_BYTES) -> list[int]:
+    return [check_uint(x, f"{where}.{key}[{i}]", limit) for i, x in enumerate(items(d, key, where))]
+
+
+@dataclass(frozen=True)
+class Section:
+    index: int
+    name: str
+    kind: str
+    offset: int
+    length: int
+    sha256: bytes
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * DTYPES[self.dtype][1]
+
+
+def tensor(d: Any, where: str) -> TensorInfo:
+    t_name = name(d, "name", where)
+    dtype = field(d, "dtype", str, where)
+    if dtype not in DTYPES:
+        raise fail(f"{where}.dtype", f"{dtype[:40]!r} is not one of {', '.join(DTYPES)}")
+    shape = tuple(uints(d, "shape", where, MAX_BYTES))
+    if len(shape) > MAX_RANK:
+        raise fail(f"{where}.shape", f"has rank {len(shape)}, over the limit {MAX_RANK}")
+    # Each dim is at most MAX_BYTES, and the running product is checked, so no product is huge.
+    n = DTYPES[dtype][1]
+    for dim in shape:
+        n *= dim
+        if n > MAX_BYTES:
+            raise fail(where, f"shape {list(shape)} is over {MAX_BYTES} bytes")
+    return TensorInfo(t_name, dtype, shape)
+
+
+@dataclass(frozen=True)
+class Variant:
+    index: int
+    arch: str
+    cpu: str
+    features: tuple[str, ...]
+    section: Section
+    entry: int
+    kernels: tuple[int, ...]
+    fixups: tuple[int, ...]
+
+    def describe(self) -> str:
+        return f"{self.arch}:{self.cpu}"
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    name: str
+    params: tuple[int, ...]
+    provenance: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TestVector:
+    """A reference input and the outputs the compiler expects, with a tolerance per output."""
+
+    __test__ = False  # not a pytest class
+
+    inputs: tuple[bytes, ...]
+    outputs: tuple[bytes, ...]
+    tolerance: tuple[float, ...]

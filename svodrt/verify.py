@@ -1,0 +1,118 @@
+"""`svodrt verify`: every check a bundle can get on the machine that will run it.
+
+Structure (everything load() checks), the sha256 of every section (load() skips large weights and
+code variants it does not run), which variants this host can run, and each embedded test vector run
+on each of those variants, with the max error per output against the compiler's tolerance.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from svodrt.bundle import Bundle, TensorInfo, TestVector, check_section, parse_bundle
+from svodrt.errors import SvodError
+from svodrt.format import DTYPES
+from svodrt.host import Host, detect_host
+from svodrt.model import Model, select_variant, variant_problem
+
+
+@dataclass
+class Report:
+    lines: list[tuple[str, str]] = field(default_factory=list)  # (status: ok|FAIL|skip, what)
+
+    def add(self, status: str, what: str) -> None:
+        self.lines.append((status, what))
+
+    @property
+    def ok(self) -> bool:
+        return all(status != "FAIL" for status, _ in self.lines)
+
+    @property
+    def failures(self) -> list[str]:
+        return [what for status, what in self.lines if status == "FAIL"]
+
+    def text(self) -> str:
+        body = [f"{status:<5} {what}" for status, what in self.lines]
+        return "\n".join([*body, f"verify: {'PASS' if self.ok else 'FAIL'}"])
+
+
+def max_error(got: np.ndarray, want: np.ndarray) -> float:
+    """max |got - want|; NaN matches only NaN, an infinity only the same infinity."""
+    if got.size == 0:
+        return 0.0
+    if np.array_equal(got, want, equal_nan=got.dtype.kind in "fc"):
+        return 0.0
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        same = (g == w) | (np.isnan(g) & np.isnan(w))
+        diff = np.where(same, 0.0, np.abs(g - w))
+    return float(np.nan_to_num(diff, nan=np.inf, posinf=np.inf).max())
+
+
+def _array(t: TensorInfo, blob: bytes) -> np.ndarray:
+    dt = np.dtype(DTYPES[t.dtype][0])
+    return np.frombuffer(blob, dtype=dt.newbyteorder("<")).astype(dt).reshape(t.shape)
+
+
+def run_test_vector(model: Model, tv: TestVector) -> list[tuple[str, float, float]]:
+    """(output name, max error, tolerance) per output."""
+    b = model.bundle
+    got = model.run({t.name: _array(t, x) for t, x in zip(b.inputs, tv.inputs, strict=True)})
+    return [(t.name, max_error(got[t.name], _array(t, want)), tol)
+            for t, want, tol in zip(b.outputs, tv.outputs, tv.tolerance, strict=True)]
+
+
+def _check_variants(data: bytes, bundle: Bundle, host: Host, threads: int, report: Report) -> None:
+    runnable = 0
+    for v in bundle.variants:
+        label = f"variant {v.index} {v.describe()}"
+        problem = variant_problem(v, host)
+        if problem is not None:
+            report.add("skip", f"{label}: cannot run on this host ({problem})")
+            continue
+        runnable += 1
+        try:
+            with Model(data, threads=threads, host=host, verify_weights=True, variant=v.index) as m:
+                report.add("ok", f"{label}: loads on this host")
+                for i, tv in enumerate(bundle.test_vectors):
+                    for name, err, tol in run_test_vector(m, tv):
+                        status = "ok" if err <= tol else "FAIL"
+                        report.add(status, f"test vector {i} on {v.describe()}: output {name!r} max error "
+                                           f"{err:.3g} (tolerance {tol:.3g})")
+        except SvodError as e:
+            report.add("FAIL", f"{label}: {e}")
+    if not runnable:
+        try:
+            select_variant(bundle, host)
+        except SvodError as e:  # names what each variant lacks
+            report.add("FAIL", str(e))
+    if not bundle.test_vectors:
+        report.add("skip", "no test vectors in this bundle (compile with --test-vectors to embed them)")
+
+
+def verify(source: str | os.PathLike | bytes, host: Host | None = None, threads: int = 1) -> Report:
+    """Run every check; never raises for a bad bundle (the report says what failed)."""
+    data = bytes(source) if isinstance(source, (bytes, bytearray)) else Path(source).read_bytes()
+    host = host or detect_host()
+    report = Report()
+    try:
+        bundle = parse_bundle(data)
+    except SvodError as e:
+        report.add("FAIL", str(e))
+        return report
+    h = bundle.header
+    report.add("ok", f"structure: format {h.major}.{h.minor}, {len(data)} bytes, {len(bundle.sections)} sections, "
+                     f"{len(bundle.variants)} variants, {len(bundle.kernels)} kernels")
+    for s in bundle.sections:
+        try:
+            check_section(data, s)
+            report.add("ok", f"section {s.name!r}: {s.length} bytes at offset {s.offset}, sha256 matches")
+        except SvodError as e:
+            report.add("FAIL", str(e))
+    if report.ok:
+        _check_variants(data, bundle, host, threads, report)
+    return report

@@ -1,0 +1,34 @@
+"""Reading and rewriting a bundle's manifest in tests: edit a field, re-pack it with a valid digest, so
+the edit reaches the runtime's deeper checks instead of stopping at the manifest checksum."""
+
+from __future__ import annotations
+
+import hashlib
+
+import msgpack
+import zstandard
+
+from svodrt.format import FLAG_MANIFEST_ZSTD, HEADER_SIZE, unpack_header, variant_binding
+
+
+def manifest_of(data: bytes) -> dict:
+    _, h = unpack_header(data[:HEADER_SIZE])
+    stored = data[h.manifest_offset: h.manifest_offset + h.manifest_size]
+    raw = zstandard.ZstdDecompressor().decompress(stored) if h.flags & FLAG_MANIFEST_ZSTD else stored
+    return msgpack.unpackb(raw, raw=False)
+
+
+def repack(data: bytes, manifest: object, rebind: bool = False) -> bytes:
+    """`data` with its manifest replaced by `manifest` (any msgpack value), header fixed up to match.
+    rebind: recompute every variant's binding digest too (for edits that are meant to be valid)."""
+    _, h = unpack_header(data[:HEADER_SIZE])
+    if rebind:
+        for v in manifest["variants"]:
+            v["binding"] = variant_binding(v, manifest["sections"][v["section"]]["sha256"], manifest)
+    raw = msgpack.packb(manifest, use_bin_type=True)
+    stored = zstandard.ZstdCompressor(level=3).compress(raw)
+    body = data[:h.manifest_offset]
+    header = h.__class__(h.major, h.minor, h.header_size, h.flags | FLAG_MANIFEST_ZSTD, h.reserved,
+                         len(body) + len(stored), h.manifest_offset, len(stored), len(raw),
+                         hashlib.sha256(raw).digest()[:8])
+    return header.pack() + body[HEADER_SIZE:] + stored

@@ -1,0 +1,96 @@
+"""One loaded model, many threads; close() while running; memory over many runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import svodrt
+
+
+def _hammer(model: svodrt.Model, feeds: dict, want: np.ndarray, threads: int, runs: int) -> list[str]:
+    problems: list[str] = []
+    start = threading.Barrier(threads)
+
+    def worker(i: int) -> None:
+        x = {"x": feeds["x"] + np.float32(i)}  # each thread its own input, so a mix-up would show
+        expect = want[i]
+        start.wait()
+        for r in range(runs):
+            got = model.run(x)["y"]
+            if not np.array_equal(got, expect):
+                problems.append(f"thread {i} run {r}")
+
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return problems
+
+
+def test_eight_threads_a_thousand_runs_each_match_single_threaded(small_bundle):
+    path, feeds = small_bundle
+    with svodrt.load(path, threads=1) as single:
+        want = [single.run({"x": feeds["x"] + np.float32(i)})["y"] for i in range(8)]
+    with svodrt.load(path, threads=2) as m:  # one call at a time gets the helper thread, others run alone
+        assert _hammer(m, feeds, want, threads=8, runs=1000) == []
+
+
+def test_close_while_running_waits_and_later_runs_are_refused(small_bundle):
+    path, feeds = small_bundle
+    m = svodrt.load(path, threads=2)
+    want = m.run(feeds)["y"]
+    outcomes: list[str] = []
+
+    def worker() -> None:
+        try:
+            while True:
+                if not np.array_equal(m.run(feeds)["y"], want):
+                    outcomes.append("wrong")
+        except svodrt.ModelClosedError:
+            outcomes.append("refused")
+
+    ts = [threading.Thread(target=worker) for _ in range(4)]
+    for t in ts:
+        t.start()
+    time.sleep(0.2)
+    m.close()  # returns once running calls have finished; the code is unmapped only then
+    for t in ts:
+        t.join(timeout=30)
+    assert outcomes == ["refused"] * 4
+    m.close()  # closing twice is harmless
+    with pytest.raises(svodrt.ModelClosedError, match="closed"):
+        m.run(feeds)
+
+
+RSS = r"""
+import sys, numpy as np, svodrt
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+feeds = dict(np.load(sys.argv[2]))
+for threads, runs in ((1, 10000), (2, 2000)):  # with helper threads each run costs ~1 ms here: fewer runs
+    m = svodrt.load(sys.argv[1], threads=threads)
+    for i in range(1, runs + 1):
+        m.run(feeds)
+        if i == 100:
+            at100 = rss()
+    print(at100, rss())
+"""
+
+
+def test_resident_memory_is_flat_over_ten_thousand_runs(small_bundle, tmp_path):
+    path, feeds = small_bundle
+    np.savez(tmp_path / "in.npz", **feeds)
+    out = subprocess.run([sys.executable, "-c", RSS, str(path), str(tmp_path / "in.npz")], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    for line in out.stdout.splitlines():
+        at100, at_end = map(int, line.split())
+        assert abs(at_end - at100) < 5 << 20, (at100, at_end)

@@ -1,0 +1,92 @@
+"""The contraction path (conv -> im2col + GEMM, MATMUL -> GEMM): shapes that hit every tile edge,
+constant and run-time operands, batches with broadcasts, the transposed mode, fused epilogues."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from svodc.frontend.importer import import_model
+from svodc.ir.ops import Ops
+from svodc.options import CompileOptions
+from svodc.passes.pipeline import build_program
+from tests.onnx_util import compile_and_run, make_model, reference
+
+R = np.random.default_rng(3)
+
+
+def rand(*shape):
+    return R.standard_normal(shape).astype(np.float32)
+
+
+def gemm_kernels(model) -> list:
+    program = build_program(import_model(model), CompileOptions())
+    return [k.ast.src[0].arg for k in program.kernels if k.ast.src[0].op is Ops.GEMM]
+
+
+@pytest.mark.parametrize("m,k,n", [(64, 64, 64), (37, 50, 45), (1, 300, 77), (2, 129, 200), (9, 1, 513),
+                                   (512, 576, 49), (130, 100, 20), (8, 17, 16), (7, 64, 15)])
+@pytest.mark.parametrize("constant", ["a", "b", "none"])
+def test_matmul_shapes(m, k, n, constant):
+    a, b = rand(m, k), rand(k, n)
+    inits = {"a": a} if constant == "a" else {"b": b} if constant == "b" else {}
+    inputs = {x: (np.float32, list(v.shape)) for x, v in (("a", a), ("b", b)) if x not in inits}
+    model = make_model([helper.make_node("MatMul", ["a", "b"], ["y"])], inputs, ["y"], inits)
+    feeds = {x: v for x, v in (("a", a), ("b", b)) if x not in inits}
+    got = compile_and_run(model, feeds)["y"]
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+def test_transposed_mode_is_chosen_for_small_n_and_correct():
+    a, b, bias = rand(512, 576), rand(576, 49), rand(512, 1)
+    model = make_model([helper.make_node("MatMul", ["a", "b"], ["t"]), helper.make_node("Add", ["t", "bias"], ["y"])],
+                       {"b": (np.float32, [576, 49])}, ["y"], {"a": a, "bias": bias})
+    args = gemm_kernels(model)
+    assert len(args) == 1 and args[0].transposed and args[0].a.packed
+    got = compile_and_run(model, {"b": b})["y"]
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b + bias, rtol=1e-4, atol=1e-3)
+
+
+def test_batched_matmul_with_broadcast_batch_axes():
+    a, b = rand(2, 3, 17, 40), rand(3, 40, 33)
+    model = make_model([helper.make_node("MatMul", ["a", "b"], ["y"])], {"a": (np.float32, [2, 3, 17, 40]),
+                       "b": (np.float32, [3, 40, 33])}, ["y"])
+    assert gemm_kernels(model)[0].batch == (2, 3)
+    got = compile_and_run(model, {"a": a, "b": b})["y"]
+    np.testing.assert_allclose(got, np.matmul(a.astype(np.float64), b), rtol=1e-4, atol=1e-4)
+
+
+def test_attention_like_transposed_operand_is_copied_contiguous():
+    q, kt = rand(1, 4, 32, 16), rand(1, 4, 32, 16)
+    model = make_model([helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+                        helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Softmax", ["s"], ["y"])],
+                       {"q": (np.float32, [1, 4, 32, 16]), "k": (np.float32, [1, 4, 32, 16])}, ["y"])
+    feeds = {"q": q, "k": kt}
+    np.testing.assert_allclose(compile_and_run(model, feeds)["y"], reference(model, feeds)[0], rtol=1e-4, atol=1e-6)
+
+
+def test_conv_batchnorm_relu_residual_fuse_into_one_gemm():
+    x = rand(2, 16, 12, 12)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["bn"]),
+             helper.make_node("Add", ["bn", "x"], ["r"]), helper.make_node("Relu", ["r"], ["y"])]
+    inits = {"w": rand(16, 16, 3, 3) * 0.2, "s": rand(16), "b": rand(16), "m": rand(16),
+             "v": np.abs(rand(16)) + 0.5}
+    model = make_model(nodes, {"x": (np.float32, [2, 16, 12, 12])}, ["y"], inits)
+    program = build_program(import_model(model), CompileOptions())
+    gemms = [k for k in program.kernels if k.ast.src[0].op is Ops.GEMM]
+    assert len(gemms) == 1 and len(gemms[0].ast.src[0].src) > 3  # one GEMM, with an epilogue
+    got = compile_and_run(model, {"x": x})["y"]
+    np.testing.assert_allclose(got, reference(model, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_grouped_and_strided_convolutions(threads):
+    x = rand(1, 12, 15, 13)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], group=3, strides=[2, 1], pads=[1, 0, 2, 1]),
+             helper.make_node("Relu", ["a"], ["b"]), helper.make_node("Conv", ["b", "w2"], ["y"])]
+    model = make_model(nodes, {"x": (np.float32, [1, 12, 15, 13])}, ["y"],
+                       {"w1": rand(24, 4, 3, 3), "w2": rand(8, 24, 1, 1)})
+    got = compile_and_run(model, {"x": x}, threads=threads)["y"]
+    np.testing.assert_allclose(got, reference(model, {"x": x})[0], rtol=1e-4, atol=1e-4)

@@ -1,0 +1,44 @@
+"""Compatibility: the golden bundles of every released format version in artifacts/ load and run with
+this runtime and give the outputs stored next to them, bit for bit, on every variant this host runs.
+(Made once by scripts/golden_bundles.py; never regenerated.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import svodrt
+from svodrt.model import variant_problem
+from svodrt.verify import verify
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+GOLDENS = sorted(ARTIFACTS.glob("v*/*.svod"))
+
+
+def test_goldens_exist_for_format_1():
+    assert [p.name for p in GOLDENS if p.parent.name == "v1.0"] == ["relu_add.svod", "small_cnn.svod"]
+
+
+@pytest.mark.parametrize("path", GOLDENS, ids=[f"{p.parent.name}/{p.stem}" for p in GOLDENS])
+def test_golden_bundle_runs_and_matches_its_stored_outputs(path):
+    with np.load(path.with_name(f"{path.stem}.expected.npz")) as z:
+        stored = {k: z[k] for k in z.files}
+    feeds = {k.removeprefix("input."): v for k, v in stored.items() if k.startswith("input.")}
+    host = svodrt.detect_host()
+    ran = 0
+    with svodrt.load(path, threads=1) as first:
+        variants = first.bundle.variants
+    for v in variants:
+        if variant_problem(v, host) is not None:
+            continue
+        with svodrt.load(path, threads=1, variant=v.index) as m:
+            got = m.run(feeds)
+        want = {k.split(".", 1)[1]: a for k, a in stored.items() if k.startswith(f"variant{v.index}.")}
+        assert list(got) == list(want)
+        for k in want:
+            assert got[k].dtype == want[k].dtype and got[k].tobytes() == want[k].tobytes(), (path.name, v, k)
+        ran += 1
+    assert ran >= 1  # every golden has a baseline x86-64 variant
+    assert verify(path).ok  # including its embedded test vectors
