@@ -7,6 +7,9 @@ with the same compiler version give the same bytes.
 from __future__ import annotations
 
 import hashlib
+import io
+from collections.abc import Callable, Iterator
+from typing import BinaryIO
 
 import msgpack
 import numpy as np
@@ -44,24 +47,48 @@ def _buffer_entry(b: Buffer) -> dict:
     return entry
 
 
-def _weights_blob(program: Program) -> bytes:
-    blob = bytearray(program.weights_size)
-    for w in program.weights:
-        assert w.data is not None
-        raw = to_storage(np.ascontiguousarray(w.data.array), w.dtype)
+def _weight_pieces(program: Program) -> Iterator[memoryview]:
+    """The weights section as pieces: each weight's bytes (a view of its array, in the buffer's
+    storage type, little-endian: no copy for mapped or computed arrays) and the zeros between."""
+    at = 0
+    for w in sorted(program.weights, key=lambda b: b.offset):
+        assert w.data is not None and w.offset >= at
+        if w.offset > at:
+            yield memoryview(bytes(w.offset - at))
+        raw = to_storage(np.asarray(w.data.array, order="C"), w.dtype)
         raw = raw.astype(raw.dtype.newbyteorder("<"), copy=False)
-        data = raw.tobytes()
-        blob[w.offset: w.offset + len(data)] = data
-    return bytes(blob)
+        if raw.size:
+            yield memoryview(raw.reshape(-1).view(np.uint8))
+        at = w.offset + raw.nbytes
+    if program.weights_size > at:
+        yield memoryview(bytes(program.weights_size - at))
 
 
-def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model_digest: str,
-                 test_vectors: list[dict] | None = None) -> bytes:
-    """The bundle's bytes. test_vectors: manifest entries from svodc.testvec (optional)."""
-    sections: list[tuple[dict, bytes]] = [({"name": "weights", "kind": "weights"}, _weights_blob(program))]
+class _Writer:
+    """Writes to a seekable binary file, counting bytes."""
+
+    def __init__(self, out: BinaryIO, start: int):
+        self.out, self.pos = out, start
+
+    def write(self, data: bytes | memoryview) -> None:
+        self.out.write(data)
+        self.pos += len(data)
+
+    def pad_to(self, offset: int) -> None:
+        if offset > self.pos:
+            self.write(bytes(offset - self.pos))
+
+
+def write_bundle_to(out: BinaryIO, program: Program, images: list[tuple[Target, CodeImage]], model_digest: str,
+                    test_vectors: list[dict] | None = None) -> None:
+    """Write the bundle to a seekable binary file positioned at its start. Weights go from their
+    arrays straight to `out` (one copy: the write itself), hashed on the way."""
+    sections: list[tuple[dict, Callable[[], Iterator[memoryview]], int]] = [
+        ({"name": "weights", "kind": "weights"}, lambda: _weight_pieces(program), program.weights_size)]
     variants = []
     for target, image in images:
-        sections.append(({"name": f"code.{target.arch}.{target.cpu}", "kind": "code"}, image.data))
+        sections.append(({"name": f"code.{target.arch}.{target.cpu}", "kind": "code"},
+                         lambda data=image.data: iter([memoryview(data)]), len(image.data)))
         variants.append({
             "arch": target.arch,
             "cpu": target.cpu,
@@ -73,13 +100,19 @@ def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model
             "fixups": list(image.fixups),
         })
 
-    out = bytearray(HEADER_SIZE)
+    w = _Writer(out, 0)
+    w.write(bytes(HEADER_SIZE))
     table = []
-    for meta, data in sections:
-        offset = align_up(len(out), section_align(len(data)))
-        out += bytes(offset - len(out))
-        out += data
-        table.append({**meta, "offset": offset, "length": len(data), "sha256": hashlib.sha256(data).digest()})
+    for meta, pieces, length in sections:
+        offset = align_up(w.pos, section_align(length))
+        w.pad_to(offset)
+        h = hashlib.sha256()
+        for piece in pieces():
+            h.update(piece)
+            w.write(piece)
+        if w.pos - offset != length:
+            raise BundleError(f"section {meta['name']}: wrote {w.pos - offset} bytes, expected {length}")
+        table.append({**meta, "offset": offset, "length": length, "sha256": h.digest()})
 
     manifest = {
         "format": [FORMAT_MAJOR, FORMAT_MINOR],
@@ -103,14 +136,28 @@ def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model
     raw = msgpack.packb(manifest, use_bin_type=True)
     # Single-threaded zstd at a fixed level: the same manifest always compresses to the same bytes.
     stored = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True, threads=0).compress(raw)
-    manifest_offset = len(out)
-    out += stored
-    header = Header(FORMAT_MAJOR, FORMAT_MINOR, HEADER_SIZE, FLAG_MANIFEST_ZSTD, 0, len(out), manifest_offset,
+    manifest_offset = w.pos
+    w.write(stored)
+    header = Header(FORMAT_MAJOR, FORMAT_MINOR, HEADER_SIZE, FLAG_MANIFEST_ZSTD, 0, w.pos, manifest_offset,
                     len(stored), len(raw), hashlib.sha256(raw).digest()[:8])
-    out[:HEADER_SIZE] = header.pack()
-    data = bytes(out)
-    try:  # never write a bundle the runtime would refuse (e.g. a tensor over the format's size limit)
+    out.seek(0)
+    out.write(header.pack())
+    out.seek(w.pos)
+
+
+def check_bundle(data: bytes | memoryview) -> None:
+    """Never hand out a bundle the runtime would refuse (e.g. a tensor over the format's size limit)."""
+    try:
         parse_bundle(data)
     except BundleFormatError as e:
         raise BundleError(f"cannot make a valid bundle: {e}") from None
+
+
+def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model_digest: str,
+                 test_vectors: list[dict] | None = None) -> bytes:
+    """The bundle's bytes. test_vectors: manifest entries from svodc.testvec (optional)."""
+    buf = io.BytesIO()
+    write_bundle_to(buf, program, images, model_digest, test_vectors)
+    data = buf.getvalue()
+    check_bundle(data)
     return data

@@ -10,6 +10,9 @@ class CompileOptions:
     # Fix symbolic input dims by name (`--dim batch=1`) or whole input shapes (`--input-shape x=1x3x224x224`).
     dims: dict[str, int] = field(default_factory=dict)
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # safetensors files (`--weights`) that supply or override initializers by name (mmapped, checked
+    # against the model's declared dtype and shape).
+    weights: tuple[str, ...] = ()
     # LLVM optimization level for kernels (0-3).
     opt_level: int = 3
     # Worker processes compiling kernels (LLVM runs out of process so a fatal error cannot kill us).
