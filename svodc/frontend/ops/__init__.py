@@ -7,6 +7,7 @@ from svodc.frontend.ops import (  # noqa: F401
     elementwise,
     linalg,
     linear_attention,
+    loss,
     nn,
     normalization,
     quantize,
