@@ -76,8 +76,8 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
     if model.functions:
         model = onnx.inliner.inline_local_functions(model)
     opsets = {o.domain if o.domain != "ai.onnx" else "": o.version for o in model.opset_import}
-    if "" not in opsets:
-        raise InvalidModelError("the model imports no ai.onnx opset")
+    if not opsets:  # (a model may import only other domains: ai.onnx.ml alone, say)
+        raise InvalidModelError("the model imports no opset")
     graph = model.graph
     prov = Provenance()
     env: dict[str, UOp | None] = {"": None}
@@ -87,7 +87,7 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
     for name, (dtype, array) in weight_files(options.weights, graph).items():  # --weights: supply or override
         env[name] = UOp(Ops.WEIGHT, dtype, (), ConstData(array))
     for init in graph.sparse_initializer:
-        raise UnsupportedModelError([UnsupportedNode(init.values.name, "sparse_initializer", "", opsets[""],
+        raise UnsupportedModelError([UnsupportedNode(init.values.name, "sparse_initializer", "", opsets.get("", 0),
                                                      "sparse initializers are not supported")])
     inputs = []
     for vi in graph.input:

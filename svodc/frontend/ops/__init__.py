@@ -8,6 +8,7 @@ from svodc.frontend.ops import (  # noqa: F401
     linalg,
     linear_attention,
     loss,
+    ml,
     nn,
     normalization,
     quantize,
