@@ -1,4 +1,4 @@
-"""ai.onnx.ml operators of the node test suite: Binarizer, ArrayFeatureExtractor, TreeEnsemble.
+"""ai.onnx.ml operators of the node test suite (Binarizer, ArrayFeatureExtractor, TreeEnsemble) and TfIdfVectorizer.
 
 TreeEnsemble: the trees are known at compile time, so each leaf's "reached" flag is the AND of the
 branch conditions on its path (computed for the whole batch), and each target sums (averages, takes
@@ -141,3 +141,63 @@ def tree_ensemble(ctx: NodeContext) -> UOp:
             t = targets[leaf.index]
             columns[t] = T.alu(combine, columns[t], value)
     return T.concat([T.reshape(c, (n, 1)) for c in columns], 1)
+
+
+def _pool_ngrams(ctx: NodeContext) -> list[tuple[tuple[int, ...], int]]:
+    """(n-gram, output index) for every pool n-gram whose length is in [min, max]."""
+    pool = ctx.ints("pool_int64s")
+    if pool is None:
+        raise Unsupported("pool_strings (string input) is not supported")
+    counts, indexes = ctx.ints("ngram_counts"), ctx.ints("ngram_indexes")
+    lo, hi = int(ctx.attr("min_gram_length")), int(ctx.attr("max_gram_length"))
+    out, ngram_id = [], 0
+    for size, start in enumerate(counts, start=1):
+        end = counts[size] if size < len(counts) else len(pool)
+        for g in range(start, end, size):
+            if lo <= size <= hi:
+                out.append((tuple(pool[g:g + size]), indexes[ngram_id]))
+            ngram_id += 1
+    return out
+
+
+@onnx_op("TfIdfVectorizer", 9)
+def tfidf_vectorizer(ctx: NodeContext) -> UOp:
+    """Counts of the pool's n-grams in each row: an n-gram of n items with skip distance d (1 to
+    max_skip_count+1; unigrams only with d = 1) matches at start s when x[s + k*d] == gram[k] for every
+    k -- a comparison of shifted views of x, summed over s. Then TF, IDF or TFIDF weighting."""
+    x = ctx.input(0)
+    if not x.dtype.is_int:
+        raise Unsupported(f"TfIdfVectorizer of {x.dtype.name} is not supported")
+    rows = T.reshape(x, (1, x.shape[0]) if x.ndim == 1 else x.shape)
+    b, c = rows.shape
+    grams = _pool_ngrams(ctx)
+    size = max(ctx.ints("ngram_indexes")) + 1
+    counts: list[UOp | None] = [None] * size
+    for gram, out_index in grams:
+        n = len(gram)
+        for d in range(1, (int(ctx.attr("max_skip_count", 0)) + 2) if n > 1 else 2):
+            starts = c - (n - 1) * d
+            if starts <= 0:
+                continue
+            match = T.const(True, dtypes.bool, (b, starts))
+            for k, item in enumerate(gram):
+                view = T.shrink(rows, [(0, b), (k * d, k * d + starts)])
+                match = T.alu(Ops.AND, match, T.alu(Ops.CMPEQ, view, T.scalar_like(view, item)))
+            found = T.reduce(match.cast(dtypes.float32), Ops.ADD, [1])
+            counts[out_index] = found if counts[out_index] is None else T.alu(Ops.ADD, counts[out_index], found)
+    tf = T.concat([cnt if cnt is not None else T.const(0.0, dtypes.float32, (b, 1)) for cnt in counts], 1)
+    mode = ctx.attr("mode")
+    weights = ctx.attr("weights")
+    w = None if weights is None or len(weights) == 0 else \
+        T.reshape(UOp(Ops.WEIGHT, dtypes.float32, (), ConstData(np.asarray(weights, np.float32))), (1, size))
+    if mode == "TF":
+        y = tf
+    elif mode == "IDF":
+        present = T.alu(Ops.CMPLT, T.scalar_like(tf, 0.0), tf)
+        y = T.alu(Ops.WHERE, present, T.expand(w, tf.shape) if w is not None else T.scalar_like(tf, 1.0),
+                  T.scalar_like(tf, 0.0))
+    elif mode == "TFIDF":
+        y = T.alu(Ops.MUL, tf, w) if w is not None else tf
+    else:
+        raise Unsupported(f"mode={mode!r} is not TF, IDF or TFIDF")
+    return T.reshape(y, (size,)) if x.ndim == 1 else y
