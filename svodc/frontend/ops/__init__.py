@@ -13,6 +13,7 @@ from svodc.frontend.ops import (  # noqa: F401
     normalization,
     quantize,
     reduction,
+    roi,
     shape_ops,
     signal,
 )
