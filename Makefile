@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test test-fast lint bench clean fuzz
+.PHONY: setup demo test test-fast test-models lint bench clean onnx-coverage fuzz
 BENCH_STAMP := $(VENV)/.bench-stamp
 
 $(STAMP): pyproject.toml
@@ -22,9 +22,19 @@ test: $(STAMP)
 	$(BIN)/ruff check svodc svodrt tests scripts bench
 	$(BIN)/python -m pytest -q
 
-# Everything but the end-to-end model tests.
+# Everything but the end-to-end model tests and the conformance suite.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q --ignore=tests/test_light_models.py
+	$(BIN)/python -m pytest -q --ignore=tests/test_light_models.py --ignore=tests/conformance
+
+# The real models of ../shared/models against onnxruntime's outputs (also part of `make test`),
+# with the max error per model printed.
+test-models: $(STAMP)
+	$(BIN)/python -m pytest -q tests/test_models.py
+
+# Run every onnx node test case and regenerate docs/onnx-coverage.md (also part of `make test`,
+# which checks the pass count against tests/conformance/thresholds.json).
+onnx-coverage: $(STAMP)
+	$(BIN)/python -m tests.conformance
 
 # 10,000 damaged bundles (a new seed each run; the test suite runs 2,000 with a fixed one).
 fuzz: $(STAMP)

@@ -34,6 +34,15 @@ def _int(v: str, what: str) -> int:
     return n
 
 
+def _npy(path: str):
+    import numpy as np
+
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise click.BadParameter(f"{path!r}: cannot read a .npy array ({e})", param_hint="--input-value") from None
+
+
 class _Group(click.Group):
     def invoke(self, ctx: click.Context):
         from svodrt.errors import SvodError
@@ -72,6 +81,8 @@ def main(ctx: click.Context, debug: bool) -> None:
               help="host, or x86_64-linux-gnu[:CPU[,CPU...]] (one code variant per CPU).")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Fix a symbolic input dimension.")
 @click.option("--input-shape", "shapes", multiple=True, metavar="NAME=DxDx...", help="Fix an input's shape.")
+@click.option("--input-value", "values", multiple=True, metavar="NAME=FILE.npy",
+              help="Fix an input's value at compile time (inputs that decide shapes); it leaves the bundle's inputs.")
 @click.option("--weights", "weights", multiple=True, type=click.Path(dir_okay=False), metavar="FILE.safetensors",
               help="Supply or override initializers by name from a safetensors file (mmapped; repeatable).")
 @click.option("-O", "opt_level", type=click.IntRange(0, 3), default=3, show_default=True, help="LLVM opt level.")
@@ -82,8 +93,8 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success.")
 @click.option("-v", "--verbose", is_flag=True, help="Print each stage as it finishes (default on a terminal).")
 def compile(model: str, output: str | None, target: str, dims: tuple[str, ...], shapes: tuple[str, ...],
-            weights: tuple[str, ...], opt_level: int, jobs: int, test_vectors: bool | None, quiet: bool,
-            verbose: bool) -> None:
+            values: tuple[str, ...], weights: tuple[str, ...], opt_level: int, jobs: int,
+            test_vectors: bool | None, quiet: bool, verbose: bool) -> None:
     """Compile MODEL (.onnx) into a .svod bundle."""
     from svodc.api import compile_to_file
     from svodc.options import CompileOptions
@@ -92,9 +103,10 @@ def compile(model: str, output: str | None, target: str, dims: tuple[str, ...], 
     shape_map = {}
     for n, v in _pairs(shapes, "--input-shape"):
         shape_map[n] = tuple(_int(d, "--input-shape") for d in v.lower().split("x"))
+    value_map = {n: _npy(v) for n, v in _pairs(values, "--input-value")}
     out = Path(output) if output else Path(model).with_suffix(".svod")
-    options = CompileOptions(dims=dim_map, input_shapes=shape_map, weights=tuple(weights), opt_level=opt_level,
-                             jobs=jobs, test_vectors=test_vectors)
+    options = CompileOptions(dims=dim_map, input_shapes=shape_map, input_values=value_map, weights=tuple(weights),
+                             opt_level=opt_level, jobs=jobs, test_vectors=test_vectors)
     t0 = time.perf_counter()
 
     show = not quiet and (verbose or sys.stderr.isatty())

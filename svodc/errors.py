@@ -25,6 +25,9 @@ class UnsupportedNode:
     domain: str
     opset: int
     reason: str
+    # Graph inputs whose values this node needs at compile time (fixing them with
+    # CompileOptions.input_values / --input-value would make it compile).
+    needs_values: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         dom = self.domain or "ai.onnx"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class CompileOptions:
@@ -13,6 +15,11 @@ class CompileOptions:
     # safetensors files (`--weights`) that supply or override initializers by name (mmapped, checked
     # against the model's declared dtype and shape).
     weights: tuple[str, ...] = ()
+    # Fix graph inputs' values at compile time (`--input-value starts=starts.npy`): the input becomes a
+    # constant and leaves the bundle's inputs. For inputs that decide shapes (Reshape's shape, Slice's
+    # starts, TopK's k...), which a static compiler must know. The bundle is only valid for these values.
+    # None fixes an optional input to "no value". (Sequence inputs: see frontend/boundary.py.)
+    input_values: dict[str, np.ndarray | None] = field(default_factory=dict)
     # LLVM optimization level for kernels (0-3).
     opt_level: int = 3
     # Worker processes compiling kernels (LLVM runs out of process so a fatal error cannot kill us).

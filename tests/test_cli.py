@@ -69,3 +69,20 @@ def test_compile_inspect_run_info(tmp_path):
     assert r.returncode == 0 and "inputs:" in r.stdout
     r = run("svodrt", "info", str(src))
     assert r.returncode != 0 and "bad magic" in r.stderr
+
+
+def test_input_value_fixes_a_shape_input(tmp_path):
+    model = make_model([helper.make_node("Reshape", ["x", "shape"], ["y"])],
+                       {"x": (np.float32, [2, 6]), "shape": (np.int64, [2])}, ["y"])
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    np.save(tmp_path / "shape.npy", np.array([4, 3], np.int64))
+    r = run("svodc", "compile", str(path), "-o", str(tmp_path / "m.svod"), "-q")
+    assert r.returncode != 0 and "--input-value" in r.stderr
+    r = run("svodc", "compile", str(path), "-o", str(tmp_path / "m.svod"), "-q",
+            "--input-value", f"shape={tmp_path / 'shape.npy'}")
+    assert r.returncode == 0, r.stderr
+    import svodrt
+
+    with svodrt.load(tmp_path / "m.svod") as m:
+        assert [t.name for t in m.inputs] == ["x"] and m.outputs[0].shape == (4, 3)

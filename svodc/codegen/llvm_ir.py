@@ -225,6 +225,9 @@ def render_kernel(kernel: Kernel, nin: int, target: Target) -> tuple[str, set[st
     em = KernelEmitter(kernel.name, kernel.ast, target)
     body = em.render_body(len(kernel.params))
     lines = [f"define void @{kernel.name}(ptr %bufs, ptr %dims, i32 %thread, i32 %nthreads) #0 {{", "entry:"]
+    if getattr(kernel.ast.arg, "serial", False):  # one thread runs it, the others go to the barrier
+        lines += ["  %not_first = icmp ne i32 %thread, 0", "  br i1 %not_first, label %skip, label %run",
+                  "skip:", "  ret void", "run:"]
     args = []
     for i, buf in enumerate(kernel.params):
         slot, offset = param_pointer(buf, nin)

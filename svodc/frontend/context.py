@@ -1,9 +1,11 @@
-"""What a handler sees of one ONNX node: its inputs as UOps, its attributes, the op version, and
-compile-time values of inputs that must be constant (shapes, axes, pads)."""
+"""What a handler sees of one ONNX node: its inputs (tensors as UOps, or sequence/optional values),
+its attributes, the op version, compile-time values of inputs that must be constant (shapes, axes,
+pads), and a way to import the node's subgraphs (If, Loop, Scan bodies) in its scope."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -14,10 +16,25 @@ from svodc.ir.interpret import evaluate
 from svodc.ir.ops import Ops
 from svodc.ir.uop import UOp, toposort
 
+if TYPE_CHECKING:
+    from svodc.frontend.values import SequenceValue, Value
+
+# Imports a subgraph attribute of the node with the given values for its inputs; returns its outputs.
+SubgraphRunner = Callable[[onnx.GraphProto, "list[Value | None]"], "list[Value | None]"]
+
 
 class Unsupported(Exception):
     """Raised by a handler: this node (attribute, input, dtype) cannot be compiled. The message
     becomes the reason in UnsupportedModelError."""
+
+
+class NeedsConstant(Unsupported):
+    """An input that must be known at compile time depends on graph inputs. Fixing those inputs'
+    values at compile time (CompileOptions.input_values, `--input-value`) makes the node compile."""
+
+    def __init__(self, message: str, inputs: tuple[str, ...]):
+        super().__init__(message)
+        self.inputs = inputs
 
 
 _CONST_LEAVES = frozenset({Ops.WEIGHT, Ops.CONST})
@@ -33,12 +50,14 @@ def constant_value(x: UOp) -> np.ndarray:
 
 
 class NodeContext:
-    def __init__(self, node: onnx.NodeProto, inputs: list[UOp | None], version: int, opset: int):
+    def __init__(self, node: onnx.NodeProto, inputs: list[Value | None], version: int, opset: int,
+                 subgraph_runner: SubgraphRunner | None = None):
         self.node = node
         self.inputs = inputs
         self.version = version  # the op's schema since_version this node uses
         self.opset = opset  # the model's opset for this node's domain
         self._attrs: dict[str, Any] = {a.name: a for a in node.attribute}
+        self._run_subgraph = subgraph_runner
 
     @property
     def name(self) -> str:
@@ -52,14 +71,37 @@ class NodeContext:
         return x
 
     def optional_input(self, i: int) -> UOp | None:
+        """Tensor input i, or None when it is absent."""
+        v = self.value(i)
+        if v is not None and not isinstance(v, UOp):
+            from svodc.frontend.values import describe
+
+            raise Unsupported(f"input {i} must be a tensor, got {describe(v)}")
+        return v
+
+    def value(self, i: int) -> Value | None:
+        """Input i whatever its kind (tensor, sequence, optional), or None when absent."""
         return self.inputs[i] if i < len(self.inputs) else None
+
+    def sequence_input(self, i: int) -> SequenceValue:
+        from svodc.frontend.values import OptionalValue, SequenceValue, describe
+
+        v = self.value(i)
+        if isinstance(v, OptionalValue):
+            v = v.value
+        if not isinstance(v, SequenceValue):
+            raise Unsupported(f"input {i} must be a sequence, got {describe(v)}")
+        return v
 
     def const_input(self, i: int, what: str = "") -> np.ndarray:
         """Input i as a numpy array; it must be computable at compile time."""
         x = self.input(i)
         if not is_constant(x):
             label = what or f"input {i} ({self.node.input[i]!r})"
-            raise Unsupported(f"{label} must be known at compile time (it depends on a graph input)")
+            names = tuple(dict.fromkeys(n.arg.name for n in toposort([x]) if n.op is Ops.INPUT))
+            raise NeedsConstant(f"{label} must be known at compile time; it depends on graph input"
+                                f"{'s' if len(names) > 1 else ''} {', '.join(map(repr, names))}: fix "
+                                f"{'their values' if len(names) > 1 else 'its value'} with --input-value", names)
         return constant_value(x)
 
     def optional_const_input(self, i: int, what: str = "") -> np.ndarray | None:
@@ -103,3 +145,17 @@ class NodeContext:
 
     def unsupported(self, reason: str) -> Unsupported:
         return Unsupported(reason)
+
+    # ---------------------------------------------------------------- subgraphs
+    def subgraph(self, name: str) -> onnx.GraphProto:
+        a = self._attrs.get(name)
+        if a is None or a.type != onnx.AttributeProto.GRAPH:
+            raise Unsupported(f"graph attribute {name!r} is required")
+        return a.g
+
+    def run_subgraph(self, graph: onnx.GraphProto, inputs: list[Value | None]) -> list[Value | None]:
+        """Import `graph` in this node's scope (it may read outer values) with `inputs` bound to its
+        formal inputs; returns its outputs. Raises Unsupported listing what inside cannot compile."""
+        if self._run_subgraph is None:
+            raise Unsupported("subgraphs cannot be imported here")
+        return self._run_subgraph(graph, inputs)

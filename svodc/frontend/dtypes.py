@@ -43,3 +43,11 @@ def onnx_to_dtype(code: int, where: str = "") -> DType:
     except KeyError:
         name = TensorProto.DataType.Name(code) if code in TensorProto.DataType.values() else str(code)
         raise UnsupportedDType(f"element type {name}{' of ' + where if where else ''} is not supported") from None
+
+
+def dtype_to_onnx(dtype: DType) -> int:
+    """The ONNX element type code of a dtype (for building type protos, e.g. function bodies)."""
+    for code, dt in _ONNX_TO_DTYPE.items():
+        if dt == dtype:
+            return code
+    raise UnsupportedDType(f"{dtype.name} has no ONNX element type")

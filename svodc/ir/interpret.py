@@ -15,11 +15,13 @@ from svodc.ir.ops import (
     ALU,
     ConstData,
     ConvArg,
+    GatherArg,
     InputArg,
     Ops,
     PadArg,
     PermuteArg,
     ReduceArg,
+    ScatterArg,
     ShapeArg,
     SliceArg,
     WindowArg,
@@ -61,6 +63,25 @@ def _slice(x: np.ndarray, arg: SliceArg) -> np.ndarray:
     out = x[tuple(index)]
     assert out.shape == tuple(arg.shape), (out.shape, arg)
     return out
+
+
+def normalize_index(idx: np.ndarray, size: int) -> np.ndarray:
+    """Index values as GATHER/SCATTER read them: negative counts from the end, then clamped into
+    [0, size) (out-of-range indices are undefined in ONNX; clamping keeps every access in bounds)."""
+    i = idx.astype(np.int64)
+    i = np.where(i < 0, i + size, i)
+    return np.clip(i, 0, max(size - 1, 0))
+
+
+def _indexed_positions(shape: tuple[int, ...], idx: np.ndarray, axis: int) -> tuple[np.ndarray, ...]:
+    """For every position p of idx: p with axis replaced by the index value there (axes of size 1
+    in `shape` broadcast: read at 0)."""
+    grid = list(np.indices(idx.shape, sparse=True))
+    for a, size in enumerate(shape):
+        if a != axis and size == 1:
+            grid[a] = np.zeros_like(grid[a])
+    grid[axis] = normalize_index(idx, shape[axis])
+    return tuple(np.broadcast_arrays(*grid))
 
 
 def conv_reference(x: np.ndarray, w: np.ndarray, arg: ConvArg) -> np.ndarray:
@@ -127,4 +148,17 @@ def eval_node(n: UOp, srcs: list[np.ndarray], inputs: Mapping[str, np.ndarray]) 
         return conv_reference(x, srcs[1], arg)
     if op is Ops.MATMUL:
         return np.matmul(x, srcs[1]).astype(n.dtype.np)
+    if op is Ops.GATHER:
+        assert isinstance(arg, GatherArg)
+        return x[_indexed_positions(x.shape, srcs[1], arg.axis)]
+    if op is Ops.SCATTER:
+        assert isinstance(arg, ScatterArg)
+        out = x.copy()
+        where = _indexed_positions(x.shape, srcs[1], arg.axis)
+        if arg.reduce is None:
+            out[where] = srcs[2]  # numpy assigns in row-major order: the last of repeated indices wins
+        else:
+            with np.errstate(over="ignore", invalid="ignore"):
+                _REDUCERS[arg.reduce].at(out, where, srcs[2])
+        return out
     raise InterpretError(f"cannot interpret {op.name}")

@@ -6,6 +6,8 @@ and sources fit its op. Ops come in groups:
 - tensor level: sources (INPUT, WEIGHT, CONST), movement (index remapping only, never a copy),
   elementwise ALU ops, REDUCE, and the contractions CONV and MATMUL (first-class, because they are
   where the time goes; `passes/decompose.py` lowers them to REDUCE(MUL) for the generic path);
+  data-dependent indexing: GATHER (read at positions computed from an index tensor at run time) and
+  SCATTER (a copy with elements replaced or combined at run-time positions);
 - kernel/loop level: PARAM, RANGE, LOAD, STORE, LOOP_REDUCE, SINK;
 - symbolic: DEFINE_VAR and ALU ops on dtype `index` (the same simplifier handles shapes and indices).
 
@@ -96,6 +98,11 @@ class Ops(Enum):
     REDUCE = auto()  # arg ReduceArg; keeps reduced axes as size 1
     CONV = auto()  # arg ConvArg; src (x [N, C, *spatial], w [O, C/groups, *kernel])
     MATMUL = auto()  # src (a [..., M, K], b [..., K, N]); batch dims already broadcast to equal
+
+    # --- data-dependent indexing (tensor level); index values are normalized (negative counts from
+    # the end) and clamped into the axis, so no index value can read or write outside a buffer.
+    GATHER = auto()  # arg GatherArg; src (x, idx): out[p] = x[p with p[axis] = idx[p]], out.shape = idx.shape
+    SCATTER = auto()  # arg ScatterArg; src (x, idx, upd): out = x, then out[p with p[axis] = idx[p]] (op)= upd[p]
 
     # --- symbolic
     DEFINE_VAR = auto()  # arg VarArg: a named dimension with bounds
@@ -192,6 +199,26 @@ class ConvArg:
 
 
 @dataclass(frozen=True, slots=True)
+class GatherArg:
+    """GATHER reads x at the output position with axis `axis` replaced by the index value there.
+    idx has the output's shape and x's rank; on other axes x has size 1 (broadcast: read at 0) or at
+    least the output's size."""
+
+    axis: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScatterArg:
+    """SCATTER: the result is x with, for every position p of idx/upd (one shape, x's rank, no larger
+    than x on the other axes), the element at p with axis `axis` replaced by idx[p] set to upd[p]
+    (reduce None) or combined with it by `reduce` (ADD/MUL/MAX/MIN), in row-major order of p: when
+    indices repeat, the last write wins."""
+
+    axis: int
+    reduce: Ops | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class VarArg:
     name: str
     lo: int
@@ -219,6 +246,9 @@ class RangeArg:
 @dataclass(frozen=True, slots=True)
 class KernelArg:
     name: str
+    # Run by one thread only (the others skip it): for kernels whose stores must happen in order
+    # (a scatter's read-modify-write at run-time positions, which may repeat).
+    serial: bool = False
 
 
 # Panel sizes of operands packed at compile time. Fixed for every target, so one weights section

@@ -14,11 +14,13 @@ from svodc.ir.ops import (
     ALU,
     ConstData,
     ConvArg,
+    GatherArg,
     InputArg,
     Ops,
     PadArg,
     PermuteArg,
     ReduceArg,
+    ScatterArg,
     ShapeArg,
     SliceArg,
     WindowArg,
@@ -109,4 +111,27 @@ def infer_shape(n: UOp) -> tuple:
         if len(a) != len(b) or len(a) < 2 or a[:-2] != b[:-2] or a[-1] != b[-2]:
             raise ShapeError(f"MATMUL {a} x {b}: shapes do not fit")
         return (*a[:-1], b[-1])
+    if op is Ops.GATHER:
+        assert isinstance(arg, GatherArg)
+        idx = n.src[1].shape
+        _check_indexed(op, src, idx, arg.axis, broadcast=True)
+        return idx
+    if op is Ops.SCATTER:
+        assert isinstance(arg, ScatterArg)
+        idx, upd = n.src[1].shape, n.src[2].shape
+        if idx != upd:
+            raise ShapeError(f"SCATTER indices {idx} and updates {upd} differ in shape")
+        _check_indexed(op, src, idx, arg.axis, broadcast=False)
+        return src
     raise ShapeError(f"no shape rule for {op.name}")
+
+
+def _check_indexed(op: Ops, src: tuple, idx: tuple, axis: int, broadcast: bool) -> None:
+    """idx indexes src along axis; on the other axes it is no larger than src (or src is 1: broadcast)."""
+    if len(src) != len(idx) or not 0 <= axis < len(src):
+        raise ShapeError(f"{op.name} axis {axis}: source {src} and indices {idx} need one rank")
+    for a, (s, i) in enumerate(zip(src, idx, strict=True)):
+        if a != axis and i > s and not (broadcast and s == 1):
+            raise ShapeError(f"{op.name}: indices {idx} exceed source {src} on axis {a}")
+    if src[axis] == 0 and math.prod(idx):
+        raise ShapeError(f"{op.name}: cannot index an empty axis {axis} of {src}")

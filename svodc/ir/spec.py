@@ -7,10 +7,12 @@ from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import (
     BINARY,
     COMPARE,
+    REDUCE_OPS,
     TERNARY,
     UNARY,
     ConstData,
     ConvArg,
+    GatherArg,
     GemmArg,
     InputArg,
     KernelArg,
@@ -20,6 +22,7 @@ from svodc.ir.ops import (
     PermuteArg,
     RangeArg,
     ReduceArg,
+    ScatterArg,
     ShapeArg,
     SliceArg,
     VarArg,
@@ -47,6 +50,8 @@ _SPEC: dict[Ops, tuple[type | tuple[type, ...] | None, int | None]] = {
     Ops.REDUCE: (ReduceArg, 1),
     Ops.CONV: (ConvArg, 2),
     Ops.MATMUL: (None, 2),
+    Ops.GATHER: (GatherArg, 2),
+    Ops.SCATTER: (ScatterArg, 3),
     Ops.DEFINE_VAR: (VarArg, 0),
     Ops.PARAM: (ParamArg, 0),
     Ops.RANGE: (RangeArg, 1),
@@ -81,6 +86,12 @@ def check_node(n: UOp) -> None:
         raise SpecError("LOAD takes (param, index) or (param, index, valid)")
     if n.op is Ops.RANGE and n.src[0].dtype is not dtypes.index:
         raise SpecError("RANGE end must be an index")
+    if n.op in (Ops.GATHER, Ops.SCATTER) and not n.src[1].dtype.is_int:
+        raise SpecError(f"{n.op.name} indices must be integers, not {n.src[1].dtype}")
+    if n.op in (Ops.GATHER, Ops.SCATTER) and n.src[0].dtype != n.dtype:
+        raise SpecError(f"{n.op.name} produces the dtype of its source")
+    if n.op is Ops.SCATTER and (n.src[2].dtype != n.dtype or n.arg.reduce not in (None, *REDUCE_OPS)):
+        raise SpecError("SCATTER updates have the source's dtype; reduce is None or ADD/MUL/MAX/MIN")
 
 
 def verify(root: UOp) -> None:

@@ -8,7 +8,11 @@ becomes a LOOP_REDUCE, and a realized tensor (a buffer) becomes a LOAD at its li
 
 Invariant: a LOAD never reads outside its buffer. Where bounds analysis cannot prove an index in
 range (padding, windows over padding), each axis index is clamped into the buffer first; the value
-read there is discarded by the PAD's select.
+read there is discarded by the PAD's select. Index values read at run time (GATHER, SCATTER) are
+normalized and clamped into their axis before use, so the invariant holds for any data.
+
+A SCATTER kernel is the one kernel with two stores: it copies its source into the output, then
+writes (or combines) each update at its run-time position, in order, on one thread (serial).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Callable
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import (
     ALU,
+    GatherArg,
     KernelArg,
     Ops,
     PadArg,
@@ -28,6 +33,7 @@ from svodc.ir.ops import (
     RangeArg,
     RangeKind,
     ReduceArg,
+    ScatterArg,
     ShapeArg,
     SliceArg,
     WindowArg,
@@ -112,6 +118,10 @@ class KernelLowerer:
 
     # ------------------------------------------------------------------ the kernel
     def lower_kernel(self, root: UOp, copy_from: Buffer | None = None, merge_inner: bool = False) -> UOp:
+        if math.prod(root.shape) == 0:  # an empty tensor: nothing to store
+            return UOp(Ops.SINK, dtypes.void, (), KernelArg(self.name))
+        if root.op is Ops.SCATTER and copy_from is None:
+            return self.lower_scatter(root)
         # A reshape keeps the linear order, so a kernel whose root is a reshape can iterate over the
         # shape before it and store at the same addresses: no div/mod to split merged axes (this
         # turns an im2col copy into affine loops over the window axes).
@@ -124,6 +134,33 @@ class KernelLowerer:
         store = UOp(Ops.STORE, dtypes.void, (self.param(out), self.linear(idx, shape), value))
         sink = UOp(Ops.SINK, dtypes.void, (store,), KernelArg(self.name))
         return split_kernel(_simplify(sink))
+
+    def lower_scatter(self, root: UOp) -> UOp:
+        """SINK(copy source -> out, then out[target(p)] = upd[p] for p in row-major order), serial.
+        All loops are plain LOOPs: one thread runs the kernel, so the copy finishes before any
+        update and repeated targets are written in order (the last wins, reductions accumulate)."""
+        arg: ScatterArg = root.arg
+        x, ix, upd = root.src
+        shape = root.shape
+        out = self.param(self.params[0])
+        cidx = tuple(self.new_range(d, RangeKind.LOOP) if d != 1 else ic(0) for d in shape)
+        copy = UOp(Ops.STORE, dtypes.void, (out, self.linear(cidx, shape), self.lower(x, cidx)))
+        uidx = tuple(self.new_range(d, RangeKind.LOOP) if d != 1 else ic(0) for d in upd.shape)
+        target = list(uidx)
+        target[arg.axis] = self.index_value(ix, uidx, shape[arg.axis])
+        where = _simplify(self.linear(tuple(target), shape))
+        value = self.lower(upd, uidx)
+        if arg.reduce is not None:
+            value = UOp(arg.reduce, root.dtype, (UOp(Ops.LOAD, root.dtype, (out, where), 0), value))
+        update = UOp(Ops.STORE, dtypes.void, (out, where, value))
+        return _simplify(UOp(Ops.SINK, dtypes.void, (copy, update), KernelArg(self.name, serial=True)))
+
+    def index_value(self, ix: UOp, idx: tuple[UOp, ...], size: int) -> UOp:
+        """The index tensor's value at idx as a loop index: negative values count from the end, then
+        clamped into [0, size) so a load or store through it stays inside the buffer."""
+        v = self.lower(ix, idx).cast(_IDX)
+        v = v.lt(ic(0)).where(v + size, v)
+        return _simplify(v.maximum(ic(0)).minimum(ic(max(size - 1, 0))))
 
     def output_index(self, shape: tuple[int, ...], merge_inner: bool = False) -> tuple[UOp, ...]:
         """Leading axes collapse into one PARALLEL range (split across threads); the rest loop, one
@@ -159,6 +196,8 @@ class KernelLowerer:
         return out
 
     def load(self, buf: Buffer, idx: tuple[UOp, ...]) -> UOp:
+        if math.prod(buf.shape) == 0:  # no element can be read; whatever selects this value discards it
+            return UOp.const(buf.dtype, 0)
         clamped = []
         for i, size in zip(idx, buf.shape, strict=True):
             i = _simplify(i)
@@ -227,6 +266,12 @@ class KernelLowerer:
             for k, (a, s, d) in enumerate(zip(arg.axes, arg.strides, arg.dilations, strict=True)):
                 sidx[a] = _simplify(idx[a] * s + idx[nd + k] * d)
             return self.lower(src, tuple(sidx))
+        if op is Ops.GATHER:
+            assert isinstance(arg, GatherArg)
+            x, ix = n.src
+            sidx = [ic(0) if d == 1 else i for i, d in zip(idx, x.shape, strict=True)]
+            sidx[arg.axis] = self.index_value(ix, idx, x.shape[arg.axis])
+            return self.lower(x, tuple(sidx))
         if op is Ops.REDUCE:
             assert isinstance(arg, ReduceArg)
             ranges = []

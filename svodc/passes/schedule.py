@@ -7,7 +7,9 @@ arithmetic, elementwise chains are recomputed in place). A compute node is reali
   WINDOW: a broadcast or overlapping windows would recompute the reduction per use), or feeds
   another REDUCE, or has several consumers;
 - it is an expensive elementwise chain that a consumer reuses (more than a few ops per element);
-- its fused subgraph would grow past MAX_FUSED_OPS (keeps kernels and compile time bounded).
+- its fused subgraph would grow past MAX_FUSED_OPS (keeps kernels and compile time bounded);
+- it is a SCATTER (always a kernel of its own: copy, then serial updates; see lower.py).
+GATHER reads its source at run-time positions, so for the rules above it reuses elements like EXPAND.
 Realizing a movement op realizes its source instead: views of a buffer cost nothing.
 
 A MATMUL is the core of a contraction kernel. Its epilogue is the chain of single-consumer ALU ops
@@ -47,7 +49,7 @@ def _reuse_consumers(n: UOp, consumers: dict[UOp, list[UOp]]) -> tuple[bool, boo
     while stack:
         x = stack.pop()
         for c in consumers[x]:
-            if c.op in _REUSE:
+            if c.op in _REUSE or (c.op is Ops.GATHER and c.src[0] is x):
                 reuse = True
             elif c.op is Ops.REDUCE:
                 reduce_ = True
@@ -124,6 +126,9 @@ def plan_kernels(outputs: list[tuple[str, UOp]]) -> tuple[list[KernelPlan], set[
         hr = n.op in (Ops.REDUCE, Ops.MATMUL) or any(h for h, _ in srcs)
         ops = (1 if n.op in ALU or n.op is Ops.REDUCE else 0) + sum(k for _, k in srcs)
         has_reduce[n], fused_ops[n] = hr, ops
+        if n.op is Ops.SCATTER:
+            realized.add(n)
+            continue
         if n in forced:
             realized.add(n)
             continue

@@ -255,9 +255,9 @@ def where(ctx: NodeContext) -> UOp:
     return T.alu(Ops.WHERE, ctx.input(0), ctx.input(1), ctx.input(2))
 
 
-@onnx_op("Identity", 1, 13, 14, 16, 19, 21)
-def identity(ctx: NodeContext) -> UOp:
-    return ctx.input(0)
+@onnx_op("Identity", 1, 13, 14, 16, 19, 21, 23, 24, 25)
+def identity(ctx: NodeContext):
+    return ctx.value(0)  # tensors, sequences and optionals alike
 
 
 @onnx_op("Dropout", 1, 6, 7, 10, 12, 13, 22)

@@ -20,7 +20,7 @@ def weight(array: np.ndarray) -> UOp:
     return UOp(Ops.WEIGHT, dtypes.from_numpy(array.dtype), (), ConstData(array))
 
 
-@onnx_op("Reshape", 1, 5, 13, 14, 19, 21)
+@onnx_op("Reshape", 1, 5, 13, 14, 19, 21, 23, 24, 25)
 def reshape(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
     shape = ctx.ints("shape") if ctx.version < 5 else [int(v) for v in ctx.const_input(1, "shape")]
@@ -46,7 +46,7 @@ def reshape(ctx: NodeContext) -> UOp:
     return T.reshape(x, out)
 
 
-@onnx_op("Flatten", 1, 9, 11, 13, 21)
+@onnx_op("Flatten", 1, 9, 11, 13, 21, 23, 24, 25)
 def flatten(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
     axis = ctx.attr("axis", 1)
@@ -56,7 +56,7 @@ def flatten(ctx: NodeContext) -> UOp:
     return T.reshape(x, (int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:]))))
 
 
-@onnx_op("Transpose", 1, 13, 21)
+@onnx_op("Transpose", 1, 13, 21, 23, 24, 25)
 def transpose(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
     perm = ctx.ints("perm", list(range(x.ndim))[::-1])
@@ -79,7 +79,7 @@ def _axes_arg(ctx: NodeContext, since_input: int) -> list[int] | None:
     return None if a is None else [int(v) for v in a.reshape(-1)]
 
 
-@onnx_op("Unsqueeze", 1, 11, 13, 21)
+@onnx_op("Unsqueeze", 1, 11, 13, 21, 23, 24, 25)
 def unsqueeze(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
     axes = _axes_arg(ctx, 13)
@@ -93,7 +93,7 @@ def unsqueeze(ctx: NodeContext) -> UOp:
     return T.reshape(x, shape)
 
 
-@onnx_op("Squeeze", 1, 11, 13, 21)
+@onnx_op("Squeeze", 1, 11, 13, 21, 23, 24, 25)
 def squeeze(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
     axes = _axes_arg(ctx, 13)
@@ -105,19 +105,19 @@ def squeeze(ctx: NodeContext) -> UOp:
     return T.reshape(x, [d for i, d in enumerate(x.shape) if i not in axes])
 
 
-@onnx_op("Shape", 1, 13, 15, 19, 21)
+@onnx_op("Shape", 1, 13, 15, 19, 21, 23, 24, 25)
 def shape(ctx: NodeContext) -> UOp:
     dims = list(ctx.input(0).shape)
     start, end = ctx.attr("start", 0), ctx.attr("end", None)
     return weight(np.array(dims[start:end] if end is not None else dims[start:], dtype=np.int64))
 
 
-@onnx_op("Size", 1, 13, 19, 21)
+@onnx_op("Size", 1, 13, 19, 21, 23, 24, 25)
 def size(ctx: NodeContext) -> UOp:
     return weight(np.array(T.numel(ctx.input(0)), dtype=np.int64))
 
 
-@onnx_op("ConstantOfShape", 9, 20, 21)
+@onnx_op("ConstantOfShape", 9, 20, 21, 23, 24, 25)
 def constant_of_shape(ctx: NodeContext) -> UOp:
     dims = [int(v) for v in ctx.const_input(0, "shape").reshape(-1)]
     value = ctx.attr("value")
@@ -128,7 +128,7 @@ def constant_of_shape(ctx: NodeContext) -> UOp:
     return T.const(value[0].item(), dtype, dims)
 
 
-@onnx_op("Constant", 1, 9, 11, 12, 13, 19, 21)
+@onnx_op("Constant", 1, 9, 11, 12, 13, 19, 21, 23, 24, 25)
 def constant(ctx: NodeContext) -> UOp:
     for name, a in ctx._attrs.items():
         if name == "value":
@@ -145,27 +145,6 @@ def constant(ctx: NodeContext) -> UOp:
             return weight(np.array(list(a.ints), dtype=np.int64))
         raise Unsupported(f"Constant with attribute {name!r} is not supported")
     raise Unsupported("Constant has no value attribute")
-
-
-@onnx_op("Gather", 1, 11, 13)
-def gather(ctx: NodeContext) -> UOp:
-    """Gather with constant indices: a composition of slices and a concat (index arithmetic)."""
-    x = ctx.input(0)
-    indices = ctx.const_input(1, "indices").astype(np.int64)
-    axis = T.norm_axis(ctx.attr("axis", 0), x.ndim)
-    n = x.shape[axis]
-    if ((indices < -n) | (indices >= n)).any():
-        raise Unsupported(f"indices out of range for axis {axis} of size {n}")
-    flat = np.where(indices < 0, indices + n, indices).reshape(-1)
-    parts = []
-    for i in flat:
-        bounds = [(0, d) for d in x.shape]
-        bounds[axis] = (int(i), int(i) + 1)
-        parts.append(T.shrink(x, bounds))
-    out = T.concat(parts, axis) if parts else None
-    if out is None:
-        raise Unsupported("Gather with no indices is not supported")
-    return T.reshape(out, x.shape[:axis] + indices.shape + x.shape[axis + 1:])
 
 
 @onnx_op("Expand", 8, 13)

@@ -1,0 +1,45 @@
+"""What an ONNX value is during import: a tensor (a UOp), a sequence of tensors, or an optional.
+
+Sequences and optionals exist only in the frontend: their lengths and presence must be known at
+compile time, so a sequence is a tuple of tensor UOps and an optional is a value or nothing. Ops on
+them (SequenceAt, SequenceInsert, OptionalHasElement...) are list operations at import time; only
+the tensors reach the IR.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from svodc.ir.dtypes import DType
+from svodc.ir.uop import UOp
+
+
+@dataclass(frozen=True)
+class SequenceValue:
+    items: tuple[UOp, ...]
+    dtype: DType  # the element type, known even for an empty sequence
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+@dataclass(frozen=True)
+class OptionalValue:
+    value: UOp | SequenceValue | None  # None: the optional holds no element
+
+    @property
+    def has_element(self) -> bool:
+        return self.value is not None
+
+
+Value = UOp | SequenceValue | OptionalValue
+
+
+def describe(v: Value | None) -> str:
+    if v is None:
+        return "nothing"
+    if isinstance(v, SequenceValue):
+        return f"a sequence of {len(v)} {v.dtype.name} tensors"
+    if isinstance(v, OptionalValue):
+        return f"an optional holding {describe(v.value)}"
+    return f"a {v.dtype.name} tensor of shape {list(v.shape)}"

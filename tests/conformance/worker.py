@@ -1,0 +1,177 @@
+"""A conformance worker process: reads cases from stdin, compiles and runs each, answers with a result.
+
+Run as `python -m tests.conformance.worker` by runner.py. Protocol: length-prefixed pickles; the
+parent sends a Case, the worker answers a Result; repeat until stdin closes. Native crashes kill
+only this process (the runner notices and starts another).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tests.conformance.cases import Case
+from tests.conformance.compare import mismatch
+
+LEN = struct.Struct("<Q")
+
+
+@dataclass
+class Result:
+    name: str
+    status: str  # pass | wrong | unsupported | error | crash | timeout | out of scope
+    reason: str = ""
+    compile_s: float = 0.0
+    run_s: float = 0.0
+    expanded: list[str] = field(default_factory=list)  # ops expanded through their ONNX function bodies
+    fixed_inputs: list[str] = field(default_factory=list)  # inputs whose values were fixed at compile time
+    # (an absent optional input is "fixed" to no value: that is how a compiled model is told it is absent)
+
+
+def write_frame(fd: int, obj: object) -> None:
+    data = pickle.dumps(obj)
+    view = memoryview(LEN.pack(len(data)) + data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def read_exact(fd: int, n: int, deadline: float | None = None) -> bytes:
+    """n bytes from fd; EOFError if it closes first, TimeoutError past `deadline` (time.monotonic())."""
+    import select
+
+    parts, got = [], 0
+    while got < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TimeoutError
+        b = os.read(fd, n - got)
+        if not b:
+            raise EOFError
+        parts.append(b)
+        got += len(b)
+    return b"".join(parts)
+
+
+def read_frame(fd: int, deadline: float | None = None) -> object:
+    size = LEN.unpack(read_exact(fd, LEN.size, deadline))[0]
+    return pickle.loads(read_exact(fd, size, deadline))
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _unsupported_reason(e) -> str:
+    parts = list(dict.fromkeys(f"{n.op_type}: {n.reason}" for n in e.nodes))
+    return one_line("; ".join(parts))
+
+
+def flatten(name: str, value) -> dict[str, np.ndarray | None]:
+    """A graph input or output value as the bundle's tensors (svodc/frontend/boundary.py): a sequence
+    `x` is `x[0]`, `x[1]`...; an absent optional is None."""
+    if isinstance(value, list):
+        return {f"{name}[{i}]": np.asarray(v) for i, v in enumerate(value)}
+    return {name: None if value is None else np.asarray(value)}
+
+
+def run_case(case: Case) -> Result:
+    import onnx
+
+    import svodrt
+    from svodc.bundle import write_bundle
+    from svodc.codegen.compile import compile_program
+    from svodc.errors import SvodcError, UnsupportedModelError
+    from svodc.frontend.importer import import_model
+    from svodc.options import CompileOptions
+    from svodc.passes.pipeline import build_program
+    from svodc.target import parse_target
+
+    model = onnx.load_from_string(case.model)
+    t0 = time.perf_counter()
+    by_name: dict[str, np.ndarray | None] = {}
+    for vi, v in zip(model.graph.input, case.inputs, strict=False):
+        by_name.update(flatten(vi.name, v))
+    shapes = {k: tuple(v.shape) for k, v in by_name.items() if v is not None}
+    fixed: dict[str, object] = {k: None for k, v in by_name.items() if v is None}  # absent optionals
+    fixed.update({vi.name: [] for vi, v in zip(model.graph.input, case.inputs, strict=False)
+                  if isinstance(v, list) and not v})  # empty sequences: nothing to feed, fixed as empty
+    expanded: list[str] = []
+    try:
+        # Inputs that decide shapes (Reshape's shape, Slice's starts...) must be known to a static
+        # compiler: when the compiler names such inputs, fix their values and compile again.
+        for attempt in range(8):
+            options = CompileOptions(input_shapes={k: v for k, v in shapes.items() if k not in fixed},
+                                     input_values=dict(fixed), jobs=1)
+            try:
+                graph = import_model(model, options)
+                break
+            except UnsupportedModelError as e:
+                needs = {n for p in e.nodes for n in p.needs_values if n in by_name} - fixed.keys()
+                if not needs or attempt == 7:
+                    raise
+                fixed.update({n: by_name[n] for n in needs})
+        expanded = sorted(getattr(graph, "expanded_ops", ()))
+        program = build_program(graph, options)
+        target, = parse_target("host")
+        bundle = write_bundle(program, [(target, compile_program(program, target, options))], "conformance")
+    except UnsupportedModelError as e:
+        return Result(case.name, "unsupported", _unsupported_reason(e), time.perf_counter() - t0, expanded=expanded,
+                      fixed_inputs=sorted(fixed))
+    except SvodcError as e:
+        return Result(case.name, "error", one_line(f"{type(e).__name__}: {e}"), time.perf_counter() - t0,
+                      expanded=expanded)
+    except Exception as e:  # a compiler bug: report it as this case's failure, keep going
+        return Result(case.name, "error", one_line(f"compiler bug: {type(e).__name__}: {e}"),
+                      time.perf_counter() - t0, expanded=expanded)
+    t1 = time.perf_counter()
+    try:
+        with svodrt.load(bundle, threads=1) as m:
+            got = m.run({k: v for k, v in by_name.items() if k not in fixed})
+    except Exception as e:
+        return Result(case.name, "error", one_line(f"runtime: {type(e).__name__}: {e}"), t1 - t0,
+                      time.perf_counter() - t1, expanded)
+    t2 = time.perf_counter()
+    problems = []
+    for vi, want in zip(model.graph.output, case.outputs, strict=False):
+        expected = flatten(vi.name, want)
+        extra = [k for k in got if k.startswith(vi.name + "[") and k not in expected]
+        if extra:
+            problems.append(f"{vi.name}: unexpected outputs {extra}")
+        for name, w in expected.items():
+            if w is None:
+                if name in got or f"{name}[0]" in got:
+                    problems.append(f"{name}: produced, but the reference optional is empty")
+            elif name not in got:
+                problems.append(f"{name}: missing from the outputs")
+            else:
+                why = mismatch(got[name], w, case.rtol, case.atol)
+                if why:
+                    problems.append(f"{name}: {why}")
+    status = "wrong" if problems else "pass"
+    return Result(case.name, status, one_line("; ".join(problems)), t1 - t0, t2 - t1, expanded, sorted(fixed))
+
+
+def main() -> None:
+    inp, out = sys.stdin.fileno(), os.dup(sys.stdout.fileno())
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not corrupt the protocol
+    while True:
+        try:
+            case = read_frame(inp)
+        except EOFError:
+            return
+        write_frame(out, run_case(case))
+
+
+if __name__ == "__main__":
+    # Run through the package module, so results pickle as tests.conformance.worker.Result (not __main__).
+    from tests.conformance.worker import main as package_main
+
+    package_main()
