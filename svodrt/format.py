@@ -123,6 +123,15 @@ DTYPES: dict[str, tuple[str, int]] = {
     "float8e5m2fnuz": ("uint8", 1), "float8e8m0": ("uint8", 1), "float4e2m1": ("uint8", 1),
     "int4": ("int8", 1), "uint4": ("uint8", 1), "int2": ("int8", 1), "uint2": ("uint8", 1),
 }
+# The float formats that travel as bits: (total bits, mantissa bits, exponent bias, kind). kind: "ieee"
+# (an all-ones exponent is inf/NaN), "fn" (no inf; the all-ones magnitude is NaN), "fnuz" (no inf, no
+# -0; sign bit alone is NaN), "sat" (no inf or NaN), "e8m0" (exponent only; 0xFF is NaN). float16
+# too (numpy has it, but the compiler's conversion code reads the same table).
+FLOAT_FORMATS: dict[str, tuple[int, int, int, str]] = {
+    "float16": (16, 10, 15, "ieee"), "bfloat16": (16, 7, 127, "ieee"), "float8e5m2": (8, 2, 15, "ieee"),
+    "float8e4m3fn": (8, 3, 7, "fn"), "float8e4m3fnuz": (8, 3, 8, "fnuz"), "float8e5m2fnuz": (8, 2, 16, "fnuz"),
+    "float4e2m1": (4, 1, 1, "sat"), "float8e8m0": (8, 0, 127, "e8m0"),
+}
 # ml_dtypes' names for the types that travel as bits: run() accepts such arrays and views their bits
 # (svodrt never imports ml_dtypes; the dtype's name is enough).
 BITS_OF: dict[str, str] = {

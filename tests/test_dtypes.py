@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
+import svodrt
 from svodc.ir.alu import cast_array
 from svodc.ir.dtypes import dtypes, to_storage
 from tests.onnx_util import compile_and_run
@@ -165,3 +166,30 @@ def test_runtime_accepts_ml_dtypes_arrays():
     x = np.array([1.5, -2.25, np.nan], ml_dtypes.bfloat16)
     out = compile_and_run(cast_model(dtypes.bfloat16, dtypes.float32, [3]), {"x": x})["y"]
     same_bits(out, x.astype(np.float32))
+
+
+@pytest.mark.parametrize("target", ["x86_64-linux-gnu:x86-64", "x86_64-linux-gnu:x86-64-v3"], ids=["integer", "f16c"])
+def test_float16_conversions_with_and_without_f16c(target):
+    """Baseline x86-64 converts float16 with integer code, x86-64-v3 with F16C: both bit for bit."""
+    import svodc
+
+    h = all_encodings(dtypes.float16)
+    f = interesting_float32()
+    for src, dst, x, want in ((dtypes.float16, dtypes.float32, h, h.astype(np.float32)),
+                              (dtypes.float32, dtypes.float16, f, f.astype(np.float16))):
+        bundle = svodc.compile(cast_model(src, dst, [x.size]), target=target)
+        with svodrt.load(bundle, threads=1) as m:
+            same_bits(m.run({"x": x})["y"], want)
+
+
+@pytest.mark.parametrize("dt", [d for d in FORMATS.values() if d is not dtypes.float16], ids=lambda d: d.name)
+def test_runtime_decodes_bit_transported_floats_for_verify(dt):
+    """svodrt verify compares bfloat16/float8/float4 outputs by value, decoding them without ml_dtypes."""
+    from svodrt.verify import float_values
+
+    x = all_encodings(dt)
+    with np.errstate(all="ignore"):
+        want = x.astype(np.float64)
+    got = float_values(to_storage(x, dt), dt.name)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(got[~np.isnan(want)], want[~np.isnan(want)])

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 
 from svodc.codegen.elf import read_object
-from svodc.codegen.emulate import pm_emulate
+from svodc.codegen.emulate import pm_emulate_for
 from svodc.codegen.link import CodeImage, link
 from svodc.codegen.module import ENTRY, entry_module, kernel_module
 from svodc.codegen.transcendental import pm_transcendental
@@ -66,9 +66,10 @@ def compile_llvm(job: LLVMJob) -> tuple[bytes, str]:
     return tm.emit_object(mod), asm
 
 
-def prepare_kernel(kernel: Kernel) -> Kernel:
+def prepare_kernel(kernel: Kernel, target: Target | None = None) -> Kernel:
     """Target-level rewrites on a kernel's loop AST before emission."""
-    ast = graph_rewrite(kernel.ast, pm_emulate + pm_transcendental)  # emulate.py: float16/float8/int4...
+    emulate = pm_emulate_for(target.features if target is not None else ())  # emulate.py: float16/float8/int4...
+    ast = graph_rewrite(kernel.ast, emulate + pm_transcendental)
     ast = graph_rewrite(ast, pm_symbolic)
     return Kernel(kernel.name, ast, kernel.params, kernel.provenance)
 
@@ -85,7 +86,7 @@ def _chunks(items: list, n: int) -> list[list]:
 
 
 def compile_program(program: Program, target: Target, options: CompileOptions) -> CodeImage:
-    kernels = [prepare_kernel(k) for k in program.kernels]
+    kernels = [prepare_kernel(k, target) for k in program.kernels]
     nin = len(program.inputs)
     jobs_n = options.jobs or os.cpu_count() or 1
     dbg = debug_level()

@@ -11,7 +11,10 @@ cannot have. So at the loop level:
 - every CAST to or from an emulated dtype becomes integer operations on the bits (`decode_float`,
   `encode_float`, `wrap_narrow_int`), ending in a BITCAST of same-size storage.
 After this pass an emulated dtype only appears on LOAD, STORE, WHERE, CONST and BITCAST, which the
-emitter handles as plain integers of the storage width (`llvm_types.ltype`).
+emitter handles as plain integers of the storage width (`llvm_types.ltype`) -- and, on targets with
+F16C, on float16 <-> float32 CASTs, which the emitter turns into vcvtph2ps/vcvtps2ph (exact, and
+round to nearest even like the integer code; float64 -> float16 keeps the integer code: LLVM would
+call __truncdfhf2 for it).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from svodc.ir.dtypes import DType, dtypes
 from svodc.ir.ops import ALU, COMPARE, Ops
 from svodc.ir.pattern import PatternMatcher, UPat
 from svodc.ir.uop import UOp
+from svodrt.format import FLOAT_FORMATS
 
 F32, F64 = dtypes.float32, dtypes.float64
 U32, U64, I32, I64 = dtypes.uint32, dtypes.uint64, dtypes.int32, dtypes.int64
@@ -45,15 +49,20 @@ class FloatFormat:
         return ((1 << (self.bits - 1 - self.mant)) - 1) << self.mant
 
 
-FORMATS: dict[str, FloatFormat] = {
-    "float16": FloatFormat(16, 10, 15, "ieee", 0x7BFF, 0x7E00),
-    "bfloat16": FloatFormat(16, 7, 127, "ieee", 0x7F7F, 0x7FC0),
-    "float8e5m2": FloatFormat(8, 2, 15, "ieee", 0x7B, 0x7E),
-    "float8e4m3fn": FloatFormat(8, 3, 7, "fn", 0x7E, 0x7F),
-    "float8e4m3fnuz": FloatFormat(8, 3, 8, "fnuz", 0x7F, 0x80),
-    "float8e5m2fnuz": FloatFormat(8, 2, 16, "fnuz", 0x7F, 0x80),
-    "float4e2m1": FloatFormat(4, 1, 1, "sat", 0x7, 0x0),
-}
+def _format(nbits: int, mant: int, bias: int, kind: str) -> FloatFormat:
+    """The encodings a format's kind implies (svodrt.format.FLOAT_FORMATS holds the formats)."""
+    if kind == "ieee":
+        top = (1 << (nbits - 1 - mant)) - 1
+        return FloatFormat(nbits, mant, bias, kind, ((top - 1) << mant) | ((1 << mant) - 1),
+                           (top << mant) | (1 << (mant - 1)))
+    if kind == "fn":
+        return FloatFormat(nbits, mant, bias, kind, (1 << (nbits - 1)) - 2, (1 << (nbits - 1)) - 1)
+    if kind == "fnuz":
+        return FloatFormat(nbits, mant, bias, kind, (1 << (nbits - 1)) - 1, 1 << (nbits - 1))
+    return FloatFormat(nbits, mant, bias, kind, (1 << (nbits - 1)) - 1, 0)
+
+
+FORMATS: dict[str, FloatFormat] = {name: _format(*f) for name, f in FLOAT_FORMATS.items() if f[3] != "e8m0"}
 
 
 def _u(dt: DType, v: int) -> UOp:
@@ -181,6 +190,13 @@ def _wide(dt: DType) -> DType:
     return F32 if dt.is_float else I32
 
 
+def _native_f16_cast(n: UOp) -> UOp | None:
+    """Keep float16 <-> float32 CASTs (the target converts them in one instruction)."""
+    if {n.src[0].dtype, n.dtype} == {dtypes.float16, F32}:
+        return None
+    return lower_cast(n)
+
+
 def lower_cast(n: UOp) -> UOp | None:
     x = n.src[0]
     src, dst = x.dtype, n.dtype
@@ -227,9 +243,14 @@ def reduce_wide(n: UOp) -> UOp | None:
     return UOp(Ops.LOOP_REDUCE, wide, (n.src[0].cast(wide), *n.src[1:]), n.arg).cast(n.dtype)
 
 
-pm_emulate = PatternMatcher([
-    (UPat(Ops.CAST, name="n"), lower_cast),
+_WIDEN_RULES = [
     (UPat(COMPARE, name="n"), compare_wide),
     (UPat(ALU - COMPARE - _KEEP, name="n"), compute_wide),
     (UPat(Ops.LOOP_REDUCE, name="n"), reduce_wide),
-], name="emulate")
+]
+pm_emulate = PatternMatcher([(UPat(Ops.CAST, name="n"), lower_cast), *_WIDEN_RULES], name="emulate")
+pm_emulate_f16c = PatternMatcher([(UPat(Ops.CAST, name="n"), _native_f16_cast), *_WIDEN_RULES], name="emulate_f16c")
+
+
+def pm_emulate_for(features: tuple[str, ...]) -> PatternMatcher:
+    return pm_emulate_f16c if "f16c" in features else pm_emulate

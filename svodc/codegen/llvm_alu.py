@@ -195,6 +195,10 @@ def emit_cast(em: KernelEmitter, scope: Scope, src: DType, dst: DType, x: str) -
     s, t, line = ltype(src), ltype(dst), em.emit_line
     if src == dst or (s == t and src.kind == dst.kind):
         return x
+    if dtypes.float16 in (src, dst):  # float16 <-> float32 left by emulate.py for F16C targets (vcvtph2ps/ps2ph)
+        if src is dtypes.float16:
+            return line(scope, f"fpext half {line(scope, f'bitcast i16 {x} to half')} to float")
+        return line(scope, f"bitcast half {line(scope, f'fptrunc float {x} to half')} to i16")
     if dst is dtypes.bool:
         if src.is_float:
             return line(scope, f"fcmp une {s} {x}, {const(src, 0.0)}")
