@@ -55,7 +55,12 @@ def conv_from_attrs(ctx: NodeContext, x: UOp, w: UOp, b: UOp | None = None) -> U
     strides = ctx.ints("strides", [1] * nsp)
     dilations = ctx.ints("dilations", [1] * nsp)
     pads = _spatial_pads(ctx, list(x.shape[2:]), kernel, strides, dilations)
-    y = T.conv(x, w, strides, dilations, pads, int(ctx.attr("group", 1)))
+    dt = x.dtype
+    if dt.emulated and dt.is_float:  # products summed in float32, rounded once (as numpy's dot does)
+        y = T.conv(x.cast(dtypes.float32), w.cast(dtypes.float32), strides, dilations, pads,
+                   int(ctx.attr("group", 1))).cast(dt)
+    else:
+        y = T.conv(x, w, strides, dilations, pads, int(ctx.attr("group", 1)))
     if b is not None:
         y = T.alu(Ops.ADD, y, T.reshape(b, (1, b.shape[0]) + (1,) * nsp))
     return y
