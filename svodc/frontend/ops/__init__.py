@@ -6,6 +6,7 @@ from svodc.frontend.ops import (  # noqa: F401
     casts,
     control_flow,
     elementwise,
+    grid_sample,
     indexing,
     linalg,
     linear_attention,
