@@ -228,8 +228,6 @@ def flex_attention(ctx: NodeContext) -> UOp:
     """softmax((Q*s) @ (K*s)^T) @ V with s = sqrt(scale) in Q's type, the softmax and the product
     with V in softmax_precision (float32, or float64 for float64 inputs)."""
     q, k, v = ctx.input(0), ctx.input(1), ctx.input(2)
-    if ctx.has_attr("score_mod") or ctx.has_attr("prob_mod"):
-        raise Unsupported("score_mod/prob_mod subgraphs are not supported yet")
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise Unsupported("Q, K and V must be rank 4")
     dt = q.dtype
@@ -242,5 +240,16 @@ def flex_attention(ctx: NodeContext) -> UOp:
     precision = ctx.attr("softmax_precision")
     p = onnx_to_dtype(precision, "softmax_precision") if precision else \
         (dtypes.float64 if dt is dtypes.float64 else dtypes.float32)
-    probs = softmax_guarded(score.cast(p))
+    scores = _modified(ctx, "score_mod", score.cast(p))
+    probs = _modified(ctx, "prob_mod", softmax_guarded(scores))
     return matmul(probs, v.cast(p)).cast(dt)
+
+
+def _modified(ctx: NodeContext, attr: str, x: UOp) -> UOp:
+    """x through the node's `attr` subgraph (one rank-4 tensor in, one of the same shape out), if any."""
+    if not ctx.has_attr(attr):
+        return x
+    outs = ctx.run_subgraph(ctx.subgraph(attr), [x])
+    if len(outs) != 1 or not isinstance(outs[0], UOp) or outs[0].shape != x.shape:
+        raise Unsupported(f"{attr} must give one tensor of shape {list(x.shape)}")
+    return outs[0].cast(x.dtype)
