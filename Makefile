@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test test-fast test-models lint bench clean onnx-coverage fuzz
+.PHONY: setup demo test test-fast test-models test-gpu lint bench clean onnx-coverage fuzz
 BENCH_STAMP := $(VENV)/.bench-stamp
 
 $(STAMP): pyproject.toml
@@ -20,11 +20,17 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check svodc svodrt tests scripts bench
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not gpu_sweep"
 
 # Everything but the end-to-end model tests and the conformance suite.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q --ignore=tests/test_light_models.py --ignore=tests/conformance
+	$(BIN)/python -m pytest -q --ignore=tests/test_light_models.py --ignore=tests/conformance \
+		--ignore=tests/test_gpu_light_models.py
+
+# All 9 light models for gfx942, gfx1100, sm_90 and sm_80, run on the stand-in driver with emulated
+# kernels (make test runs two of them). No GPU needed; scripts/gpu_check.py is the on-hardware check.
+test-gpu: $(STAMP)
+	$(BIN)/python -m pytest -q tests/test_gpu_light_models.py tests/test_gpu_codegen.py tests/test_gpu_runtime.py
 
 # The real models of ../shared/models against onnxruntime's outputs (also part of `make test`),
 # with the max error per model printed.

@@ -18,11 +18,12 @@ import onnx
 
 from svodc.bundle import check_bundle, write_bundle, write_bundle_to
 from svodc.codegen.compile import compile_program
+from svodc.codegen.gpu_compile import compile_gpu_programs
 from svodc.errors import OutputWriteError
 from svodc.frontend.importer import ModelSource, import_model, load_model
+from svodc.gpu_target import GpuTarget, parse_targets
 from svodc.options import CompileOptions
 from svodc.passes.pipeline import build_program
-from svodc.target import parse_target
 from svodc.testvec import build_test_vectors
 
 Progress = Callable[[str], None]
@@ -42,10 +43,10 @@ def _model_digest(source: ModelSource, model: onnx.ModelProto) -> str:
 
 def _compile_parts(model: ModelSource, target: str, options: CompileOptions | None, progress: Progress | None,
                    **kw) -> tuple:
-    """Everything a bundle is written from: (program, images, model digest, test vectors)."""
+    """Everything a bundle is written from: (program, CPU images, model digest, test vectors, GPU images)."""
     options = options or CompileOptions(**kw)
     say = progress or (lambda _msg: None)
-    targets = parse_target(target)
+    targets = parse_targets(target)
     proto = load_model(model)
     say("import")
     base_dir = Path(model).parent if isinstance(model, (str, os.PathLike)) else None
@@ -54,18 +55,25 @@ def _compile_parts(model: ModelSource, target: str, options: CompileOptions | No
     program = build_program(graph, options)
     vectors = build_test_vectors(graph, program, options.test_vectors, say)
     images = []
+    gpus = [t for t in targets if isinstance(t, GpuTarget)]
     for t in targets:
-        say(f"codegen {t.describe()}")
-        images.append((t, compile_program(program, t, options)))
+        if not isinstance(t, GpuTarget):
+            say(f"codegen {t.describe()}")
+            images.append((t, compile_program(program, t, options)))
+    gpu_images = []
+    if gpus:
+        say(f"codegen {', '.join(t.describe() for t in gpus)}")
+        gpu_images = compile_gpu_programs(program, gpus, options)
     say("bundle")
-    return program, images, _model_digest(model, proto), vectors
+    return program, images, _model_digest(model, proto), vectors, gpu_images
 
 
 def compile(model: ModelSource, target: str = "host", options: CompileOptions | None = None,
             progress: Progress | None = None, **kw) -> bytes:
     """Compile an ONNX model (path, bytes or ModelProto) into .svod bundle bytes.
 
-    target: "host", or "x86_64-linux-gnu[:CPU[,CPU...]]" (one code variant per CPU).
+    target: "host", "x86_64-linux-gnu[:CPU[,CPU...]]" (one code variant per CPU), GPUs ("sm_90",
+    "gfx942", ...), or CPU and GPU items separated by commas (svodc/gpu_target.py).
     Keyword options (dims=, input_shapes=, weights=, opt_level=, jobs=, test_vectors=) fill a
     CompileOptions. For large weights prefer compile_to_file: it streams them into the file."""
     return write_bundle(*_compile_parts(model, target, options, progress, **kw))

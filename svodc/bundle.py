@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import BinaryIO
 
 import msgpack
@@ -16,6 +16,7 @@ import numpy as np
 import zstandard
 
 from svodc import __version__
+from svodc.codegen.gpu_compile import GpuImage
 from svodc.codegen.link import CodeImage
 from svodc.errors import BundleError
 from svodc.ir.dtypes import to_storage
@@ -31,6 +32,7 @@ from svodrt.format import (
     HEADER_SIZE,
     Header,
     align_up,
+    gpu_binding,
     section_align,
     variant_binding,
 )
@@ -67,8 +69,8 @@ def _weight_pieces(program: Program) -> Iterator[memoryview]:
 class _Writer:
     """Writes to a seekable binary file, counting bytes."""
 
-    def __init__(self, out: BinaryIO, start: int):
-        self.out, self.pos = out, start
+    def __init__(self, out: BinaryIO):
+        self.out, self.pos = out, 0
 
     def write(self, data: bytes | memoryview) -> None:
         self.out.write(data)
@@ -79,31 +81,56 @@ class _Writer:
             self.write(bytes(offset - self.pos))
 
 
+def _gpu_variant(program: Program, image: GpuImage, sections: list[tuple[dict, bytes]]) -> dict:
+    """A GPU variant (docs/bundle-format.md, "GPU variants"): the code object (PTX for cuda), the
+    cubin when there is one, and the launch list. entry/kernels/fixups are placeholders that keep the
+    variant well-formed for runtimes before 1.2, which refuse it by its architecture."""
+    t = image.target
+    sections.append(({"name": f"gpu.{t.kind}.{t.cpu}{'.ptx' if t.kind == 'cuda' else ''}", "kind": "code"},
+                     image.code))
+    v = {"kind": t.kind, "arch": t.arch, "cpu": t.cpu, "features": [], "feature_bits": 0,
+         "section": len(sections) - 1, "entry": 0, "kernels": [0] * len(program.kernels), "fixups": [],
+         "launches": [{"kernel": x.kernel, "symbol": x.symbol, "grid": [x.grid, 1, 1], "block": [x.block, 1, 1]}
+                      for x in image.launches]}
+    if image.cubin is not None:
+        sections.append(({"name": f"gpu.{t.kind}.{t.cpu}.cubin", "kind": "code"}, image.cubin))
+        v["cubin"] = len(sections) - 1
+    return v
+
+
 def write_bundle_to(out: BinaryIO, program: Program, images: list[tuple[Target, CodeImage]], model_digest: str,
-                    test_vectors: list[dict] | None = None) -> None:
-    """Write the bundle to a seekable binary file positioned at its start. Weights go from their
-    arrays straight to `out` (one copy: the write itself), hashed on the way."""
-    sections: list[tuple[dict, Callable[[], Iterator[memoryview]], int]] = [
-        ({"name": "weights", "kind": "weights"}, lambda: _weight_pieces(program), program.weights_size)]
+                    test_vectors: list[dict] | None = None, gpu_images: list[GpuImage] = ()) -> None:
+    """Write the bundle to a seekable binary file positioned at its start. test_vectors: manifest
+    entries from svodc.testvec (optional); gpu_images: GPU variants, after the CPU ones. Weights go
+    from their arrays straight to `out` (one copy: the write itself), hashed on the way."""
+    sections: list[tuple[dict, bytes]] = []  # code sections; the weights section streams separately
     variants = []
     for target, image in images:
-        sections.append(({"name": f"code.{target.arch}.{target.cpu}", "kind": "code"},
-                         lambda data=image.data: iter([memoryview(data)]), len(image.data)))
+        sections.append(({"name": f"code.{target.arch}.{target.cpu}", "kind": "code"}, image.data))
         variants.append({
             "arch": target.arch,
             "cpu": target.cpu,
             "features": list(target.features),
             "feature_bits": feature_table.to_bits(target.arch, target.features),
-            "section": len(sections) - 1,
+            "section": len(sections),
             "entry": image.symbols["svod_entry"],
             "kernels": [image.symbols[k.name] for k in program.kernels],
             "fixups": list(image.fixups),
         })
+    # GPU variants number their sections from 0 among the code sections: shift past the weights
+    gpu = [_gpu_variant(program, g, sections) for g in gpu_images]
+    for v in gpu:
+        v["section"] += 1
+        if "cubin" in v:
+            v["cubin"] += 1
+    variants += gpu
 
-    w = _Writer(out, 0)
+    w = _Writer(out)
     w.write(bytes(HEADER_SIZE))
     table = []
-    for meta, pieces, length in sections:
+    streamed = [({"name": "weights", "kind": "weights"}, lambda: _weight_pieces(program), program.weights_size)]
+    streamed += [(meta, lambda data=data: iter([memoryview(data)]), len(data)) for meta, data in sections]
+    for meta, pieces, length in streamed:
         offset = align_up(w.pos, section_align(length))
         w.pad_to(offset)
         h = hashlib.sha256()
@@ -131,6 +158,8 @@ def write_bundle_to(out: BinaryIO, program: Program, images: list[tuple[Target, 
     }
     for v in variants:
         v["binding"] = variant_binding(v, table[v["section"]]["sha256"], manifest)
+        if "launches" in v:
+            v["gpu_binding"] = gpu_binding(v, table[v["cubin"]]["sha256"] if "cubin" in v else None)
     if test_vectors:
         manifest["test_vectors"] = test_vectors
     raw = msgpack.packb(manifest, use_bin_type=True)
@@ -154,10 +183,10 @@ def check_bundle(data: bytes | memoryview) -> None:
 
 
 def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model_digest: str,
-                 test_vectors: list[dict] | None = None) -> bytes:
-    """The bundle's bytes. test_vectors: manifest entries from svodc.testvec (optional)."""
+                 test_vectors: list[dict] | None = None, gpu_images: list[GpuImage] = ()) -> bytes:
+    """The bundle's bytes (write_bundle_to into memory)."""
     buf = io.BytesIO()
-    write_bundle_to(buf, program, images, model_digest, test_vectors)
+    write_bundle_to(buf, program, images, model_digest, test_vectors, gpu_images)
     data = buf.getvalue()
     check_bundle(data)
     return data

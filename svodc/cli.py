@@ -78,7 +78,8 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", type=click.Path(), help="Bundle path (default: MODEL with .svod).")
 @click.option("--target", default="host", show_default=True,
-              help="host, or x86_64-linux-gnu[:CPU[,CPU...]] (one code variant per CPU).")
+              help="host, x86_64-linux-gnu[:CPU[,CPU...]] (one code variant per CPU), GPUs (sm_80, sm_90, gfx942, "
+                   "gfx1100, gfx1151, gfx1200), or a comma-separated mix of CPU and GPU items.")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Fix a symbolic input dimension.")
 @click.option("--input-shape", "shapes", multiple=True, metavar="NAME=DxDx...", help="Fix an input's shape.")
 @click.option("--input-value", "values", multiple=True, metavar="NAME=FILE.npy",

@@ -55,6 +55,11 @@ class CodegenError(SvodcError):
     """LLVM rejected or crashed on generated code (a compiler bug: please report it)."""
 
 
+class ToolMissingError(SvodcError):
+    """A tool a target needs is not installed (ld.lld for AMD GPU code objects). The message says
+    what to install."""
+
+
 class LinkError(SvodcError):
     """The code image cannot be linked: an undefined symbol, an unsupported relocation, or a
     writable section. A code image must be self-contained and read-only."""

@@ -12,6 +12,7 @@ import os
 from svodrt.errors import (
     BundleFormatError,
     BundleVersionError,
+    DeviceError,
     InputError,
     ModelClosedError,
     RuntimeFailure,
@@ -19,22 +20,29 @@ from svodrt.errors import (
     UnsupportedHostError,
 )
 from svodrt.host import Host, detect_host
-from svodrt.model import Model
+from svodrt.model import Model, Runner
 
 __version__ = "0.1.0"
 
 
 def load(source: str | os.PathLike | bytes, threads: int | None = None, host: Host | None = None,
-         verify_weights: bool | None = None, variant: int | None = None) -> Model:
+         verify_weights: bool | None = None, variant: int | None = None, device: str = "cpu",
+         graph: bool = True) -> Runner:
     """Load a bundle from a path or bytes. Every structural check and the sha256 of the code that will
     run are always done.
 
     threads: threads per inference (default: the host's cores). host: choose the code variant for
     this host instead of the detected one (e.g. `detect_host().limited_to("x86-64-v2")`).
     verify_weights: check the weights' sha256 (default: when they are at most 16 MiB; see
-    docs/architecture.md). variant: use this variant (index) instead of the first the host can run."""
+    docs/architecture.md). variant: use this variant (index) instead of the first the host can run.
+    device: "cpu", or a GPU: "cuda:N" / "hip:N" (svodrt/gpu_model.py; untested on hardware so far, see
+    README); graph: launch a GPU model's kernels as one captured graph (else one by one)."""
+    if device != "cpu":
+        from svodrt.gpu_model import GpuModel
+
+        return GpuModel(source, device, verify_weights=verify_weights, variant=variant, graph=graph)
     return Model(source, threads=threads, host=host, verify_weights=verify_weights, variant=variant)
 
 
-__all__ = ["BundleFormatError", "BundleVersionError", "Host", "InputError", "Model", "ModelClosedError",
-           "RuntimeFailure", "SvodError", "UnsupportedHostError", "detect_host", "load"]
+__all__ = ["BundleFormatError", "BundleVersionError", "DeviceError", "Host", "InputError", "Model", "ModelClosedError",
+           "Runner", "RuntimeFailure", "SvodError", "UnsupportedHostError", "detect_host", "load"]

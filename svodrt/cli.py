@@ -51,7 +51,8 @@ def cmd_run(args: argparse.Namespace) -> None:
     import svodrt
 
     t0 = time.perf_counter()
-    model = svodrt.load(args.bundle, threads=args.threads, host=_host(args), verify_weights=args.verify_weights)
+    model = svodrt.load(args.bundle, threads=args.threads, host=_host(args), verify_weights=args.verify_weights,
+                        device=args.device)
     t1 = time.perf_counter()
     feeds = _load_inputs(args.input)
     t2 = time.perf_counter()
@@ -69,14 +70,14 @@ def cmd_run(args: argparse.Namespace) -> None:
     for name, a in outs.items():
         print(f"{name}: {_summary(a)}")
     per = (t4 - t2) / args.repeat if args.repeat > 1 else t3 - t2
-    print(f"load {1e3 * (t1 - t0):.2f} ms, run {1e3 * per:.2f} ms ({model.threads} threads, "
-          f"{model.variant.arch}:{model.variant.cpu})", file=sys.stderr)
+    where = f"{model.threads} threads, " if args.device == "cpu" else f"{args.device}, "
+    print(f"load {1e3 * (t1 - t0):.2f} ms, run {1e3 * per:.2f} ms ({where}{model.variant.describe()})", file=sys.stderr)
 
 
 def cmd_verify(args: argparse.Namespace) -> None:
     from svodrt.verify import verify
 
-    report = verify(args.bundle, host=_host(args), threads=args.threads or 1)
+    report = verify(args.bundle, host=_host(args), threads=args.threads or 1, device=args.device)
     print(report.text())
     if not report.ok:
         raise SvodError(f"{args.bundle} failed verification: {report.failures[0]}")
@@ -121,6 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("--threads", type=int, default=1, help="threads per inference for the test vectors")
     v.set_defaults(fn=cmd_verify)
     for cmd in (r, v):
+        cmd.add_argument("--device", default="cpu", help="cpu (default), cuda:N or hip:N (GPU variants)")
         cmd.add_argument("--as-cpu", metavar="LEVEL", help="choose code as if this machine were only an x86-64 "
                          "LEVEL (x86-64, x86-64-v2, -v3, -v4): to try a fat bundle's smaller variants")
     pr = sub.add_parser("profile", help="time every kernel on its own (one thread)")

@@ -24,9 +24,14 @@ def describe_bundle(b: Bundle, host: Host | None = None, verbose: bool = False) 
              "inputs:"]
     lines += [f"  {t.name}: {t.dtype}{list(t.shape)}" for t in b.inputs]
     lines += ["outputs:"] + [f"  {t.name}: {t.dtype}{list(t.shape)}" for t in b.outputs]
-    lines.append("code variants (first one this host can run is used):")
+    lines.append("code variants (the first one this host's CPU can run is used, unless a GPU device is asked for):")
     chosen = None
     for v in b.variants:
+        if v.kind != "cpu":
+            cubin = f" + cubin {_size(v.cubin.length)}" if v.cubin else ""
+            lines.append(f"  {v.describe()}  code {_size(v.section.length)}{cubin}, {len(v.launches)} launches; "
+                         f"load with device='{v.kind}:N'")
+            continue
         ok = v.arch == host.arch and all(f in host.features for f in v.features)
         mark = "*" if ok and chosen is None else " "
         chosen = chosen or (v if ok else None)

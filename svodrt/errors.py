@@ -20,6 +20,11 @@ class UnsupportedHostError(SvodError):
     """No code variant in the bundle can run on this machine (architecture or CPU features)."""
 
 
+class DeviceError(SvodError):
+    """A GPU driver is missing, has no such device, or refused an operation (the message names the
+    driver function and its error)."""
+
+
 class InputError(SvodError, ValueError):
     """An input does not match the model's declared inputs (name, dtype, rank, dimension, layout)."""
 

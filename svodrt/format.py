@@ -32,7 +32,7 @@ import msgpack
 
 MAGIC = b"SVOD\x00\r\n\x1a"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 1
+FORMAT_MINOR = 3  # 1.3: float8/float4/int4/int2 dtypes; 1.2: GPU variants; 1.1 is the byte-order change
 HEADER = struct.Struct("<8sHHIIIQQQQ8s")
 FLAG_MANIFEST_ZSTD = 1
 HEADER_SIZE = HEADER.size  # 64
@@ -109,11 +109,27 @@ def variant_binding(variant: Mapping, code_sha256: bytes, manifest: Mapping) -> 
     return hashlib.sha256(msgpack.packb(fields, use_bin_type=True)).digest()
 
 
+# GPU variants (format 1.2). Older runtimes read a GPU variant as a CPU variant of an architecture no
+# host has ("nvptx64", "amdgcn"), so they refuse it by architecture and still run the bundle's CPU variants.
+GPU_KINDS = ("cuda", "hip")
+MAX_GRID = (1 << 31) - 1  # blocks per launch (CUDA's grid x limit)
+MAX_BLOCK = 1024  # threads per block
+
+
+def gpu_binding(variant: Mapping, cubin_sha256: bytes | None) -> bytes:
+    """Binds what only GPU runtimes read -- the kind, the launch list and the cubin -- to the variant's
+    binding (which covers the code object and the plan). sha256 of the msgpack array
+    [binding, kind, cubin sha256 or empty, [[kernel, symbol, grid, block] per launch]]."""
+    launches = [[x["kernel"], x["symbol"], list(x["grid"]), list(x["block"])] for x in variant["launches"]]
+    fields = [bytes(variant["binding"]), variant["kind"], bytes(cubin_sha256 or b""), launches]
+    return hashlib.sha256(msgpack.packb(fields, use_bin_type=True)).digest()
+
+
 # dtype names a bundle may use, with the numpy dtype their elements travel as (in and out of run(),
 # and in buffers) and the bytes per element. Types numpy lacks travel as raw bits: bfloat16 as uint16,
 # the float8 and float4 formats as uint8 (float4: the 4-bit code in the low half). The narrow integers
 # int4/int2 (uint4/uint2) travel one element per byte as int8 (uint8) values in their range.
-# Added in format 1.1: the float8, float4, int4/uint4 and int2/uint2 names.
+# Added in format 1.3: the float8, float4, int4/uint4 and int2/uint2 names.
 DTYPES: dict[str, tuple[str, int]] = {
     "bool": ("bool", 1), "int8": ("int8", 1), "int16": ("int16", 2), "int32": ("int32", 4),
     "int64": ("int64", 8), "uint8": ("uint8", 1), "uint16": ("uint16", 2), "uint32": ("uint32", 4),

@@ -33,7 +33,7 @@ import numpy as np
 from svodrt.bundle import Bundle, TensorInfo, Variant, check_section, parse_bundle
 from svodrt.errors import InputError, ModelClosedError, UnsupportedHostError
 from svodrt.features import feature_names
-from svodrt.format import BITS_OF, DTYPES, SYNC_SIZE
+from svodrt.format import BITS_OF, DTYPES, GPU_KINDS, SYNC_SIZE
 from svodrt.host import Host, detect_host
 from svodrt.memory import PAGE, YIELD_FN, Mapping, map_code, map_readonly
 
@@ -48,7 +48,11 @@ WEIGHTS_CHECK_LIMIT = 16 << 20
 
 
 def variant_problem(v: Variant, host: Host) -> str | None:
-    """Why this host cannot run variant v, or None if it can."""
+    """Why this host's CPU cannot run variant v, or None if it can."""
+    if v.kind in GPU_KINDS:
+        return f"a {v.kind} GPU variant: load with device='{v.kind}:0'"
+    if v.kind != "cpu":
+        return f"variant kind {v.kind!r} is unknown to this runtime: upgrade svodrt"
     if v.arch != host.arch:
         return f"architecture {v.arch}"
     missing = [f for f in v.features if f not in host.features]
@@ -85,76 +89,17 @@ def _aligned_empty(nbytes: int) -> tuple[np.ndarray, int]:
 AUTO_PARALLEL_MIN_S = 300e-6  # with threads=None, models faster than this on one thread use one thread
 
 
-class Model:
-    def __init__(self, source: str | os.PathLike | bytes, threads: int | None = None, host: Host | None = None,
-                 verify_weights: bool | None = None, variant: int | None = None):
-        self._closed = False
-        self._maps: list[Mapping] = []
-        self._keep: list[object] = []
-        self._pool: ThreadPoolExecutor | None = None
-        self._state = threading.Condition()
-        self._active = 0
-        n = threads if threads is not None else (os.cpu_count() or 1)
-        self._auto = threads is None  # threads chosen by us: tiny models stay on one thread
-        self._parallel = True
-        self._solo_runs = 0
-        self._solo_best = float("inf")
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_THREADS:
-            raise ValueError(f"threads must be an integer in [1, {MAX_THREADS}], got {threads!r}")
-        self.threads = n
-        if isinstance(source, (bytes, bytearray, memoryview)):
-            self._load(memoryview(bytes(source)), None, host, verify_weights, variant)
-        else:
-            with open(Path(source), "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                fmap = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size else None
-                data = memoryview(fmap if fmap is not None else b"")
-                try:
-                    self._load(data, f.fileno(), host, verify_weights, variant)
-                finally:
-                    with contextlib.suppress(BufferError):  # a traceback may still hold a view: GC closes it
-                        data.release()
-                        if fmap is not None:
-                            fmap.close()
-        self._entry = ENTRY_FN(self._maps[0].address + self.variant.entry)
-        if self.threads > 1:
-            self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="svodrt")
-        self._team = threading.Lock()
+class Runner:
+    """What every loaded model shares, whatever runs it: its description and input checking.
+    Subclasses set `bundle` and `variant`, call _set_io(), and implement run() and close()."""
+
+    bundle: Bundle
+    variant: Variant
+
+    def _set_io(self) -> None:
         self._input_specs = [(t.name, np.dtype(DTYPES[t.dtype][0]), tuple(t.shape)) for t in self.bundle.inputs]
         self._output_specs = [(tuple(t.shape), np.dtype(DTYPES[t.dtype][0])) for t in self.bundle.outputs]
         self._output_names = [t.name for t in self.bundle.outputs]
-        self._table_type = ctypes.c_void_p * (2 + len(self.bundle.inputs) + len(self.bundle.outputs))
-        self._arenas: list[tuple[np.ndarray, int]] = []
-        self._arena_lock = threading.Lock()
-
-    def _load(self, data: memoryview, fd: int | None, host: Host | None, verify_weights: bool | None,
-              variant: int | None) -> None:
-        try:
-            self.bundle = parse_bundle(data)
-            if variant is not None and not 0 <= variant < len(self.bundle.variants):
-                raise ValueError(f"variant {variant} does not exist (the bundle has {len(self.bundle.variants)})")
-            self.variant = select_variant(self.bundle, host or detect_host(), variant)
-            sec = self.variant.section
-            self._maps.append(map_code(data[sec.offset: sec.offset + sec.length], self.variant.fixups, sec.sha256,
-                                       f"code section {sec.name!r} at offset {sec.offset}"))
-            w = self.bundle.weights
-            if verify_weights or (verify_weights is None and w.length <= WEIGHTS_CHECK_LIMIT):
-                check_section(data, w)
-            self.weights_address = self._map_weights(fd, data)
-        except BaseException:
-            self._unmap()
-            raise
-
-    def _map_weights(self, fd: int | None, data: memoryview) -> int:
-        w = self.bundle.weights
-        if fd is not None and w.length and w.offset % PAGE == 0:
-            m = map_readonly(fd, w.offset, w.length, "weights")
-            self._maps.append(m)
-            return m.address
-        buf, addr = _aligned_empty(w.length)  # from bytes, or a small section not on a page boundary
-        ctypes.memmove(addr, bytes(data[w.offset: w.offset + w.length]), w.length)
-        self._keep.append(buf)
-        return addr
 
     # ------------------------------------------------------------------ description
     @property
@@ -206,6 +151,86 @@ class Model:
                                  f"{expected}")
             arrays.append(check_input(t, feeds[t.name]))
         return arrays
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+class Model(Runner):
+    def __init__(self, source: str | os.PathLike | bytes, threads: int | None = None, host: Host | None = None,
+                 verify_weights: bool | None = None, variant: int | None = None):
+        self._closed = False
+        self._maps: list[Mapping] = []
+        self._keep: list[object] = []
+        self._pool: ThreadPoolExecutor | None = None
+        self._state = threading.Condition()
+        self._active = 0
+        n = threads if threads is not None else (os.cpu_count() or 1)
+        self._auto = threads is None  # threads chosen by us: tiny models stay on one thread
+        self._parallel = True
+        self._solo_runs = 0
+        self._solo_best = float("inf")
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_THREADS:
+            raise ValueError(f"threads must be an integer in [1, {MAX_THREADS}], got {threads!r}")
+        self.threads = n
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            self._load(memoryview(bytes(source)), None, host, verify_weights, variant)
+        else:
+            with open(Path(source), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                fmap = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size else None
+                data = memoryview(fmap if fmap is not None else b"")
+                try:
+                    self._load(data, f.fileno(), host, verify_weights, variant)
+                finally:
+                    with contextlib.suppress(BufferError):  # a traceback may still hold a view: GC closes it
+                        data.release()
+                        if fmap is not None:
+                            fmap.close()
+        self._entry = ENTRY_FN(self._maps[0].address + self.variant.entry)
+        if self.threads > 1:
+            self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="svodrt")
+        self._team = threading.Lock()
+        self._set_io()
+        self._table_type = ctypes.c_void_p * (2 + len(self.bundle.inputs) + len(self.bundle.outputs))
+        self._arenas: list[tuple[np.ndarray, int]] = []
+        self._arena_lock = threading.Lock()
+
+    def _load(self, data: memoryview, fd: int | None, host: Host | None, verify_weights: bool | None,
+              variant: int | None) -> None:
+        try:
+            self.bundle = parse_bundle(data)
+            if variant is not None and not 0 <= variant < len(self.bundle.variants):
+                raise ValueError(f"variant {variant} does not exist (the bundle has {len(self.bundle.variants)})")
+            self.variant = select_variant(self.bundle, host or detect_host(), variant)
+            sec = self.variant.section
+            self._maps.append(map_code(data[sec.offset: sec.offset + sec.length], self.variant.fixups, sec.sha256,
+                                       f"code section {sec.name!r} at offset {sec.offset}"))
+            w = self.bundle.weights
+            if verify_weights or (verify_weights is None and w.length <= WEIGHTS_CHECK_LIMIT):
+                check_section(data, w)
+            self.weights_address = self._map_weights(fd, data)
+        except BaseException:
+            self._unmap()
+            raise
+
+    def _map_weights(self, fd: int | None, data: memoryview) -> int:
+        w = self.bundle.weights
+        if fd is not None and w.length and w.offset % PAGE == 0:
+            m = map_readonly(fd, w.offset, w.length, "weights")
+            self._maps.append(m)
+            return m.address
+        buf, addr = _aligned_empty(w.length)  # from bytes, or a small section not on a page boundary
+        ctypes.memmove(addr, bytes(data[w.offset: w.offset + w.length]), w.length)
+        self._keep.append(buf)
+        return addr
 
     def _arena(self) -> tuple[np.ndarray, int]:
         with self._arena_lock:
@@ -325,15 +350,6 @@ class Model:
         self._maps.clear()
         self._keep.clear()
 
-    def __enter__(self) -> Model:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
 
 
 def _as_transport(t: TensorInfo, value: np.ndarray, want: np.dtype) -> np.ndarray:

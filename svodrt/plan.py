@@ -15,9 +15,10 @@ import math
 from dataclasses import dataclass
 
 from svodrt.features import FEATURES, to_bits
-from svodrt.format import MAX_BYTES, MAX_TEST_VECTORS, variant_binding
+from svodrt.format import GPU_KINDS, MAX_BLOCK, MAX_BYTES, MAX_GRID, MAX_TEST_VECTORS, gpu_binding, variant_binding
 from svodrt.schema import (
     KernelInfo,
+    Launch,
     Section,
     TensorInfo,
     TestVector,
@@ -41,6 +42,8 @@ class Plan:
     arena_size: int
     weights_size: int
     test_vectors: list[TestVector]
+    # buffer id -> (kind, position): ("input"|"output", slot) or ("weight"|"scratch", byte offset)
+    placement: dict[int, tuple[str, int]]
 
 
 @dataclass(frozen=True)
@@ -65,12 +68,13 @@ def _io(m: dict, group: str) -> tuple[list[TensorInfo], list[int]]:
     return tensors, ids
 
 
-def _buffers(m: dict, io_ids: list[int], arena: int, weights_size: int) -> dict[int, _Buffer]:
+def _buffers(m: dict, in_ids: list[int], out_ids: list[int], arena: int, weights_size: int) -> dict[int, _Buffer]:
     known: dict[int, _Buffer] = {}
-    for i in io_ids:
-        if i in known:
-            raise fail("inputs/outputs", f"buffer id {i} is used twice")
-        known[i] = _Buffer(i, "io", TensorInfo("", "uint8", ()), 0)
+    for kind, ids in (("input", in_ids), ("output", out_ids)):
+        for slot, i in enumerate(ids):
+            if i in known:
+                raise fail("inputs/outputs", f"buffer id {i} is used twice")
+            known[i] = _Buffer(i, kind, TensorInfo("", "uint8", ()), slot)
     for i, b in enumerate(items(m, "buffers", "manifest")):
         where = f"buffers[{i}]"
         t = tensor(b, where)
@@ -175,7 +179,33 @@ def _variant(m: dict, i: int, sections: list[Section], n_kernels: int) -> Varian
     if binding != variant_binding(v, sec.sha256, m):
         raise fail(f"{where}.binding", f"does not match {arch}:{cpu}'s code, entry points, features and "
                    "the plan they were compiled for: the manifest is damaged or was edited")
-    return Variant(i, arch, cpu, tuple(feats), sec, entry, tuple(kernels), tuple(fixups))
+    kind = field(v, "kind", str, where) if "kind" in v else "cpu"
+    launches, cubin = _gpu(v, where, sections, n_kernels) if kind in GPU_KINDS else ((), None)
+    return Variant(i, arch, cpu, tuple(feats), sec, entry, tuple(kernels), tuple(fixups), kind, launches, cubin)
+
+
+def _gpu(v: dict, where: str, sections: list[Section], n_kernels: int) -> tuple[tuple[Launch, ...], Section | None]:
+    """A GPU variant's launch list and cubin section, bound to the rest by `gpu_binding`."""
+    launches = []
+    for j, x in enumerate(items(v, "launches", where)):
+        w = f"{where}.launches[{j}]"
+        kernel = uint(x, "kernel", w)
+        grid, block = uints(x, "grid", w, MAX_GRID), uints(x, "block", w, MAX_BLOCK)
+        if kernel >= n_kernels or len(grid) != 3 or len(block) != 3 or 0 in grid or math.prod(block) > MAX_BLOCK \
+                or 0 in block:
+            raise fail(w, f"kernel {kernel} of {n_kernels}, grid {grid}, block {block}: expected a kernel index, "
+                       f"3 positive grid sizes and 3 positive block sizes of at most {MAX_BLOCK} threads in all")
+        launches.append(Launch(kernel, name(x, "symbol", w), tuple(grid), tuple(block)))  # type: ignore[arg-type]
+    cubin = None
+    if "cubin" in v:
+        ci = uint(v, "cubin", where, len(sections))
+        if ci >= len(sections) or sections[ci].kind != "code":
+            raise fail(f"{where}.cubin", f"{ci} is not a code section")
+        cubin = sections[ci]
+    if field(v, "gpu_binding", bytes, where) != gpu_binding(v, cubin.sha256 if cubin else None):
+        raise fail(f"{where}.gpu_binding", "does not match the variant's launch list and code: the manifest is "
+                   "damaged or was edited")
+    return tuple(launches), cubin
 
 
 def _test_vectors(m: dict, inputs: list[TensorInfo], outputs: list[TensorInfo]) -> list[TestVector]:
@@ -208,11 +238,12 @@ def parse_plan(m: dict, sections: list[Section], weights: Section) -> Plan:
     weights_size = uint(m, "weights_size", "manifest", MAX_BYTES)
     if weights.length < weights_size:
         raise fail("weights_size", f"{weights_size} is more than the weights section holds ({weights.length})")
-    buffers = _buffers(m, in_ids + out_ids, arena, weights_size)
+    buffers = _buffers(m, in_ids, out_ids, arena, weights_size)
     kernels = _kernels(m, buffers)
     check_arena_liveness(kernels, buffers)
     variants = [_variant(m, i, sections, len(kernels)) for i in range(len(items(m, "variants", "manifest")))]
     if not variants:
         raise fail("variants", "the bundle has no code variant")
-    return Plan(inputs, outputs, kernels, variants, arena, weights_size, _test_vectors(m, inputs, outputs))
+    placement = {b.id: (b.kind, b.offset) for b in buffers.values()}
+    return Plan(inputs, outputs, kernels, variants, arena, weights_size, _test_vectors(m, inputs, outputs), placement)
 

@@ -100,18 +100,32 @@ def tensor(d: Any, where: str) -> TensorInfo:
 
 
 @dataclass(frozen=True)
+class Launch:
+    """One GPU kernel launch: the kernel (in the plan) whose buffers are its arguments, the symbol in
+    the code object, grid and block sizes."""
+
+    kernel: int
+    symbol: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+
+
+@dataclass(frozen=True)
 class Variant:
     index: int
     arch: str
     cpu: str
     features: tuple[str, ...]
-    section: Section
+    section: Section  # the code image; GPU variants: the code object (PTX for cuda)
     entry: int
     kernels: tuple[int, ...]
     fixups: tuple[int, ...]
+    kind: str = "cpu"  # "cpu", or a GPU kind: "cuda", "hip"
+    launches: tuple[Launch, ...] = ()
+    cubin: Section | None = None
 
     def describe(self) -> str:
-        return f"{self.arch}:{self.cpu}"
+        return f"{self.arch}:{self.cpu}" if self.kind == "cpu" else f"{self.kind}:{self.cpu}"
 
 
 @dataclass(frozen=True)

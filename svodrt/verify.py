@@ -13,11 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
+from svodrt import load
 from svodrt.bundle import Bundle, TensorInfo, TestVector, check_section, parse_bundle
 from svodrt.errors import SvodError
 from svodrt.format import BITS_OF, DTYPES, FLOAT_FORMATS
 from svodrt.host import Host, detect_host
-from svodrt.model import Model, select_variant, variant_problem
+from svodrt.model import Runner, select_variant, variant_problem
 
 BIT_FLOATS = frozenset(BITS_OF.values())
 
@@ -84,7 +85,7 @@ def _values(t: TensorInfo, a: np.ndarray) -> np.ndarray:
     return float_values(a, t.dtype) if t.dtype in BIT_FLOATS else a
 
 
-def run_test_vector(model: Model, tv: TestVector) -> list[tuple[str, float, float]]:
+def run_test_vector(model: Runner, tv: TestVector) -> list[tuple[str, float, float]]:
     """(output name, max error, tolerance) per output."""
     b = model.bundle
     got = model.run({t.name: _array(t, x) for t, x in zip(b.inputs, tv.inputs, strict=True)})
@@ -92,18 +93,19 @@ def run_test_vector(model: Model, tv: TestVector) -> list[tuple[str, float, floa
             for t, want, tol in zip(b.outputs, tv.outputs, tv.tolerance, strict=True)]
 
 
-def _check_variants(data: bytes, bundle: Bundle, host: Host, threads: int, report: Report) -> None:
+def _check_variants(data: bytes, bundle: Bundle, host: Host, threads: int, report: Report, device: str) -> None:
     runnable = 0
     for v in bundle.variants:
         label = f"variant {v.index} {v.describe()}"
-        problem = variant_problem(v, host)
+        problem = variant_problem(v, host) if device == "cpu" else \
+            (None if device.startswith(v.kind) else f"not a {device} variant")
         if problem is not None:
             report.add("skip", f"{label}: cannot run on this host ({problem})")
             continue
         runnable += 1
         try:
-            with Model(data, threads=threads, host=host, verify_weights=True, variant=v.index) as m:
-                report.add("ok", f"{label}: loads on this host")
+            with load(data, threads=threads, host=host, verify_weights=True, variant=v.index, device=device) as m:
+                report.add("ok", f"{label}: loads on {'this host' if device == 'cpu' else device}")
                 for i, tv in enumerate(bundle.test_vectors):
                     for name, err, tol in run_test_vector(m, tv):
                         status = "ok" if err <= tol else "FAIL"
@@ -111,7 +113,9 @@ def _check_variants(data: bytes, bundle: Bundle, host: Host, threads: int, repor
                                            f"{err:.3g} (tolerance {tol:.3g})")
         except SvodError as e:
             report.add("FAIL", f"{label}: {e}")
-    if not runnable:
+    if not runnable and device != "cpu":
+        report.add("FAIL", f"no variant of this bundle is for {device}")
+    elif not runnable:
         try:
             select_variant(bundle, host)
         except SvodError as e:  # names what each variant lacks
@@ -120,8 +124,10 @@ def _check_variants(data: bytes, bundle: Bundle, host: Host, threads: int, repor
         report.add("skip", "no test vectors in this bundle (compile with --test-vectors to embed them)")
 
 
-def verify(source: str | os.PathLike | bytes, host: Host | None = None, threads: int = 1) -> Report:
-    """Run every check; never raises for a bad bundle (the report says what failed)."""
+def verify(source: str | os.PathLike | bytes, host: Host | None = None, threads: int = 1,
+           device: str = "cpu") -> Report:
+    """Run every check; never raises for a bad bundle (the report says what failed). device: run the
+    test vectors on that GPU's variants instead of the CPU's."""
     data = bytes(source) if isinstance(source, (bytes, bytearray)) else Path(source).read_bytes()
     host = host or detect_host()
     report = Report()
@@ -140,5 +146,5 @@ def verify(source: str | os.PathLike | bytes, host: Host | None = None, threads:
         except SvodError as e:
             report.add("FAIL", str(e))
     if report.ok:
-        _check_variants(data, bundle, host, threads, report)
+        _check_variants(data, bundle, host, threads, report, device)
     return report

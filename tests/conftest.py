@@ -32,6 +32,30 @@ def fat_bundle(small_model, tmp_path_factory):
     return path, feeds
 
 
+@pytest.fixture(scope="session")
+def stub_library(tmp_path_factory):
+    """The stand-in GPU driver (tests/gpu/stub_driver.c), built once per session."""
+    from tests.gpu.harness import StubDriver, build_stub, c_compiler
+
+    if c_compiler() is None:
+        pytest.skip("no C compiler to build the stand-in GPU driver (install gcc or the ziglang package)")
+    return StubDriver(build_stub(tmp_path_factory.mktemp("stub")))
+
+
+@pytest.fixture
+def stub(stub_library, monkeypatch):
+    """svodrt opens the stand-in driver instead of libcuda.so.1 / libamdhip64.so."""
+    import svodrt.gpu_driver
+
+    path = str(stub_library.path)
+    monkeypatch.setattr(svodrt.gpu_driver, "LIBRARIES", {"cuda": (path,), "hip": (path,)})
+    for var in ("SVOD_STUB_CC", "SVOD_STUB_MACH", "SVOD_STUB_DEVICES", "SVOD_STUB_FAIL"):
+        monkeypatch.delenv(var, raising=False)
+    stub_library.clear()
+    yield stub_library
+    stub_library.set_launcher(None)
+
+
 def pytest_terminal_summary(terminalreporter):
     """Print the real models' max errors (tests/test_models.py) after the run."""
     import sys

@@ -26,8 +26,7 @@ FIXED_INPUTS = {"silero_vad": ["sr"]}
 OTHER_HALF_OPS = {"PRelu", "ConvTranspose", "ReduceMax", "ReduceMean", "ReduceSum", "LayerNormalization",
                   "HardSigmoid"}
 # Known failures elsewhere in the compiler, each with its reason (strict: an xpass means remove it).
-KNOWN_BUGS = {"ppocr_mobile_v2_cls": "the GEMM path (main) asserts 'the scheduler realizes B with contiguous "
-                                     "columns' on a 1x1 Conv after GlobalAveragePool (squeeze-excite block)"}
+KNOWN_BUGS: dict[str, str] = {}
 ERRORS: list[str] = []  # "model output: max abs ..., max rel ..." lines, printed by conftest.py
 
 

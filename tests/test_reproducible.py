@@ -1,5 +1,6 @@
-"""The same model with the same options gives byte-identical bundles, whatever the process, folder,
-file name, hash seed or number of compile workers."""
+"""The same model with the same options gives byte-identical bundles (CPU and GPU variants, ptxas and
+ld.lld outputs included), whatever the process, folder, file name, hash seed or number of compile
+workers."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def test_two_processes_in_two_folders_give_identical_bytes(tmp_path):
         (folder / name).write_bytes(model)
         env = dict(os.environ, PYTHONHASHSEED=hash_seed)
         r = subprocess.run([os.path.join(BIN, "svodc"), "compile", name, "-o", "out.svod", "-j", jobs,
-                            "--target", "x86_64-linux-gnu:x86-64-v3,x86-64"], cwd=folder, env=env,
+                            "--target", "x86_64-linux-gnu:x86-64-v3,x86-64,sm_90,gfx942"], cwd=folder, env=env,
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         outputs.append((folder / "out.svod").read_bytes())

@@ -34,6 +34,10 @@ class LLVMJob:
     opt_level: int
     codemodel: str
     want_asm: bool
+    # GPU modules: set the module's data layout from the target machine (AMDGPU's private address
+    # space depends on it), and "assembly" when the assembly is the product (PTX; no object file).
+    set_datalayout: bool = False
+    emit: str = "object"
 
 
 def _llvm_init():
@@ -47,19 +51,23 @@ def _llvm_init():
 def compile_llvm(job: LLVMJob) -> tuple[bytes, str]:
     """Run in a worker: parse, optimize, emit an ELF object (and assembly text when asked)."""
     llvm = _llvm_init()
+    tm = llvm.Target.from_triple(job.triple).create_target_machine(
+        cpu=job.cpu, features=job.features, opt=job.opt_level, reloc="pic", codemodel=job.codemodel)
     try:
         mod = llvm.parse_assembly(job.ir)
+        if job.set_datalayout:
+            mod.data_layout = str(tm.target_data)
         mod.verify()
     except RuntimeError as e:
         raise CodegenError(f"LLVM rejected the IR of {job.name}: {e}") from None
-    tm = llvm.Target.from_triple(job.triple).create_target_machine(
-        cpu=job.cpu, features=job.features, opt=job.opt_level, reloc="pic", codemodel=job.codemodel)
     if job.opt_level > 0:
         pto = llvm.create_pipeline_tuning_options(speed_level=job.opt_level)
         pto.loop_vectorization = True
         pto.slp_vectorization = True
         pb = llvm.create_pass_builder(tm, pto)
         pb.getModulePassManager().run(mod, pb)
+    if job.emit == "assembly":
+        return b"", tm.emit_assembly(mod)
     asm = ""
     if job.want_asm:
         asm = tm.emit_assembly(llvm.parse_assembly(str(mod)))  # emitting mutates a module: use a copy

@@ -160,7 +160,7 @@ def _sides(arg: GemmArg) -> tuple[Side, Side, int, int]:
     panels = Side(B_PANEL, packed_panels=True, panel_stride=arg.k * B_PANEL)
     if not arg.transposed:
         s = Side(A_PANEL, 1) if a.packed else Side(a.col_stride, a.row_stride)
-        assert b.packed or b.col_stride == 1, "the scheduler realizes B with contiguous columns"
+        assert b.packed or b.col_stride == 1 or arg.n == 1, "the scheduler realizes B with contiguous columns"
         return s, panels if b.packed else Side(b.row_stride), c.row_stride, 1
     # transposed: rows run along n (B's columns), lanes along m (A's rows, packed in B_PANEL panels)
     assert a.packed and not b.packed
@@ -240,19 +240,29 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target) -> None:
             sc.lines += [f"T{k}.{tag}{sub}:", f"  call void {fn}({call_args}, {sizes})", f"  br label %T{k}.join"]
     sc.lines.append(f"T{k}.join:")
     if epilogue is not None:
-        nrows = line(sc, f"select i1 {last_r}, i64 {rows_tail}, i64 {rows}")
-        nlanes = line(sc, f"select i1 {last_l}, i64 {lanes_tail}, i64 {lanes}")
-        r1 = line(sc, f"add nuw nsw i64 {r0}, {nrows}")
-        l1 = line(sc, f"add nuw nsw i64 {l0}, {nlanes}")
-        m1, n1 = (l1, r1) if arg.transposed else (r1, l1)
+        # Two copies of the epilogue: full tiles get constant trip counts (rows x lanes), which LLVM
+        # unrolls into straight vector code; edge tiles get the general loops.
         *batch_ranges, m_range, n_range = ranges
-        for r, v in zip(batch_ranges, batch, strict=True):
-            em.bind_range(r, v)
-        em.open_loop(m_range, m0, m1)  # n innermost: contiguous in C
-        em.open_loop(n_range, n0, n1)
-        em.emit_statement(epilogue)
-        em.close_loop()
-        em.close_loop()
-        for _ in batch_ranges:
+        partial = line(sc, f"or i1 {last_r}, {last_l}")
+        e = em.fresh_label()
+        sc.lines.append(f"  br i1 {partial}, label %E{e}.edge, label %E{e}.full")
+        for tag, nrows, nlanes in (("full", str(rows), str(lanes)), ("edge", None, None)):
+            sc.lines.append(f"E{e}.{tag}:")
+            if nrows is None:
+                nrows = line(sc, f"select i1 {last_r}, i64 {rows_tail}, i64 {rows}")
+                nlanes = line(sc, f"select i1 {last_l}, i64 {lanes_tail}, i64 {lanes}")
+            r1 = line(sc, f"add nuw nsw i64 {r0}, {nrows}")
+            l1 = line(sc, f"add nuw nsw i64 {l0}, {nlanes}")
+            m1, n1 = (l1, r1) if arg.transposed else (r1, l1)
+            for r, v in zip(batch_ranges, batch, strict=True):
+                em.bind_range(r, v)
+            em.open_loop(m_range, m0, m1)  # n innermost: contiguous in C
+            em.open_loop(n_range, n0, n1)
+            em.emit_statement(epilogue)
             em.close_loop()
+            em.close_loop()
+            for _ in batch_ranges:
+                em.close_loop()
+            sc.lines.append(f"  br label %E{e}.done")
+        sc.lines.append(f"E{e}.done:")
     em.close_loop()

@@ -39,10 +39,17 @@ class Scope:
     ivar_ptr: str = ""
     start: str = "0"
     end: str = "0"
+    step: str = "1"
+    loop_md: str = ""  # metadata of the loop's back edge ("!llvm.loop !N"), if any
     pseudo: bool = False  # a range bound to a value computed outside (no loop of its own)
 
 
 class KernelEmitter:
+    # How private variables (loop counters, accumulators) are allocated and addressed: GPU emitters
+    # put them in the target's private address space (AMDGPU: 5).
+    ALLOCA_SUFFIX = ""
+    PRIVATE_PTR = "ptr"
+
     def __init__(self, name: str, ast: UOp, target: Target):
         self.name = name
         self.ast = ast
@@ -68,10 +75,10 @@ class KernelEmitter:
         return f"%{hint}{self._n}"
 
     # ------------------------------------------------------------------ scopes and loops
-    def open_loop(self, r: UOp, start: str, end: str) -> None:
+    def open_loop(self, r: UOp, start: str, end: str, step: str = "1", loop_md: str = "") -> None:
         ptr = self.fresh("i.addr")
-        self.allocas.append(f"{ptr} = alloca i64")
-        scope = Scope(r, ivar=self.fresh("i"), ivar_ptr=ptr, start=start, end=end)
+        self.allocas.append(f"{ptr} = alloca i64{self.ALLOCA_SUFFIX}")
+        scope = Scope(r, ivar=self.fresh("i"), ivar_ptr=ptr, start=start, end=end, step=step, loop_md=loop_md)
         self.range_pos[r] = len(self.stack)
         self.stack.append(scope)
 
@@ -93,12 +100,13 @@ class KernelEmitter:
         k = self._n = self._n + 1
         head, body, done, nxt, cond = f"L{k}.head", f"L{k}.body", f"L{k}.done", f"%i.next{k}", f"%c{k}"
         parent = self.stack[-1].lines
-        parent += [f"  store i64 {s.start}, ptr {s.ivar_ptr}", f"  br label %{head}", f"{head}:",
-                   f"  {s.ivar} = load i64, ptr {s.ivar_ptr}", f"  {cond} = icmp slt i64 {s.ivar}, {s.end}",
+        pp = self.PRIVATE_PTR
+        parent += [f"  store i64 {s.start}, {pp} {s.ivar_ptr}", f"  br label %{head}", f"{head}:",
+                   f"  {s.ivar} = load i64, {pp} {s.ivar_ptr}", f"  {cond} = icmp slt i64 {s.ivar}, {s.end}",
                    f"  br i1 {cond}, label %{body}, label %{done}", f"{body}:"]
         parent += s.lines
-        parent += [f"  {nxt} = add nsw i64 {s.ivar}, 1", f"  store i64 {nxt}, ptr {s.ivar_ptr}",
-                   f"  br label %{head}", f"{done}:"]
+        parent += [f"  {nxt} = add nsw i64 {s.ivar}, {s.step}", f"  store i64 {nxt}, {pp} {s.ivar_ptr}",
+                   f"  br label %{head}{', ' + s.loop_md if s.loop_md else ''}", f"{done}:"]
 
     def target_scope(self, n: UOp) -> Scope:
         free = self.free[n]
@@ -137,8 +145,9 @@ class KernelEmitter:
 
         acc = self.fresh("acc")
         t = ltype(n.dtype)
-        self.allocas.append(f"{acc} = alloca {t}")
-        scope.lines.append(f"  store {t} {reduce_init(n)}, ptr {acc}")
+        pp = self.PRIVATE_PTR
+        self.allocas.append(f"{acc} = alloca {t}{self.ALLOCA_SUFFIX}")
+        scope.lines.append(f"  store {t} {reduce_init(n)}, {pp} {acc}")
         depth = self.stack.index(scope)
         saved_stack, saved_pos = self.stack, self.range_pos
         self.stack = self.stack[: depth + 1]
@@ -147,13 +156,13 @@ class KernelEmitter:
             self.open_loop(r, "0", self.value(r.src[0]))
         inner = self.value(n.src[0])
         body = self.stack[-1]
-        cur = self.emit_line(body, f"load {t}, ptr {acc}")
+        cur = self.emit_line(body, f"load {t}, {pp} {acc}")
         new = combine(self, body, n, cur, inner)
-        body.lines.append(f"  store {t} {new}, ptr {acc}")
+        body.lines.append(f"  store {t} {new}, {pp} {acc}")
         for _ in n.src[1:]:
             self.close_loop()
         self.stack, self.range_pos = saved_stack, saved_pos
-        return self.emit_line(scope, f"load {t}, ptr {acc}")
+        return self.emit_line(scope, f"load {t}, {pp} {acc}")
 
     def emit_store(self, store: UOp) -> None:
         """A STORE with its loops: opens every range it depends on (in id order) around it."""

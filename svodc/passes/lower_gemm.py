@@ -93,11 +93,14 @@ class GemmLowerer(KernelLowerer):
         def is_base(n: UOp) -> bool:
             return n.op in (Ops.WEIGHT, Ops.CONST) or self._buffer_for(n) is not None
 
+        if _is_constant_view(x):
+            # Constants are evaluated and packed now, whatever their view (a flipped ConvTranspose
+            # weight is not affine after a reshape); broadcast batch axes are packed once.
+            view = affine_view(x, is_base)
+            return self.packed(x, role, view.strides[:nb] if view is not None else (1,) * nb)
         view = affine_view(x, is_base)
         if view is None:
             raise AssertionError(f"GEMM operand {role} is not an affine view (the scheduler should have realized it)")
-        if view.base.op in (Ops.WEIGHT, Ops.CONST):
-            return self.packed(x, role, view.strides[:nb])
         buf = self._buffer_for(view.base)
         assert buf is not None
         *bs, rs, cs = view.strides

@@ -1,0 +1,137 @@
+"""Program -> GPU code objects and launch lists, one per GPU target; and the CPU emulation of the same
+kernels that tests run here (no GPU needed).
+
+One LLVM module per GPU variant: a code object is one module (AMD metadata notes and PTX files do
+not merge), so kernels are not split across workers; the variants of a bundle compile in parallel.
+- NVIDIA: LLVM emits PTX (kept in the bundle: the driver can JIT it for newer GPUs); ptxas, when
+  installed, assembles it into a cubin for the exact architecture (loads instantly).
+- AMD: LLVM emits a relocatable object for gfxNNN with code object v5; ld.lld links it into the
+  loadable shared object the HIP module loader takes; the result is checked (gpu_tools.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from svodc.codegen.compile import LLVMJob, prepare_kernel, run_jobs
+from svodc.codegen.elf import read_object
+from svodc.codegen.gpu_emit import GpuEmitter, Launch, map_launch, store_ranges
+from svodc.codegen.gpu_gemm import gemm_launch
+from svodc.codegen.gpu_tools import assemble_ptx, check_amd_code_object, link_amd_code_object
+from svodc.codegen.link import CodeImage, link
+from svodc.codegen.llvm_ir import FN_ATTRS
+from svodc.gpu_target import GpuTarget
+from svodc.ir.ops import Ops
+from svodc.ir.uop import UOp, toposort
+from svodc.options import CompileOptions
+from svodc.program import Program
+from svodc.target import Target
+
+KERNELS_PER_EMULATION_MODULE = 8
+
+
+@dataclass(frozen=True)
+class GpuImage:
+    target: GpuTarget
+    code: bytes  # PTX text, NUL-terminated (cuda), or the linked code object (hip)
+    cubin: bytes | None  # cuda, when ptxas was available
+    launches: list[Launch]
+
+
+@dataclass(frozen=True)
+class Statement:
+    launch: Launch
+    stmt: UOp
+    nparams: int
+
+
+def _store_total(stmt: UOp) -> int:
+    free: set[UOp] = set()
+    bound: set[UOp] = set()
+    for n in toposort([stmt]):
+        if n.op is Ops.RANGE:
+            free.add(n)
+        elif n.op is Ops.LOOP_REDUCE:
+            bound.update(n.src[1:])
+    return math.prod(int(r.src[0].arg) for r in store_ranges(frozenset(free - bound)))
+
+
+def plan_statements(program: Program) -> list[Statement]:
+    """Every statement of every kernel (after the target-level rewrites) with its launch, in execution
+    order. Symbols are ours (`svod_k<kernel>_<statement>`): PTX allows no '.' in names."""
+    out = []
+    for ki, kernel in enumerate(program.kernels):
+        k = prepare_kernel(kernel)
+        serial = getattr(k.ast.arg, "serial", False)
+        for si, stmt in enumerate(k.ast.src):
+            symbol = f"svod_k{ki}_{si}"
+            launch = gemm_launch(ki, symbol, stmt.arg) if stmt.op is Ops.GEMM else \
+                map_launch(ki, symbol, _store_total(stmt), serial)
+            if launch is not None:
+                out.append(Statement(launch, stmt, len(kernel.params)))
+    return out
+
+
+def gpu_module(statements: list[Statement], backend: str, triple: str) -> str:
+    bodies, declares, globals_, metadata = [], set(), [], []
+    md_ids = itertools.count(1)  # !0 is the module flag
+    for s in statements:
+        em = GpuEmitter(s.launch.symbol, s.stmt, s.launch, backend, md_ids)
+        bodies.append(em.render(s.nparams))
+        declares |= em.uses_intrinsics
+        globals_ += em.globals
+        metadata += em.metadata
+    if backend == "amdgcn":
+        attrs = f'nounwind "no-builtins" "amdgpu-flat-work-group-size"="1,{max_block(statements)}"'
+    elif backend == "nvptx":
+        attrs = f'nounwind "no-builtins" "nvvm.maxntid"="{max_block(statements)}"'
+    else:
+        attrs = FN_ATTRS
+    lines = [f'target triple = "{triple}"', "", *sorted(declares), *globals_, "", *bodies, "",
+             f"attributes #0 = {{ {attrs} }}"]
+    lines += metadata
+    if backend == "amdgcn":
+        lines += ["!llvm.module.flags = !{!0}", '!0 = !{i32 1, !"amdhsa_code_object_version", i32 500}']
+    return "\n".join(lines) + "\n"
+
+
+def max_block(statements: list[Statement]) -> int:
+    return max((s.launch.block for s in statements), default=1)
+
+
+def compile_gpu_programs(program: Program, targets: list[GpuTarget], options: CompileOptions) -> list[GpuImage]:
+    statements = plan_statements(program)
+    launches = [s.launch for s in statements]
+    jobs = []
+    for t in targets:
+        backend = "nvptx" if t.kind == "cuda" else "amdgcn"
+        jobs.append(LLVMJob(f"kernels for {t.describe()}", gpu_module(statements, backend, t.triple), t.triple, t.cpu,
+                            t.llvm_features, options.opt_level, "small", False, set_datalayout=True,
+                            emit="assembly" if t.kind == "cuda" else "object"))
+    results = run_jobs(jobs, options.jobs or len(jobs))
+    images = []
+    for t, (obj, asm) in zip(targets, results, strict=True):
+        what = f"GPU code for {t.describe()}"
+        if t.kind == "cuda":
+            images.append(GpuImage(t, asm.encode() + b"\0", assemble_ptx(asm, t.cpu, what), launches))
+        else:
+            so = link_amd_code_object(obj, what)
+            check_amd_code_object(so, t.cpu, {s.launch.symbol: s.nparams for s in statements})
+            images.append(GpuImage(t, so, None, launches))
+    return images
+
+
+def compile_gpu_emulation(program: Program, host: Target, options: CompileOptions) -> tuple[CodeImage, list[Launch]]:
+    """The GPU kernels as CPU functions `void SYMBOL(void **args)` (one call runs the whole grid), in
+    one code image for `host`, with the launch list they implement. For tests: the grid mapping,
+    tiling and epilogues of the GPU code, checked by running them here."""
+    statements = plan_statements(program)
+    chunks = [statements[i: i + KERNELS_PER_EMULATION_MODULE]
+              for i in range(0, len(statements), KERNELS_PER_EMULATION_MODULE)]
+    jobs = [LLVMJob(f"emulated GPU kernels {i}", gpu_module(c, "emulate", host.triple), host.triple, host.llvm_cpu,
+                    host.llvm_features, options.opt_level, host.codemodel, False) for i, c in enumerate(chunks)]
+    results = run_jobs(jobs, options.jobs or 2)
+    objects = [read_object(obj, j.name) for j, (obj, _) in zip(jobs, results, strict=True)]
+    return link(objects, [s.launch.symbol for s in statements]), [s.launch for s in statements]

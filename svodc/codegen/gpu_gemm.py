@@ -1,0 +1,214 @@
+"""GPU code for GEMM nodes: a shared-memory tiled kernel (the first correct version; the matrix units
+-- MFMA, WMMA, mma.sync -- are not used yet).
+
+C[b, m, n] = sum_k A[b, m, k] * B[b, k, n]. One block of THREADS = 16 x 16 threads computes a
+BM x BN = 64 x 64 tile of C; thread (ty, tx) = (t / 16, t % 16) owns the 4 x 4 elements
+(m0 + ty + 16 i, n0 + tx + 16 j): neighbouring threads touch neighbouring columns, so loads of B,
+stores of C and reads of the shared B tile are contiguous across a warp. For each step of TK = 16
+along k, the block stages an A tile (BM x TK) and a B tile (TK x BN) in shared memory -- every
+thread loads 4 elements of each, out-of-range elements read as 0 from a clamped address -- then,
+after a barrier, every thread accumulates its 16 products per k in registers; a second barrier
+protects the tiles from the next step's loads. Last, every thread stores its elements of C and runs
+the epilogue STORE on each of them (the epilogue reads C only at the element it writes, see
+passes/lower_gemm.py), bound to that element's (batch, m, n).
+
+Operand addressing follows GemmOperand: strided views, or constants packed in panels at compile
+time (A: A_PANEL rows, B and the A of a transposed GEMM: B_PANEL columns). The panel layout was
+chosen for the CPU micro-kernels; the GPU kernel just indexes it.
+"""
+
+from __future__ import annotations
+
+import math
+
+from svodc.codegen.gpu_emit import GpuEmitter, Launch, loop_range
+from svodc.ir.dtypes import dtypes
+from svodc.ir.ops import A_PANEL, B_PANEL, GemmArg, GemmOperand
+from svodc.ir.uop import UOp
+
+BM = BN = 64
+TK = 16
+SIDE = 16  # threads per side of a block
+THREADS = SIDE * SIDE
+RM, RN = BM // SIDE, BN // SIDE
+# Unrolling the k loop of a step 16 times keeps 16 x 8 tile values live (~270 VGPRs on gfx942: one
+# wave per SIMD) and quadruples LLVM time; 2 keeps both low.
+KK_UNROLL = 2
+
+
+def gemm_launch(kernel: int, symbol: str, arg: GemmArg) -> Launch | None:
+    tiles = math.prod(arg.batch) * -(-arg.m // BM) * -(-arg.n // BN)
+    return Launch(kernel, symbol, tiles, THREADS) if tiles else None
+
+
+def _strided(em: GpuEmitter, op: GemmOperand, base: str, row: str, col: str) -> str:
+    line, sc = em.emit_line, em.stack[-1]
+    r = line(sc, f"mul nsw i64 {row}, {op.row_stride}")
+    c = line(sc, f"mul nsw i64 {col}, {op.col_stride}")
+    return line(sc, f"add nsw i64 {base}, {line(sc, f'add nsw i64 {r}, {c}')}")
+
+
+def _panel(em: GpuEmitter, base: str, lane: str, kk: str, panel: int, k: int) -> str:
+    """A packed operand's element: `lane` (m of A, n of B) at [lane // panel][kk][lane % panel]."""
+    line, sc = em.emit_line, em.stack[-1]
+    p = line(sc, f"udiv i64 {lane}, {panel}")
+    w = line(sc, f"urem i64 {lane}, {panel}")
+    po = line(sc, f"mul nuw nsw i64 {p}, {k * panel}")
+    ko = line(sc, f"mul nuw nsw i64 {kk}, {panel}")
+    inner = line(sc, f"add nuw nsw i64 {ko}, {w}")
+    return line(sc, f"add nsw i64 {base}, {line(sc, f'add nuw nsw i64 {po}, {inner}')}")
+
+
+def _batch_base(em: GpuEmitter, op: GemmOperand, batch: list[str]) -> str:
+    acc = str(op.offset)
+    for v, s in zip(batch, op.batch_strides, strict=True):
+        if s:
+            t = em.emit_line(em.stack[-1], f"mul nsw i64 {v}, {s}")
+            acc = em.emit_line(em.stack[-1], f"add nsw i64 {acc}, {t}")
+    return acc
+
+
+def _stage(em: GpuEmitter, arg: GemmArg, which: str, param: str, base: str, tile: str, tile_t: str,
+           r0: str, c0: str) -> None:
+    """Every thread copies its share of one operand tile into shared memory (zero outside the operand).
+    A tile: BM rows (m) x TK columns (k); B tile: TK rows (k) x BN columns (n); both row-major."""
+    line, sc = em.emit_line, em.stack[-1]
+    rows, cols = (BM, TK) if which == "a" else (TK, BN)
+    limit_r, limit_c = (arg.m, arg.k) if which == "a" else (arg.k, arg.n)
+    t = em.value(em.tid_r)
+    for e in range(rows * cols // THREADS):
+        idx = line(sc, f"add nuw nsw i64 {t}, {e * THREADS}")
+        r = line(sc, f"add nuw nsw i64 {r0}, {line(sc, f'udiv i64 {idx}, {cols}')}")
+        c = line(sc, f"add nuw nsw i64 {c0}, {line(sc, f'urem i64 {idx}, {cols}')}")
+        ok_r = line(sc, f"icmp ult i64 {r}, {limit_r}")
+        ok_c = line(sc, f"icmp ult i64 {c}, {limit_c}")
+        rc = line(sc, f"select i1 {ok_r}, i64 {r}, i64 {limit_r - 1}")  # clamped: the load is always in bounds
+        cc = line(sc, f"select i1 {ok_c}, i64 {c}, i64 {limit_c - 1}")
+        if which == "a" and arg.a.packed:  # A (m, k); a transposed GEMM packs A like B (B_PANEL rows)
+            off = _panel(em, base, rc, cc, B_PANEL if arg.transposed else A_PANEL, arg.k)
+        elif which == "b" and arg.b.packed:  # B (k, n)
+            off = _panel(em, base, cc, rc, B_PANEL, arg.k)
+        else:
+            off = _strided(em, arg.a if which == "a" else arg.b, base, rc, cc)
+        p = line(sc, f"getelementptr inbounds float, ptr {param}, i64 {off}", "ptr")
+        v = line(sc, f"load float, ptr {p}, align 4")
+        ok = line(sc, f"and i1 {ok_r}, {ok_c}")
+        v = line(sc, f"select i1 {ok}, float {v}, float 0.0")
+        sp = line(sc, f"getelementptr inbounds float, {tile_t} {tile}, i64 {idx}", "ptr")
+        sc.lines.append(f"  store float {v}, {tile_t} {sp}, align 4")
+
+
+def _thread_yx(em: GpuEmitter) -> tuple[str, str]:
+    t = em.value(em.tid_r)
+    return (em.emit_line(em.stack[-1], f"udiv i64 {t}, {SIDE}"), em.emit_line(em.stack[-1], f"urem i64 {t}, {SIDE}"))
+
+
+def _accumulate(em: GpuEmitter, a_tile: str, a_t: str, b_tile: str, b_t: str, acc: str) -> None:
+    """acc[i][j] += A[ty + 16 i][kk] * B[kk][tx + 16 j] over the kk of one staged step."""
+    line = em.emit_line
+    ty, tx = _thread_yx(em)
+    slots = [em.private_slot(acc, RM * RN, i) for i in range(RM * RN)]
+    em.open_loop(loop_range(-6, TK), "0", str(TK), loop_md=em.unroll(KK_UNROLL))
+    sc = em.stack[-1]
+    kk = sc.ivar
+    a_vals, b_vals = [], []
+    for i in range(RM):
+        row = line(sc, f"add nuw nsw i64 {ty}, {SIDE * i}")
+        idx = line(sc, f"add nuw nsw i64 {line(sc, f'mul nuw nsw i64 {row}, {TK}')}, {kk}")
+        p = line(sc, f"getelementptr inbounds float, {a_t} {a_tile}, i64 {idx}", "ptr")
+        a_vals.append(line(sc, f"load float, {a_t} {p}, align 4"))
+    for j in range(RN):
+        col = line(sc, f"add nuw nsw i64 {tx}, {SIDE * j}")
+        idx = line(sc, f"add nuw nsw i64 {line(sc, f'mul nuw nsw i64 {kk}, {BN}')}, {col}")
+        p = line(sc, f"getelementptr inbounds float, {b_t} {b_tile}, i64 {idx}", "ptr")
+        b_vals.append(line(sc, f"load float, {b_t} {p}, align 4"))
+    em.uses_intrinsics.add("declare float @llvm.fmuladd.f32(float, float, float)")
+    pt = em.PRIVATE_PTR
+    for i in range(RM):
+        for j in range(RN):
+            slot = slots[i * RN + j]
+            cur = line(sc, f"load float, {pt} {slot}, align 4")
+            new = line(sc, f"call float @llvm.fmuladd.f32(float {a_vals[i]}, float {b_vals[j]}, float {cur})")
+            sc.lines.append(f"  store float {new}, {pt} {slot}, align 4")
+    em.close_loop()
+
+
+def _store(em: GpuEmitter, arg: GemmArg, pc: str, c_base: str, m0: str, n0: str, batch: list[str], acc: str,
+           epilogue: UOp | None, ranges: tuple[UOp, ...]) -> None:
+    """Every thread writes its elements of C that lie inside C, each followed by the epilogue. A loop
+    over the thread's RM x RN elements, so the epilogue's code exists once (not RM x RN times); the
+    element's value is picked from the accumulators (registers) by a chain of selects."""
+    line = em.emit_line
+    ty, tx = _thread_yx(em)
+    values = [line(em.stack[-1], f"load float, {em.PRIVATE_PTR} {em.private_slot(acc, RM * RN, c)}, align 4")
+              for c in range(RM * RN)]
+    em.open_loop(loop_range(-7, RM * RN), "0", str(RM * RN), loop_md=em.unroll(1))
+    sc = em.stack[-1]
+    c = sc.ivar
+    v = values[0]
+    for e in range(1, RM * RN):
+        v = line(sc, f"select i1 {line(sc, f'icmp eq i64 {c}, {e}')}, float {values[e]}, float {v}")
+    i = line(sc, f"mul nuw nsw i64 {line(sc, f'udiv i64 {c}, {RN}')}, {SIDE}")
+    j = line(sc, f"mul nuw nsw i64 {line(sc, f'urem i64 {c}, {RN}')}, {SIDE}")
+    m = line(sc, f"add nuw nsw i64 {m0}, {line(sc, f'add nuw nsw i64 {ty}, {i}')}")
+    n = line(sc, f"add nuw nsw i64 {n0}, {line(sc, f'add nuw nsw i64 {tx}, {j}')}")
+    inside = line(sc, f"and i1 {line(sc, f'icmp ult i64 {m}, {arg.m}')}, {line(sc, f'icmp ult i64 {n}, {arg.n}')}")
+    k = em.fresh_label()
+    sc.lines += [f"  br i1 {inside}, label %E{k}.in, label %E{k}.out", f"E{k}.in:"]
+    off = _strided(em, arg.c, c_base, m, n)
+    p = line(sc, f"getelementptr inbounds float, ptr {pc}, i64 {off}", "ptr")
+    sc.lines.append(f"  store float {v}, ptr {p}, align 4")
+    if epilogue is not None:
+        *batch_ranges, m_range, n_range = ranges
+        bound = [*zip(batch_ranges, batch, strict=True), (m_range, m), (n_range, n)]
+        for r, val in bound:
+            em.bind_range(r, val)
+        em.emit_statement(epilogue)
+        for _ in bound:
+            em.close_loop()
+    sc.lines += [f"  br label %E{k}.out", f"E{k}.out:"]
+    em.close_loop()
+
+
+def emit_gpu_gemm(em: GpuEmitter, node: UOp) -> None:
+    arg: GemmArg = node.arg
+    assert all(x.dtype.base is dtypes.float32 for x in node.src[:3]), "GEMM kernels are float32"
+    pa, pb, pc = (em.value(x) for x in node.src[:3])
+    epilogue = node.src[3] if len(node.src) > 3 else None
+    ranges = node.src[4:]
+    tiles_m, tiles_n, steps = -(-arg.m // BM), -(-arg.n // BN), -(-arg.k // TK)
+    line = em.emit_line
+    a_tile, a_t = em.shared("As", BM * TK)
+    b_tile, b_t = em.shared("Bs", TK * BN)
+    acc = em.private_array(RM * RN)
+    with em.blocks():
+        sc = em.stack[-1]
+        bid = em.value(em.bid_r)
+        tn = line(sc, f"urem i64 {bid}, {tiles_n}")
+        rest = line(sc, f"udiv i64 {bid}, {tiles_n}")
+        tm = line(sc, f"urem i64 {rest}, {tiles_m}")
+        flat = line(sc, f"udiv i64 {rest}, {tiles_m}")
+        batch: list[str] = []
+        for d in reversed(arg.batch):
+            batch.append(line(sc, f"urem i64 {flat}, {d}"))
+            flat = line(sc, f"udiv i64 {flat}, {d}")
+        batch.reverse()
+        m0 = line(sc, f"mul nuw nsw i64 {tm}, {BM}")
+        n0 = line(sc, f"mul nuw nsw i64 {tn}, {BN}")
+        a_base, b_base, c_base = (_batch_base(em, op, batch) for op in (arg.a, arg.b, arg.c))
+        pt = em.PRIVATE_PTR
+        with em.threads():
+            for i in range(RM * RN):
+                em.stack[-1].lines.append(f"  store float 0.0, {pt} {em.private_slot(acc, RM * RN, i)}, align 4")
+        em.open_loop(loop_range(-5, steps), "0", str(steps))
+        k0 = line(em.stack[-1], f"mul nuw nsw i64 {em.stack[-1].ivar}, {TK}")
+        with em.threads():
+            _stage(em, arg, "a", pa, a_base, a_tile, a_t, m0, k0)
+            _stage(em, arg, "b", pb, b_base, b_tile, b_t, k0, n0)
+        em.barrier()
+        with em.threads():
+            _accumulate(em, a_tile, a_t, b_tile, b_t, acc)
+        em.barrier()  # the next step overwrites the tiles
+        em.close_loop()
+        with em.threads():
+            _store(em, arg, pc, c_base, m0, n0, batch, acc, epilogue, ranges)
