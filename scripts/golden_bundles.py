@@ -29,9 +29,42 @@ def relu_add():
     return model, {"x": np.arange(-4, 4, dtype=np.float32) * 0.3}
 
 
-GOLDENS = {
-    "relu_add": (relu_add, "x86_64-linux-gnu:x86-64-v3,x86-64"),
-    "small_cnn": (small_cnn, "x86_64-linux-gnu:x86-64"),
+def narrow_dtypes():
+    """Format 1.1's dtypes at the boundary: bfloat16 and int4 in, float8/float16/bfloat16 out."""
+    import ml_dtypes
+    from onnx import TensorProto
+
+    nodes = [helper.make_node("Cast", ["x"], ["a"], to=TensorProto.FLOAT),
+             helper.make_node("Cast", ["q"], ["b"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["a", "b"], ["s"]),
+             helper.make_node("Cast", ["s"], ["y"], to=TensorProto.FLOAT8E4M3FN),
+             helper.make_node("Cast", ["s"], ["z"], to=TensorProto.FLOAT16),
+             helper.make_node("Cast", ["s"], ["h"], to=TensorProto.BFLOAT16)]
+    graph = helper.make_graph(nodes, "narrow_dtypes",
+                              [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [8]),
+                               helper.make_tensor_value_info("q", TensorProto.INT4, [8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT8E4M3FN, [8]),
+                               helper.make_tensor_value_info("z", TensorProto.FLOAT16, [8]),
+                               helper.make_tensor_value_info("h", TensorProto.BFLOAT16, [8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    x = np.array([0.1, -2.5, 300.0, 1e-3, -7.0, 0.75, 1000.0, -0.0], np.float32).astype(ml_dtypes.bfloat16)
+    q = np.arange(-8, 8, 2).astype(np.int8)  # int4 travels as int8 values
+    return model, {"x": x.view(np.uint16), "q": q}
+
+
+def narrow_dtypes_reference(model, feeds) -> list[np.ndarray]:
+    """onnxruntime has no int4 Add path to compare with: ml_dtypes computes the expected values."""
+    import ml_dtypes
+
+    s = feeds["x"].view(ml_dtypes.bfloat16).astype(np.float32) + feeds["q"].astype(np.float32)
+    f8 = np.clip(s, -448, 448).astype(ml_dtypes.float8_e4m3fn)  # ONNX saturates float8 casts
+    return [f8.view(np.uint8), s.astype(np.float16), s.astype(ml_dtypes.bfloat16).view(np.uint16)]
+
+
+GOLDENS = {  # name: (model maker, target, reference (default: onnxruntime), first format version)
+    "relu_add": (relu_add, "x86_64-linux-gnu:x86-64-v3,x86-64", reference, (1, 0)),
+    "small_cnn": (small_cnn, "x86_64-linux-gnu:x86-64", reference, (1, 0)),
+    "narrow_dtypes": (narrow_dtypes, "x86_64-linux-gnu:x86-64-v3,x86-64", narrow_dtypes_reference, (1, 1)),
 }
 
 
@@ -42,19 +75,24 @@ def main() -> None:
 
     folder = ROOT / "artifacts" / f"v{FORMAT_MAJOR}.{FORMAT_MINOR}"
     folder.mkdir(parents=True, exist_ok=True)
-    for name, (make, target) in GOLDENS.items():
+    for name, (make, target, ref, since) in GOLDENS.items():
+        if since > (FORMAT_MAJOR, FORMAT_MINOR):
+            continue
         bundle, expected = folder / f"{name}.svod", folder / f"{name}.expected.npz"
         if bundle.exists() or expected.exists():
             print(f"{bundle.relative_to(ROOT)} exists: kept")
             continue
         model, feeds = make()
         data = svodc.compile(model, target=target, test_vectors=True)
-        want = dict(zip([o.name for o in model.graph.output], reference(model, feeds), strict=True))
+        want = dict(zip([o.name for o in model.graph.output], ref(model, feeds), strict=True))
         arrays = {f"input.{k}": v for k, v in feeds.items()}
         for i in range(len(svodrt.load(data).bundle.variants)):
             with svodrt.load(data, threads=1, variant=i) as m:
                 for k, v in m.run(feeds).items():
-                    np.testing.assert_allclose(v, want[k], rtol=1e-5, atol=1e-6)
+                    if v.dtype.kind in "iub":  # the bits of float8/bfloat16: exact
+                        np.testing.assert_array_equal(v, want[k])
+                    else:
+                        np.testing.assert_allclose(v, want[k], rtol=1e-5, atol=1e-6)
                     arrays[f"variant{i}.{k}"] = v
         bundle.write_bytes(data)
         np.savez(expected, **arrays)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import mmap
 import os
 import tempfile
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import onnx
 
-from svodc.bundle import write_bundle
+from svodc.bundle import check_bundle, write_bundle, write_bundle_to
 from svodc.codegen.compile import compile_program
 from svodc.codegen.gpu_compile import compile_gpu_programs
 from svodc.errors import OutputWriteError
@@ -40,19 +41,16 @@ def _model_digest(source: ModelSource, model: onnx.ModelProto) -> str:
     return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
 
 
-def compile(model: ModelSource, target: str = "host", options: CompileOptions | None = None,
-            progress: Progress | None = None, **kw) -> bytes:
-    """Compile an ONNX model (path, bytes or ModelProto) into .svod bundle bytes.
-
-    target: "host", CPU variants like "x86_64:x86-64-v3,x86-64,aarch64:generic+dotprod" (svodc/target.py),
-    GPUs ("sm_90", "gfx942", ...), or CPU and GPU items separated by commas (svodc/gpu_target.py).
-    Keyword options (dims=, input_shapes=, opt_level=, jobs=, test_vectors=) fill a CompileOptions."""
+def _compile_parts(model: ModelSource, target: str, options: CompileOptions | None, progress: Progress | None,
+                   **kw) -> tuple:
+    """Everything a bundle is written from: (program, CPU images, model digest, test vectors, GPU images)."""
     options = options or CompileOptions(**kw)
     say = progress or (lambda _msg: None)
     targets = parse_targets(target)
     proto = load_model(model)
     say("import")
-    graph = import_model(proto, options)
+    base_dir = Path(model).parent if isinstance(model, (str, os.PathLike)) else None
+    graph = import_model(proto, options, base_dir=base_dir)
     say("optimize")
     program = build_program(graph, options)
     vectors = build_test_vectors(graph, program, options.test_vectors, say)
@@ -67,18 +65,38 @@ def compile(model: ModelSource, target: str = "host", options: CompileOptions | 
         say(f"codegen {', '.join(t.describe() for t in gpus)}")
         gpu_images = compile_gpu_programs(program, gpus, options)
     say("bundle")
-    return write_bundle(program, images, _model_digest(model, proto), vectors, gpu_images)
+    return program, images, _model_digest(model, proto), vectors, gpu_images
+
+
+def compile(model: ModelSource, target: str = "host", options: CompileOptions | None = None,
+            progress: Progress | None = None, **kw) -> bytes:
+    """Compile an ONNX model (path, bytes or ModelProto) into .svod bundle bytes.
+
+    target: "host", CPU variants like "x86_64:x86-64-v3,x86-64,aarch64:generic+dotprod" (svodc/target.py),
+    GPUs ("sm_90", "gfx942", ...), or CPU and GPU items separated by commas (svodc/gpu_target.py).
+    Keyword options (dims=, input_shapes=, weights=, opt_level=, jobs=, test_vectors=) fill a
+    CompileOptions. For large weights prefer compile_to_file: it streams them into the file."""
+    return write_bundle(*_compile_parts(model, target, options, progress, **kw))
 
 
 def compile_to_file(model: ModelSource, output: str | os.PathLike, target: str = "host",
                     options: CompileOptions | None = None, progress: Progress | None = None, **kw) -> Path:
     """Compile and write the bundle atomically: a temp file in the same folder, renamed into place,
     so a failure never leaves a partial file. The temp file is created first, so an unwritable
-    output path fails before the compilation starts."""
+    output path fails before the compilation starts. Weights are written from their arrays (views
+    of mapped files where they came from external data or safetensors) straight into the file."""
     path = Path(output)
     with AtomicWriter(path) as out:
-        out.write(compile(model, target, options, progress, **kw))
+        parts = _compile_parts(model, target, options, progress, **kw)
+        out.call(lambda f: write_bundle_to(f, *parts))
+        out.call(_check_written)
     return path
+
+
+def _check_written(f) -> None:
+    f.flush()
+    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m, memoryview(m) as data:
+        check_bundle(data)
 
 
 class AtomicWriter:
@@ -105,8 +123,12 @@ class AtomicWriter:
         return self
 
     def write(self, data: bytes) -> None:
+        self.call(lambda f: f.write(data))
+
+    def call(self, fn: Callable) -> None:
+        """fn(the open temp file); an OSError becomes an OutputWriteError naming the path."""
         try:
-            self._file.write(data)
+            fn(self._file)
         except OSError as e:
             raise self._error(e) from None
 

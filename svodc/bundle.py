@@ -7,6 +7,9 @@ with the same compiler version give the same bytes.
 from __future__ import annotations
 
 import hashlib
+import io
+from collections.abc import Iterator
+from typing import BinaryIO
 
 import msgpack
 import numpy as np
@@ -16,6 +19,7 @@ from svodc import __version__
 from svodc.codegen.gpu_compile import GpuImage
 from svodc.codegen.link import CodeImage
 from svodc.errors import BundleError, TargetError
+from svodc.ir.dtypes import to_storage
 from svodc.program import Buffer, BufferKind, Program
 from svodc.target import Target
 from svodrt import features as feature_table
@@ -45,17 +49,37 @@ def _buffer_entry(b: Buffer) -> dict:
     return entry
 
 
-def _weights_blob(program: Program, byte_order: str) -> bytes:
-    """The weights section, every element in the bundle's byte order (converted here, at compile time,
-    so the runtime maps weights as they are)."""
-    blob = bytearray(program.weights_size)
-    order = "<" if byte_order == "little" else ">"
-    for w in program.weights:
-        assert w.data is not None
-        raw = np.ascontiguousarray(w.data.array).astype(w.data.array.dtype.newbyteorder(order), copy=False)
-        data = raw.tobytes()
-        blob[w.offset: w.offset + len(data)] = data
-    return bytes(blob)
+def _weight_pieces(program: Program, byte_order: str) -> Iterator[memoryview]:
+    """The weights section as pieces: each weight's bytes (a view of its array, in the buffer's
+    storage type and the bundle's byte order -- converted here, at compile time, so the runtime maps
+    weights as they are; no copy for little-endian mapped or computed arrays) and the zeros between."""
+    at = 0
+    for w in sorted(program.weights, key=lambda b: b.offset):
+        assert w.data is not None and w.offset >= at
+        if w.offset > at:
+            yield memoryview(bytes(w.offset - at))
+        raw = to_storage(np.asarray(w.data.array, order="C"), w.dtype)
+        raw = raw.astype(raw.dtype.newbyteorder("<" if byte_order == "little" else ">"), copy=False)
+        if raw.size:
+            yield memoryview(raw.reshape(-1).view(np.uint8))
+        at = w.offset + raw.nbytes
+    if program.weights_size > at:
+        yield memoryview(bytes(program.weights_size - at))
+
+
+class _Writer:
+    """Writes to a seekable binary file, counting bytes."""
+
+    def __init__(self, out: BinaryIO):
+        self.out, self.pos = out, 0
+
+    def write(self, data: bytes | memoryview) -> None:
+        self.out.write(data)
+        self.pos += len(data)
+
+    def pad_to(self, offset: int) -> None:
+        if offset > self.pos:
+            self.write(bytes(offset - self.pos))
 
 
 def _gpu_variant(program: Program, image: GpuImage, sections: list[tuple[dict, bytes]]) -> dict:
@@ -85,12 +109,13 @@ def _byte_order(images: list[tuple[Target, CodeImage]], gpu_images: list[GpuImag
     return orders.pop() if orders else "little"
 
 
-def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model_digest: str,
-                 test_vectors: list[dict] | None = None, gpu_images: list[GpuImage] = ()) -> bytes:
-    """The bundle's bytes. test_vectors: manifest entries from svodc.testvec (optional); gpu_images:
-    GPU variants, after the CPU ones."""
+def write_bundle_to(out: BinaryIO, program: Program, images: list[tuple[Target, CodeImage]], model_digest: str,
+                    test_vectors: list[dict] | None = None, gpu_images: list[GpuImage] = ()) -> None:
+    """Write the bundle to a seekable binary file positioned at its start. test_vectors: manifest
+    entries from svodc.testvec (optional); gpu_images: GPU variants, after the CPU ones. Weights go
+    from their arrays straight to `out` (one copy: the write itself), hashed on the way."""
+    sections: list[tuple[dict, bytes]] = []  # code sections; the weights section streams separately
     byte_order = _byte_order(images, gpu_images)
-    sections: list[tuple[dict, bytes]] = [({"name": "weights", "kind": "weights"}, _weights_blob(program, byte_order))]
     variants = []
     for target, image in images:
         sections.append(({"name": f"code.{target.arch}.{target.cpu}", "kind": "code"}, image.data))
@@ -99,20 +124,35 @@ def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model
             "cpu": target.cpu,
             "features": list(target.features),
             "feature_bits": feature_table.to_bits(target.arch, target.features),
-            "section": len(sections) - 1,
+            "section": len(sections),
             "entry": image.symbols["svod_entry"],
             "kernels": [image.symbols[k.name] for k in program.kernels],
             "fixups": list(image.fixups),
         })
-    variants += [_gpu_variant(program, g, sections) for g in gpu_images]
+    # GPU variants number their sections from 0 among the code sections: shift past the weights
+    gpu = [_gpu_variant(program, g, sections) for g in gpu_images]
+    for v in gpu:
+        v["section"] += 1
+        if "cubin" in v:
+            v["cubin"] += 1
+    variants += gpu
 
-    out = bytearray(HEADER_SIZE)
+    w = _Writer(out)
+    w.write(bytes(HEADER_SIZE))
     table = []
-    for meta, data in sections:
-        offset = align_up(len(out), section_align(len(data)))
-        out += bytes(offset - len(out))
-        out += data
-        table.append({**meta, "offset": offset, "length": len(data), "sha256": hashlib.sha256(data).digest()})
+    weights = {"name": "weights", "kind": "weights"}
+    streamed = [(weights, lambda: _weight_pieces(program, byte_order), program.weights_size)]
+    streamed += [(meta, lambda data=data: iter([memoryview(data)]), len(data)) for meta, data in sections]
+    for meta, pieces, length in streamed:
+        offset = align_up(w.pos, section_align(length))
+        w.pad_to(offset)
+        h = hashlib.sha256()
+        for piece in pieces():
+            h.update(piece)
+            w.write(piece)
+        if w.pos - offset != length:
+            raise BundleError(f"section {meta['name']}: wrote {w.pos - offset} bytes, expected {length}")
+        table.append({**meta, "offset": offset, "length": length, "sha256": h.digest()})
 
     manifest = {
         "format": [FORMAT_MAJOR, FORMAT_MINOR],
@@ -138,14 +178,28 @@ def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model
     raw = msgpack.packb(manifest, use_bin_type=True)
     # Single-threaded zstd at a fixed level: the same manifest always compresses to the same bytes.
     stored = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True, threads=0).compress(raw)
-    manifest_offset = len(out)
-    out += stored
-    header = Header(FORMAT_MAJOR, FORMAT_MINOR, HEADER_SIZE, FLAG_MANIFEST_ZSTD, 0, len(out), manifest_offset,
+    manifest_offset = w.pos
+    w.write(stored)
+    header = Header(FORMAT_MAJOR, FORMAT_MINOR, HEADER_SIZE, FLAG_MANIFEST_ZSTD, 0, w.pos, manifest_offset,
                     len(stored), len(raw), hashlib.sha256(raw).digest()[:8])
-    out[:HEADER_SIZE] = header.pack()
-    data = bytes(out)
-    try:  # never write a bundle the runtime would refuse (e.g. a tensor over the format's size limit)
+    out.seek(0)
+    out.write(header.pack())
+    out.seek(w.pos)
+
+
+def check_bundle(data: bytes | memoryview) -> None:
+    """Never hand out a bundle the runtime would refuse (e.g. a tensor over the format's size limit)."""
+    try:
         parse_bundle(data)
     except BundleFormatError as e:
         raise BundleError(f"cannot make a valid bundle: {e}") from None
+
+
+def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model_digest: str,
+                 test_vectors: list[dict] | None = None, gpu_images: list[GpuImage] = ()) -> bytes:
+    """The bundle's bytes (write_bundle_to into memory)."""
+    buf = io.BytesIO()
+    write_bundle_to(buf, program, images, model_digest, test_vectors, gpu_images)
+    data = buf.getvalue()
+    check_bundle(data)
     return data

@@ -85,6 +85,8 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--input-shape", "shapes", multiple=True, metavar="NAME=DxDx...", help="Fix an input's shape.")
 @click.option("--input-value", "values", multiple=True, metavar="NAME=FILE.npy",
               help="Fix an input's value at compile time (inputs that decide shapes); it leaves the bundle's inputs.")
+@click.option("--weights", "weights", multiple=True, type=click.Path(dir_okay=False), metavar="FILE.safetensors",
+              help="Supply or override initializers by name from a safetensors file (mmapped; repeatable).")
 @click.option("-O", "opt_level", type=click.IntRange(0, 3), default=3, show_default=True, help="LLVM opt level.")
 @click.option("-j", "--jobs", type=click.IntRange(0), default=0, help="Compile workers (0: one per core).")
 @click.option("--test-vectors/--no-test-vectors", "test_vectors", default=None,
@@ -93,8 +95,8 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success.")
 @click.option("-v", "--verbose", is_flag=True, help="Print each stage as it finishes (default on a terminal).")
 def compile(model: str, output: str | None, target: str, dims: tuple[str, ...], shapes: tuple[str, ...],
-            values: tuple[str, ...], opt_level: int, jobs: int, test_vectors: bool | None, quiet: bool,
-            verbose: bool) -> None:
+            values: tuple[str, ...], weights: tuple[str, ...], opt_level: int, jobs: int,
+            test_vectors: bool | None, quiet: bool, verbose: bool) -> None:
     """Compile MODEL (.onnx) into a .svod bundle."""
     from svodc.api import compile_to_file
     from svodc.options import CompileOptions
@@ -105,8 +107,8 @@ def compile(model: str, output: str | None, target: str, dims: tuple[str, ...], 
         shape_map[n] = tuple(_int(d, "--input-shape") for d in v.lower().split("x"))
     value_map = {n: _npy(v) for n, v in _pairs(values, "--input-value")}
     out = Path(output) if output else Path(model).with_suffix(".svod")
-    options = CompileOptions(dims=dim_map, input_shapes=shape_map, input_values=value_map, opt_level=opt_level,
-                             jobs=jobs, test_vectors=test_vectors)
+    options = CompileOptions(dims=dim_map, input_shapes=shape_map, input_values=value_map, weights=tuple(weights),
+                             opt_level=opt_level, jobs=jobs, test_vectors=test_vectors)
     t0 = time.perf_counter()
 
     show = not quiet and (verbose or sys.stderr.isatty())

@@ -77,3 +77,8 @@ class TestVectorError(SvodcError):
     """Test vectors were asked for (--test-vectors) but cannot be made for this model."""
 
     __test__ = False  # not a pytest class
+
+
+class WeightsError(SvodcError):
+    """Weights from outside the model (a safetensors file, ONNX external data) cannot be read or do not
+    fit the model: the message names the file and the tensor."""

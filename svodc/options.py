@@ -12,6 +12,9 @@ class CompileOptions:
     # Fix symbolic input dims by name (`--dim batch=1`) or whole input shapes (`--input-shape x=1x3x224x224`).
     dims: dict[str, int] = field(default_factory=dict)
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # safetensors files (`--weights`) that supply or override initializers by name (mmapped, checked
+    # against the model's declared dtype and shape).
+    weights: tuple[str, ...] = ()
     # Fix graph inputs' values at compile time (`--input-value starts=starts.npy`): the input becomes a
     # constant and leaves the bundle's inputs. For inputs that decide shapes (Reshape's shape, Slice's
     # starts, TopK's k...), which a static compiler must know. The bundle is only valid for these values.

@@ -69,8 +69,8 @@ class Target:
 
     @property
     def native_f16(self) -> bool:
-        """Whether the CPU converts float16<->float32 in hardware (else svodc/codegen/f16.py does it with
-        integer ops: LLVM would call compiler-rt). s390x has no such instruction at any level."""
+        """Whether the CPU converts float16<->float32 in hardware (else svodc/codegen/emulate.py does it
+        with integer ops: LLVM would call compiler-rt). s390x has no such instruction at any level."""
         return {"x86_64": "f16c" in self.features, "aarch64": True, "riscv64": "zfh" in self.features,
                 "ppc64le": "power9" in self.features, "s390x": False}[self.arch]
 

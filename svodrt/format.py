@@ -33,7 +33,7 @@ import msgpack
 
 MAGIC = b"SVOD\x00\r\n\x1a"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 2  # 1.2: GPU variants (kind "cuda"/"hip" with launch lists); 1.1: byte_order "big" (s390x)
+FORMAT_MINOR = 3  # 1.3: float8/float4/int4/int2 dtypes; 1.2: GPU variants; 1.1: byte_order "big" (s390x)
 HEADER = struct.Struct("<8sHHIIIQQQQ8s")
 FLAG_MANIFEST_ZSTD = 1
 HEADER_SIZE = HEADER.size  # 64
@@ -126,10 +126,33 @@ def gpu_binding(variant: Mapping, cubin_sha256: bytes | None) -> bytes:
     return hashlib.sha256(msgpack.packb(fields, use_bin_type=True)).digest()
 
 
-# dtype names a bundle may use, with their numpy names and sizes. bfloat16 travels as uint16 bits.
+# dtype names a bundle may use, with the numpy dtype their elements travel as (in and out of run(),
+# and in buffers) and the bytes per element. Types numpy lacks travel as raw bits: bfloat16 as uint16,
+# the float8 and float4 formats as uint8 (float4: the 4-bit code in the low half). The narrow integers
+# int4/int2 (uint4/uint2) travel one element per byte as int8 (uint8) values in their range.
+# Added in format 1.3: the float8, float4, int4/uint4 and int2/uint2 names.
 DTYPES: dict[str, tuple[str, int]] = {
     "bool": ("bool", 1), "int8": ("int8", 1), "int16": ("int16", 2), "int32": ("int32", 4),
     "int64": ("int64", 8), "uint8": ("uint8", 1), "uint16": ("uint16", 2), "uint32": ("uint32", 4),
     "uint64": ("uint64", 8), "float16": ("float16", 2), "bfloat16": ("uint16", 2),
     "float32": ("float32", 4), "float64": ("float64", 8),
+    "float8e4m3fn": ("uint8", 1), "float8e4m3fnuz": ("uint8", 1), "float8e5m2": ("uint8", 1),
+    "float8e5m2fnuz": ("uint8", 1), "float8e8m0": ("uint8", 1), "float4e2m1": ("uint8", 1),
+    "int4": ("int8", 1), "uint4": ("uint8", 1), "int2": ("int8", 1), "uint2": ("uint8", 1),
+}
+# The float formats that travel as bits: (total bits, mantissa bits, exponent bias, kind). kind: "ieee"
+# (an all-ones exponent is inf/NaN), "fn" (no inf; the all-ones magnitude is NaN), "fnuz" (no inf, no
+# -0; sign bit alone is NaN), "sat" (no inf or NaN), "e8m0" (exponent only; 0xFF is NaN). float16
+# too (numpy has it, but the compiler's conversion code reads the same table).
+FLOAT_FORMATS: dict[str, tuple[int, int, int, str]] = {
+    "float16": (16, 10, 15, "ieee"), "bfloat16": (16, 7, 127, "ieee"), "float8e5m2": (8, 2, 15, "ieee"),
+    "float8e4m3fn": (8, 3, 7, "fn"), "float8e4m3fnuz": (8, 3, 8, "fnuz"), "float8e5m2fnuz": (8, 2, 16, "fnuz"),
+    "float4e2m1": (4, 1, 1, "sat"), "float8e8m0": (8, 0, 127, "e8m0"),
+}
+# ml_dtypes' names for the types that travel as bits: run() accepts such arrays and views their bits
+# (svodrt never imports ml_dtypes; the dtype's name is enough).
+BITS_OF: dict[str, str] = {
+    "bfloat16": "bfloat16", "float8_e4m3fn": "float8e4m3fn", "float8_e4m3fnuz": "float8e4m3fnuz",
+    "float8_e5m2": "float8e5m2", "float8_e5m2fnuz": "float8e5m2fnuz", "float8_e8m0fnu": "float8e8m0",
+    "float4_e2m1fn": "float4e2m1",
 }

@@ -33,9 +33,11 @@ import numpy as np
 from svodrt.bundle import Bundle, TensorInfo, Variant, check_section, parse_bundle
 from svodrt.errors import InputError, ModelClosedError, UnsupportedHostError
 from svodrt.features import feature_names
-from svodrt.format import DTYPES, GPU_KINDS, SYNC_SIZE
+from svodrt.format import BITS_OF, DTYPES, GPU_KINDS, SYNC_SIZE
 from svodrt.host import Host, detect_host
 from svodrt.memory import PAGE, YIELD_FN, Mapping, map_code, map_readonly
+
+NARROW_INTS = frozenset({"int4", "uint4", "int2", "uint2"})
 
 ENTRY_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p)
 ALIGN = 64
@@ -355,6 +357,24 @@ class Model(Runner):
 
 
 
+def _as_transport(t: TensorInfo, value: np.ndarray, want: np.dtype) -> np.ndarray:
+    """An array of a type numpy lacks (ml_dtypes bfloat16, float8, int4...) in the form it travels in:
+    the bits of a float format, the values of a narrow integer. Anything else is an InputError."""
+    name = value.dtype.name
+    if BITS_OF.get(name) == t.dtype and value.dtype.itemsize == want.itemsize:
+        return value.view(want)
+    if name == t.dtype and t.dtype in NARROW_INTS:
+        return value.astype(want)
+    got, hint = str(value.dtype), ""
+    if want.name != t.dtype:
+        what = "values" if t.dtype in NARROW_INTS else "raw bits"
+        hint = f" (pass {t.dtype} as its {what} in a {want} array, or as an ml_dtypes {t.dtype} array)"
+    if value.dtype.kind != "V" and value.dtype.newbyteorder("=") == want:
+        order = "big" if value.dtype.byteorder == ">" else "little"  # s390x hosts are big-endian
+        got, hint = value.dtype.str, f" in {order}-endian byte order: convert with .astype('{want.str}')"
+    raise InputError(f"input {t.name!r} has dtype {got}, expected {t.dtype}{hint}")
+
+
 def check_input(t: TensorInfo, value: object) -> np.ndarray:
     """Validate one input against its declaration; returns a C-contiguous, aligned array.
     Non-contiguous or misaligned arrays are copied (documented); a wrong type, dtype (including byte
@@ -363,13 +383,7 @@ def check_input(t: TensorInfo, value: object) -> np.ndarray:
         raise InputError(f"input {t.name!r} must be a numpy.ndarray, got {type(value).__name__}")
     want = np.dtype(DTYPES[t.dtype][0])
     if value.dtype != want:
-        got, hint = str(value.dtype), ""
-        if t.dtype == "bfloat16":
-            hint = " (pass bfloat16 as its raw bits in a uint16 array)"
-        if value.dtype.newbyteorder("=") == want:
-            order = "big" if value.dtype.byteorder == ">" else "little"  # [cross] s390x hosts are big-endian
-            got, hint = value.dtype.str, f" in {order}-endian byte order: convert with .astype('{want.str}')"
-        raise InputError(f"input {t.name!r} has dtype {got}, expected {t.dtype}{hint}")
+        value = _as_transport(t, value, want)
     if value.ndim != len(t.shape):
         raise InputError(f"input {t.name!r} has rank {value.ndim} (shape {list(value.shape)}), expected rank "
                          f"{len(t.shape)} (shape {list(t.shape)})")

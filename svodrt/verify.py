@@ -16,9 +16,11 @@ import numpy as np
 from svodrt import load
 from svodrt.bundle import Bundle, TensorInfo, TestVector, check_section, parse_bundle
 from svodrt.errors import SvodError
-from svodrt.format import DTYPES
+from svodrt.format import BITS_OF, DTYPES, FLOAT_FORMATS
 from svodrt.host import Host, detect_host
 from svodrt.model import Runner, select_variant, variant_problem
+
+BIT_FLOATS = frozenset(BITS_OF.values())
 
 
 @dataclass
@@ -59,11 +61,35 @@ def _array(t: TensorInfo, blob: bytes) -> np.ndarray:
     return np.frombuffer(blob, dtype=dt.newbyteorder("<")).astype(dt).reshape(t.shape)
 
 
+def float_values(bits: np.ndarray, dtype: str) -> np.ndarray:
+    """The float64 values of a float format that travels as its bits (bfloat16, float8, float4)."""
+    nbits, mant, bias, kind = FLOAT_FORMATS[dtype]
+    b = bits.astype(np.int64)
+    if kind == "e8m0":
+        return np.where(b == 0xFF, np.nan, np.ldexp(1.0, b - bias))
+    sign, mag = (b >> (nbits - 1)) & 1, b & ((1 << (nbits - 1)) - 1)
+    e, m = mag >> mant, mag & ((1 << mant) - 1)
+    v = np.where(e == 0, np.ldexp(m.astype(np.float64), 1 - bias - mant), np.ldexp(1.0 + m / (1 << mant), e - bias))
+    top = (1 << (nbits - 1 - mant)) - 1
+    if kind == "ieee":
+        v = np.where(e == top, np.where(m == 0, np.inf, np.nan), v)
+    elif kind == "fn":
+        v = np.where(mag == (1 << (nbits - 1)) - 1, np.nan, v)
+    elif kind == "fnuz":
+        v = np.where(b == 1 << (nbits - 1), np.nan, v)
+    return np.where(sign == 1, -v, v)
+
+
+def _values(t: TensorInfo, a: np.ndarray) -> np.ndarray:
+    """Outputs as numbers to compare: bit-transported floats decoded."""
+    return float_values(a, t.dtype) if t.dtype in BIT_FLOATS else a
+
+
 def run_test_vector(model: Runner, tv: TestVector) -> list[tuple[str, float, float]]:
     """(output name, max error, tolerance) per output."""
     b = model.bundle
     got = model.run({t.name: _array(t, x) for t, x in zip(b.inputs, tv.inputs, strict=True)})
-    return [(t.name, max_error(got[t.name], _array(t, want)), tol)
+    return [(t.name, max_error(_values(t, got[t.name]), _values(t, _array(t, want))), tol)
             for t, want, tol in zip(b.outputs, tv.outputs, tv.tolerance, strict=True)]
 
 

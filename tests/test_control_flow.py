@@ -84,11 +84,15 @@ def test_scan_reverse_with_output_axis():
 
 
 def test_ops_without_a_handler_expand_through_their_function_body():
-    model = make_model([helper.make_node("Softsign", ["x"], ["y"])], {"x": (np.float32, [4])}, ["y"])
+    from onnx.reference import ReferenceEvaluator
+
+    model = make_model([helper.make_node("AffineGrid", ["theta", "size"], ["y"], align_corners=0)],
+                       {"theta": (np.float32, [2, 2, 3])}, ["y"], {"size": np.array([2, 1, 3, 4], np.int64)}, opset=20)
     g = import_model(model)
-    assert "Softsign" in g.expanded_ops
-    x = R.standard_normal(4).astype(np.float32)
-    np.testing.assert_allclose(compile_and_run(model, {"x": x})["y"], x / (1 + np.abs(x)), rtol=1e-6)
+    assert "AffineGrid" in g.expanded_ops
+    theta = R.standard_normal((2, 2, 3)).astype(np.float32)
+    want = ReferenceEvaluator(model).run(None, {"theta": theta})[0]
+    np.testing.assert_allclose(compile_and_run(model, {"theta": theta})["y"], want, rtol=1e-5, atol=1e-6)
 
 
 def test_shape_inputs_can_be_fixed_at_compile_time():

@@ -112,7 +112,7 @@ def test_fat_bundle_runs_natively_and_its_aarch64_variant_under_emulation():
 
 @pytest.mark.parametrize("spec,cpu", [("riscv64", "rv64"), ("ppc64le:pwr8", "power8"), ("s390x:z13", "max")])
 def test_float16_without_conversion_instructions(spec, cpu):
-    """Integer-op float16 conversions (svodc/codegen/f16.py), bit-exact, big-endian included."""
+    """Integer-op float16 conversions (svodc/codegen/emulate.py), bit-exact, big-endian included."""
     h = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
     h2 = np.random.default_rng(0).permutation(h)
     m = make_model([helper.make_node("Cast", ["h"], ["hf"], to=TensorProto.FLOAT),

@@ -106,14 +106,15 @@ def test_every_unsupported_node_is_listed():
     model = make_model([helper.make_node("Relu", ["x"], ["a"], name="ok"),
                         helper.make_node("NotAnOp", ["a"], ["b"], name="bad1"),
                         helper.make_node("Relu", ["b"], ["c"], name="after_bad"),
-                        helper.make_node("MaxPool", ["a"], ["d", "idx"], name="bad2", kernel_shape=[1, 1]),
+                        helper.make_node("Dropout", ["a", "ratio", "training"], ["d"], name="bad2"),
                         helper.make_node("Add", ["c", "d"], ["y"])],
-                       {"x": (np.float32, [1, 1, 2, 2])}, ["y", "idx"])
+                       {"x": (np.float32, [1, 1, 2, 2])}, ["y"],
+                       {"ratio": np.array(0.5, np.float32), "training": np.array(True)})
     with pytest.raises(UnsupportedModelError) as e:
         import_model(model)
     names = [n.name for n in e.value.nodes]
     assert names == ["bad1", "bad2"]
-    assert "NotAnOp" in str(e.value) and "opset 17" in str(e.value) and "Indices" in str(e.value)
+    assert "NotAnOp" in str(e.value) and "opset 17" in str(e.value) and "random dropout" in str(e.value)
 
 
 def test_op_version_without_handler_names_both_versions():

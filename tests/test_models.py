@@ -11,7 +11,6 @@ import pytest
 
 import svodc
 import svodrt
-from svodc.errors import UnsupportedModelError
 from svodc.options import CompileOptions
 
 MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
@@ -20,11 +19,6 @@ NAMES = sorted(p.name for p in MODELS.iterdir() if (p / "model.onnx").is_file())
 # time. silero_vad's `sr` picks the 16 kHz or the 8 kHz graph (If); the other branch cannot run at
 # the input length of inputs.npz (onnxruntime fails on it too), so a static compile needs the choice.
 FIXED_INPUTS = {"silero_vad": ["sr"]}
-# Ops implemented on the parallel branch `cov-math` (the other half of issue 3). A model whose only
-# unsupported nodes are these is skipped here, naming them; after both branches are merged the set
-# is not hit and every model runs.
-OTHER_HALF_OPS = {"PRelu", "ConvTranspose", "ReduceMax", "ReduceMean", "ReduceSum", "LayerNormalization",
-                  "HardSigmoid"}
 # Known failures elsewhere in the compiler, each with its reason (strict: an xpass means remove it).
 KNOWN_BUGS: dict[str, str] = {}
 ERRORS: list[str] = []  # "model output: max abs ..., max rel ..." lines, printed by conftest.py
@@ -39,13 +33,7 @@ def test_model_matches_onnxruntime(name):
     want = dict(np.load(folder / "outputs.npz"))
     fixed = {k: inputs.pop(k) for k in FIXED_INPUTS.get(name, [])}
     options = CompileOptions(input_shapes={k: v.shape for k, v in inputs.items()}, input_values=fixed)
-    try:
-        bundle = svodc.compile(str(folder / "model.onnx"), options=options)
-    except UnsupportedModelError as e:
-        ops = {n.op_type for n in e.nodes}
-        if ops <= OTHER_HALF_OPS:
-            pytest.skip(f"needs {sorted(ops)}, implemented on branch cov-math")
-        raise
+    bundle = svodc.compile(str(folder / "model.onnx"), options=options)
     with svodrt.load(bundle) as m:
         got = m.run(inputs)
     assert set(got) == set(want)

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 
 from svodc.codegen.elf import read_object
-from svodc.codegen.f16 import legalize_f16
+from svodc.codegen.emulate import pm_emulate_for
 from svodc.codegen.link import CodeImage, link
 from svodc.codegen.module import ENTRY, entry_module, kernel_module
 from svodc.codegen.transcendental import pm_transcendental
@@ -78,9 +78,10 @@ def compile_llvm(job: LLVMJob) -> tuple[bytes, str]:
 
 def prepare_kernel(kernel: Kernel, target: Target | None = None) -> Kernel:
     """Target-level rewrites on a kernel's loop AST before emission."""
-    ast = graph_rewrite(kernel.ast, pm_transcendental)
-    if target is not None and not target.native_f16:
-        ast = legalize_f16(ast)  # [cross] else LLVM calls __extendhfsf2/__truncsfhf2, which the image lacks
+    # emulate.py: float16/float8/int4... as integer bit operations; float16<->float32 casts stay native
+    # where the CPU has conversion instructions (else LLVM would call compiler-rt, which the image lacks)
+    emulate = pm_emulate_for(target is not None and target.native_f16)
+    ast = graph_rewrite(kernel.ast, emulate + pm_transcendental)
     ast = graph_rewrite(ast, pm_symbolic)
     return Kernel(kernel.name, ast, kernel.params, kernel.provenance)
 

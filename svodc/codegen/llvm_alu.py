@@ -46,7 +46,8 @@ def emit_alu(em: KernelEmitter, scope: Scope, n: UOp, v: list[str]) -> str:
     if op is Ops.CAST:
         return emit_cast(em, scope, n.src[0].dtype, dt, v[0])
     if op is Ops.BITCAST:
-        return line(scope, f"bitcast {ltype(n.src[0].dtype)} {v[0]} to {t}")
+        s = ltype(n.src[0].dtype)
+        return v[0] if s == t else line(scope, f"bitcast {s} {v[0]} to {t}")
     if op is Ops.WHERE:
         return line(scope, f"select i1 {v[0]}, {t} {v[1]}, {t} {v[2]}")
     if op in (Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE):
@@ -118,9 +119,26 @@ def _int_op(em: KernelEmitter, scope: Scope, n: UOp, v: list[str]) -> str:
         return line(scope, f"add {t} {m}, {v[2]}")
     if op is Ops.DIV:
         return _int_div(em, scope, n, v)
+    if op in (Ops.SHL, Ops.SHR):
+        return _shift(em, scope, n, v)
     if op in (Ops.IDIV, Ops.MOD):
         return _floor_divmod(em, scope, n, v)
     raise NotImplementedError(f"no integer instruction for {op.name} ({dt.name})")
+
+
+def _shift(em: KernelEmitter, scope: Scope, n: UOp, v: list[str]) -> str:
+    """SHL/SHR; LLVM's shifts by >= the width are poison, the IR's give 0 (or the sign fill)."""
+    t, line = ltype(n.dtype), em.emit_line
+    instr = "shl" if n.op is Ops.SHL else "ashr" if _signed(n.dtype) else "lshr"
+    width = int(t[1:])
+    amount = n.src[1]
+    if amount.op is Ops.CONST and 0 <= amount.arg < width:
+        return line(scope, f"{instr} {t} {v[0]}, {v[1]}")
+    big = line(scope, f"icmp uge {t} {v[1]}, {width}")  # unsigned: a negative amount is huge too
+    safe = line(scope, f"select i1 {big}, {t} 0, {t} {v[1]}")
+    r = line(scope, f"{instr} {t} {v[0]}, {safe}")
+    fill = line(scope, f"ashr {t} {v[0]}, {width - 1}") if instr == "ashr" else "0"
+    return line(scope, f"select i1 {big}, {t} {fill}, {t} {r}")
 
 
 def _safe_divisor(em: KernelEmitter, scope: Scope, dt: DType, d: str, signed: bool) -> tuple[str, str]:
@@ -177,6 +195,10 @@ def emit_cast(em: KernelEmitter, scope: Scope, src: DType, dst: DType, x: str) -
     s, t, line = ltype(src), ltype(dst), em.emit_line
     if src == dst or (s == t and src.kind == dst.kind):
         return x
+    if dtypes.float16 in (src, dst):  # float16 <-> float32 left by emulate.py for F16C targets (vcvtph2ps/ps2ph)
+        if src is dtypes.float16:
+            return line(scope, f"fpext half {line(scope, f'bitcast i16 {x} to half')} to float")
+        return line(scope, f"bitcast half {line(scope, f'fptrunc float {x} to half')} to i16")
     if dst is dtypes.bool:
         if src.is_float:
             return line(scope, f"fcmp une {s} {x}, {const(src, 0.0)}")

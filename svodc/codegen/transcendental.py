@@ -1,12 +1,12 @@
 """Transcendental functions as polynomial rewrites in the IR.
 
 A code image may not call libm (it has no symbols to call), and LLVM's exp/log/sin intrinsics become
-libm calls on CPUs (and abort on NVPTX). So EXP, EXP2, LOG, LOG2, POW, TANH, ERF, SIN, TRUNC and
-FLOOR are rewritten here into +, *, comparisons, selects and bit manipulation, which every backend
-compiles inline.
+libm calls on CPUs (and abort on NVPTX). So EXP, EXP2, LOG, LOG2, POW, TANH, ERF, the trigonometric,
+hyperbolic and inverse functions, ROUND, TRUNC and FLOOR are rewritten here into +, *, comparisons,
+selects and bit manipulation, which every backend compiles inline.
 
 float32 follows the Cephes single-precision algorithms (range reduction + minimax polynomial, about
-1-2 ulp); float64 EXP/LOG use Taylor series on a reduced range to double precision; other float64
+1-3 ulp); float64 EXP/LOG use Taylor series on a reduced range to double precision; other float64
 functions and float16 compute in float32 (float16 loses nothing by it).
 
 Invariants: NaN in gives NaN out; +-inf and zeros give the IEEE results; no float->int conversion
@@ -57,10 +57,18 @@ def pow2i(k: UOp, dt: DType) -> UOp:
 
 
 def round_nearest(x: UOp) -> UOp:
-    """Round to nearest (ties to even): the add-magic trick below 2**22 (f32) / 2**51 (f64); larger
-    values are already integral."""
-    magic = _c(x, 12582912.0 if x.dtype is F32 else 6755399441055744.0)
-    return x.alu(Ops.ABS).lt(_c(x, 2.0 ** (22 if x.dtype is F32 else 51))).where((x + magic) - magic, x)
+    """Round to nearest (ties to even): |x| + 2**23 - 2**23 (2**52 for float64) rounds |x| < 2**23 to
+    an integer in the add; larger values are already integral. The sign is put back after (-0.3 -> -0)."""
+    mant = 23 if x.dtype is F32 else 52
+    a = x.alu(Ops.ABS)
+    r = (a + _c(x, 2.0 ** mant)) - _c(x, 2.0 ** mant)
+    r = a.lt(_c(x, 2.0 ** mant)).where(r, a)
+    return x.lt(_c(x, 0.0)).alu(Ops.OR, x.eq(_c(x, 0.0))).where(_copysign_small(x, r), r)
+
+
+def _copysign_small(x: UOp, r: UOp) -> UOp:
+    """r (>= 0) with the sign of x, where x < 0 or x is a zero: -r, or x itself for x = ±0."""
+    return x.eq(_c(x, 0.0)).where(x, r.alu(Ops.NEG))
 
 
 def scale_by_pow2(p: UOp, n: UOp) -> UOp:
@@ -157,7 +165,7 @@ def trunc(x: UOp) -> UOp:
     it = _bits_int(x.dtype)
     integral = x.alu(Ops.ABS).lt(_c(x, 2.0 ** _mantissa_bits(x.dtype))).alu(Ops.NOT)
     t = x.cast(it).cast(x.dtype)
-    t = t.eq(_c(x, 0.0)).where(x.lt(_c(x, 0.0)).where(_c(x, -0.0), _c(x, 0.0)), t)  # keep the sign of -0.5
+    t = t.eq(_c(x, 0.0)).where(x * _c(x, 0.0), t)  # keep the sign of -0.5 and -0.0
     return integral.where(x, t)
 
 
@@ -206,7 +214,8 @@ def erf(x: UOp) -> UOp:
     return ax.lt(_c(x, 1.0)).alu(Ops.OR, x.ne(x)).where(small, large)
 
 
-def sin(x: UOp) -> UOp:
+def _quadrant_polys(x: UOp) -> tuple[UOp, UOp, UOp]:
+    """x = k*pi/2 + r with |r| <= pi/4 (Cody-Waite, 3 parts): (k as int64, sin r, cos r)."""
     k = round_nearest(x * _c(x, 2 / math.pi))
     r = x - k * _c(x, 1.5703125) - k * _c(x, 4.837512969970703125e-4) - k * _c(x, 7.54978995489188216e-8)
     # Past ~1e5 this reduction loses precision (no Payne-Hanek); keep the result in [-1, 1] there.
@@ -215,16 +224,133 @@ def sin(x: UOp) -> UOp:
     s = poly(r2, [-1.9515295891e-4, 8.3321608736e-3, -1.6666654611e-1]) * r2 * r + r
     c = poly(r2, [2.443315711809948e-5, -1.388731625493765e-3, 4.166664568298827e-2]) * r2 * r2 \
         - _c(x, 0.5) * r2 + _c(x, 1.0)
-    q = k.cast(I64).alu(Ops.AND, UOp.const(I64, 3))
+    return k.cast(I64), s, c
+
+
+def _sin_shifted(x: UOp, quarter_turns: int) -> UOp:
+    """sin(x + quarter_turns * pi/2)."""
+    k, s, c = _quadrant_polys(x)
+    q = (k + UOp.const(I64, quarter_turns)).alu(Ops.AND, UOp.const(I64, 3))
     odd = q.alu(Ops.AND, UOp.const(I64, 1)).ne(UOp.const(I64, 0))
     v = odd.where(c, s)
     return q.lt(UOp.const(I64, 2)).where(v, v.alu(Ops.NEG))
 
 
+def sin(x: UOp) -> UOp:
+    return x.eq(_c(x, 0.0)).where(x, _sin_shifted(x, 0))
+
+
+def cos(x: UOp) -> UOp:
+    return _sin_shifted(x, 1)
+
+
+def tan(x: UOp) -> UOp:
+    k, s, c = _quadrant_polys(x)
+    odd = k.alu(Ops.AND, UOp.const(I64, 1)).ne(UOp.const(I64, 0))
+    return x.eq(_c(x, 0.0)).where(x, odd.where((c / s).alu(Ops.NEG), s / c))
+
+
+def _sign_of(x: UOp, y: UOp) -> UOp:
+    """|y| with the sign of x (y >= 0 or NaN); x itself where x is ±0 (odd functions: f(-0) = -0)."""
+    return x.eq(_c(x, 0.0)).where(x, x.lt(_c(x, 0.0)).where(y.alu(Ops.NEG), y))
+
+
+def atan(x: UOp) -> UOp:
+    """Cephes atanf: reduce |x| by tan(pi/8) and tan(3pi/8), odd polynomial on [-0.4142, 0.4142]."""
+    a = x.alu(Ops.ABS)
+    big = _c(x, 2.414213562373095).lt(a)
+    mid = _c(x, 0.4142135623730950).lt(a)
+    y0 = big.where(_c(x, math.pi / 2), mid.where(_c(x, math.pi / 4), _c(x, 0.0)))
+    t = big.where(_c(x, -1.0) / a, mid.where((a - _c(x, 1.0)) / (a + _c(x, 1.0)), a))
+    z = t * t
+    y = poly(z, [8.05374449538e-2, -1.38776856032e-1, 1.99777106478e-1, -3.33329491539e-1]) * z * t + t
+    return _sign_of(x, y0 + y)
+
+
+def _asin_core(t: UOp) -> UOp:
+    """asin(t) for 0 <= t <= 0.5 (Cephes asinf polynomial)."""
+    z = t * t
+    return poly(z, [4.2163199048e-2, 2.4181311049e-2, 4.5470025998e-2, 7.4953002686e-2, 1.6666752422e-1]) * z * t + t
+
+
+def asin(x: UOp) -> UOp:
+    a = x.alu(Ops.ABS)
+    upper = _c(x, 0.5).lt(a)
+    t = upper.where((_c(x, 0.5) * (_c(x, 1.0) - a)).alu(Ops.SQRT), a)  # asin a = pi/2 - 2 asin sqrt((1-a)/2)
+    p = _asin_core(t)
+    y = upper.where(_c(x, math.pi / 2) - (p + p), p)
+    return _c(x, 1.0).lt(a).where(_c(x, math.nan), _sign_of(x, y))
+
+
+def acos(x: UOp) -> UOp:
+    a = x.alu(Ops.ABS)
+    t = (_c(x, 0.5) * (_c(x, 1.0) - a)).alu(Ops.SQRT)
+    p = _asin_core(t)
+    outer = x.lt(_c(x, 0.0)).where(_c(x, math.pi) - (p + p), p + p)  # |x| > 0.5: 2 asin sqrt((1-|x|)/2)
+    inner = _c(x, math.pi / 2) - _sign_of(x, _asin_core(a))  # |x| <= 0.5: pi/2 - asin x
+    y = _c(x, 0.5).lt(a).where(outer, inner)
+    return _c(x, 1.0).lt(a).where(_c(x, math.nan), y)
+
+
+def _half_exp(a: UOp) -> UOp:
+    """e**a / 2 for a >= 0, finite up to a ~ 89.4 (e**a itself overflows past 88.7)."""
+    w = exp(_c(a, 0.5) * a)
+    return (_c(a, 0.5) * w) * w
+
+
+def sinh(x: UOp) -> UOp:
+    a = x.alu(Ops.ABS)
+    z = x * x
+    small = poly(z, [2.03721912945e-4, 8.33028376239e-3, 1.66667160211e-1]) * z * x + x
+    e = exp(a)
+    big_exp = _c(x, 88.0).lt(a)
+    hp = _half_exp(a)
+    large = big_exp.where(hp, _c(x, 0.5) * e - _c(x, 0.5) / e)
+    return a.lt(_c(x, 1.0)).where(small, _sign_of(x, large))
+
+
+def cosh(x: UOp) -> UOp:
+    a = x.alu(Ops.ABS)
+    e = exp(a)
+    hp = _half_exp(a)
+    return _c(x, 88.0).lt(a).where(hp, _c(x, 0.5) * e + _c(x, 0.5) / e)
+
+
+def asinh(x: UOp) -> UOp:
+    a = x.alu(Ops.ABS)
+    z = x * x
+    small = poly(z, [2.0122003309e-2, -4.2699340972e-2, 7.4847586088e-2, -1.6666288134e-1]) * z * x + x
+    huge = log(a) + _c(x, math.log(2))
+    mid = log(a + (a * a + _c(x, 1.0)).alu(Ops.SQRT))
+    y = _c(x, 1500.0).lt(a).where(huge, mid)
+    return _sign_of(x, a.lt(_c(x, 0.5)).where(small.alu(Ops.ABS), y))
+
+
+def acosh(x: UOp) -> UOp:
+    z = x - _c(x, 1.0)
+    near_one = poly(z, [1.7596881071e-3, -7.5272886713e-3, 2.6454905019e-2, -1.1784741703e-1, 1.4142135263e0]) \
+        * z.maximum(_c(x, 0.0)).alu(Ops.SQRT)
+    mid = log(x + (z * (x + _c(x, 1.0))).alu(Ops.SQRT))
+    huge = log(x) + _c(x, math.log(2))
+    y = _c(x, 1500.0).lt(x).where(huge, z.lt(_c(x, 0.5)).where(near_one, mid))
+    return x.lt(_c(x, 1.0)).where(_c(x, math.nan), y)
+
+
+def atanh(x: UOp) -> UOp:
+    a = x.alu(Ops.ABS)
+    z = x * x
+    small = poly(z, [1.81740078349e-1, 8.24370301058e-2, 1.46691431730e-1, 1.99782164500e-1,
+                     3.33337300303e-1]) * z * x + x
+    large = _c(x, 0.5) * log((_c(x, 1.0) + x) / (_c(x, 1.0) - x))
+    return x.eq(_c(x, 0.0)).where(x, a.lt(_c(x, 0.5)).where(small, large))
+
+
 _IMPL = {Ops.EXP: exp, Ops.EXP2: exp2, Ops.LOG: log, Ops.LOG2: log2, Ops.TANH: tanh, Ops.ERF: erf,
-         Ops.SIN: sin, Ops.TRUNC: trunc, Ops.FLOOR: floor}
-_NATIVE = {F32: {Ops.EXP, Ops.EXP2, Ops.LOG, Ops.LOG2, Ops.TANH, Ops.ERF, Ops.SIN, Ops.TRUNC, Ops.FLOOR},
-           F64: {Ops.EXP, Ops.EXP2, Ops.LOG, Ops.LOG2, Ops.TRUNC, Ops.FLOOR}}
+         Ops.SIN: sin, Ops.COS: cos, Ops.TAN: tan, Ops.ASIN: asin, Ops.ACOS: acos, Ops.ATAN: atan, Ops.SINH: sinh,
+         Ops.COSH: cosh, Ops.ASINH: asinh, Ops.ACOSH: acosh, Ops.ATANH: atanh, Ops.ROUND: round_nearest,
+         Ops.TRUNC: trunc, Ops.FLOOR: floor}
+_NATIVE = {F32: set(_IMPL),
+           F64: {Ops.EXP, Ops.EXP2, Ops.LOG, Ops.LOG2, Ops.TRUNC, Ops.FLOOR, Ops.ROUND}}
 
 
 def _rewrite_unary(n: UOp) -> UOp | None:

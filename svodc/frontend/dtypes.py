@@ -20,6 +20,16 @@ _ONNX_TO_DTYPE: dict[int, DType] = {
     TensorProto.UINT32: dtypes.uint32,
     TensorProto.UINT64: dtypes.uint64,
     TensorProto.BOOL: dtypes.bool,
+    TensorProto.FLOAT8E4M3FN: dtypes.float8e4m3fn,
+    TensorProto.FLOAT8E4M3FNUZ: dtypes.float8e4m3fnuz,
+    TensorProto.FLOAT8E5M2: dtypes.float8e5m2,
+    TensorProto.FLOAT8E5M2FNUZ: dtypes.float8e5m2fnuz,
+    TensorProto.FLOAT8E8M0: dtypes.float8e8m0,
+    TensorProto.FLOAT4E2M1: dtypes.float4e2m1,
+    TensorProto.INT4: dtypes.int4,
+    TensorProto.UINT4: dtypes.uint4,
+    TensorProto.INT2: dtypes.int2,
+    TensorProto.UINT2: dtypes.uint2,
 }
 
 

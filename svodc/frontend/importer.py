@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 # Importing the op families registers their handlers.
 import svodc.frontend.ops  # noqa: F401
@@ -25,10 +24,12 @@ from svodc.errors import (
     ModelLoadError,
     UnsupportedModelError,
     UnsupportedNode,
+    WeightsError,
 )
 from svodc.frontend.boundary import graph_input, graph_output
 from svodc.frontend.dtypes import UnsupportedDType, onnx_to_dtype
 from svodc.frontend.graph_import import POISON, GraphImporter, Scope
+from svodc.frontend.weights import ExternalData, weight_files
 from svodc.ir.ops import ConstData, Ops
 from svodc.ir.provenance import Provenance
 from svodc.ir.uop import UOp
@@ -55,7 +56,8 @@ def load_model(source: ModelSource) -> onnx.ModelProto:
         path = Path(source)
         if not path.is_file():
             raise ModelLoadError(f"model file {str(path)!r} does not exist")
-        return onnx.load(str(path))  # external data is resolved relative to the model's folder
+        # external data stays where it is: frontend/weights.py maps it relative to the model's folder
+        return onnx.load(str(path), load_external_data=False)
     except ModelLoadError:
         raise
     except Exception as e:  # protobuf raises DecodeError, RuntimeWarning-derived errors, OSError...
@@ -63,20 +65,27 @@ def load_model(source: ModelSource) -> onnx.ModelProto:
         raise ModelLoadError(f"cannot parse {where} as an ONNX model: {type(e).__name__}: {e}") from e
 
 
-def import_model(source: ModelSource, options: CompileOptions | None = None) -> ImportedGraph:
+def import_model(source: ModelSource, options: CompileOptions | None = None,
+                 base_dir: str | os.PathLike | None = None) -> ImportedGraph:
+    """base_dir: where the model's external data files are (default: the model file's folder)."""
     options = options or CompileOptions()
+    if base_dir is None and isinstance(source, (str, os.PathLike)):
+        base_dir = Path(source).parent
+    external = ExternalData(Path(base_dir) if base_dir is not None else None)
     model = load_model(source)
     if model.functions:
         model = onnx.inliner.inline_local_functions(model)
     opsets = {o.domain if o.domain != "ai.onnx" else "": o.version for o in model.opset_import}
-    if not opsets:
+    if not opsets:  # (a model may import only other domains: ai.onnx.ml alone, say)
         raise InvalidModelError("the model imports no opset")
     graph = model.graph
     prov = Provenance()
     scope = Scope()
 
     for init in graph.initializer:
-        scope.set(init.name, _weight(init))
+        scope.set(init.name, _weight(init, external))
+    for name, (dtype, array) in weight_files(options.weights, graph).items():  # --weights: supply or override
+        scope.set(name, UOp(Ops.WEIGHT, dtype, (), ConstData(array)))
     for init in graph.sparse_initializer:
         raise UnsupportedModelError([UnsupportedNode(init.values.name, "sparse_initializer", "", opsets.get("", 0),
                                                      "sparse initializers are not supported")])
@@ -98,7 +107,7 @@ def import_model(source: ModelSource, options: CompileOptions | None = None) -> 
         scope.set(vi.name, value)
         inputs += bundle_inputs
 
-    importer = GraphImporter(prov, _weight)
+    importer = GraphImporter(prov, lambda init: _weight(init, external))
     problems += importer.import_graph_nodes(graph, scope, opsets)
     if problems:
         raise UnsupportedModelError(problems)
@@ -113,14 +122,14 @@ def import_model(source: ModelSource, options: CompileOptions | None = None) -> 
     return ImportedGraph(inputs, outputs, prov, producer, frozenset(importer.expanded))
 
 
-def _weight(init: onnx.TensorProto) -> UOp:
+def _weight(init: onnx.TensorProto, external: ExternalData) -> UOp:
     try:
         dtype = onnx_to_dtype(init.data_type, where=f"initializer {init.name!r}")
-        array = numpy_helper.to_array(init)
+        array = external.array(init, dtype)
     except UnsupportedDType as e:
         raise UnsupportedModelError([UnsupportedNode(init.name, "initializer", "", 0, str(e))]) from None
+    except WeightsError:
+        raise
     except Exception as e:
         raise InvalidModelError(f"initializer {init.name!r} cannot be read: {e}") from e
-    if dtype.name == "bfloat16":
-        array = np.asarray(array).view(np.uint16)
     return UOp(Ops.WEIGHT, dtype, (), ConstData(np.asarray(array, dtype=dtype.np)))

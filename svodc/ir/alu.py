@@ -3,7 +3,15 @@ reference interpreter and the codegen tests agree on.
 
 Integer arithmetic wraps at the dtype's width. Integer DIV truncates toward zero and defines x/0 = 0
 (ONNX leaves it undefined; a code image must never trap). IDIV/MOD are floor division and modulo,
-used for index arithmetic. MAX/MIN propagate NaN.
+used for index arithmetic. MAX/MIN propagate NaN. SHL/SHR by a negative amount or by the width or
+more give 0 (SHR of a negative signed value: -1).
+
+Emulated dtypes (float16, bfloat16, float8, float4, int4/int2) compute in float32 (int32) and round
+(wrap) the result back once per op, which is what ml_dtypes and numpy's float16 do and what the
+generated code does. CAST to a float8/float4/bfloat16 rounds to nearest even without saturating
+(ml_dtypes: overflow gives inf, or NaN in formats without inf; float4 saturates); from float64 it
+rounds through float32 (as ml_dtypes does), except float16, which numpy rounds once. CAST from a
+float to a narrow integer truncates to int32 (saturating) and then wraps, as ml_dtypes does.
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from svodc.ir.dtypes import DType, dtypes
+from svodc.ir.dtypes import DType, dtypes, from_storage, max_value, min_value, to_storage
 from svodc.ir.ops import Ops
 
 
@@ -72,6 +80,18 @@ def _not(x: np.ndarray) -> np.ndarray:
     return np.logical_not(x) if x.dtype == np.bool_ else np.invert(x)
 
 
+def _shift(left: bool) -> Callable:
+    def f(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        width = a.dtype.itemsize * 8
+        amount = b.astype(np.int64)
+        out_of_range = (amount < 0) | (amount >= width)
+        safe = np.where(out_of_range, 0, amount).astype(a.dtype)
+        r = np.left_shift(a, safe) if left else np.right_shift(a, safe)
+        fill = 0 if left or a.dtype.kind == "u" else np.where(a < 0, -1, 0)
+        return np.where(out_of_range, fill, r).astype(a.dtype)
+    return f
+
+
 def _logic(bool_fn: Callable, int_fn: Callable) -> Callable:
     return lambda a, b: bool_fn(a, b) if a.dtype == np.bool_ else int_fn(a, b)
 
@@ -87,6 +107,17 @@ NUMPY_ALU: dict[Ops, Callable[..., np.ndarray]] = {
     Ops.TANH: _float(np.tanh),
     Ops.ERF: _erf,
     Ops.SIN: _float(np.sin),
+    Ops.COS: _float(np.cos),
+    Ops.TAN: _float(np.tan),
+    Ops.ASIN: _float(np.arcsin),
+    Ops.ACOS: _float(np.arccos),
+    Ops.ATAN: _float(np.arctan),
+    Ops.SINH: _float(np.sinh),
+    Ops.COSH: _float(np.cosh),
+    Ops.ASINH: _float(np.arcsinh),
+    Ops.ACOSH: _float(np.arccosh),
+    Ops.ATANH: _float(np.arctanh),
+    Ops.ROUND: np.round,
     Ops.TRUNC: np.trunc,
     Ops.FLOOR: np.floor,
     Ops.ABS: np.abs,
@@ -106,6 +137,8 @@ NUMPY_ALU: dict[Ops, Callable[..., np.ndarray]] = {
     Ops.AND: _logic(np.logical_and, np.bitwise_and),
     Ops.OR: _logic(np.logical_or, np.bitwise_or),
     Ops.XOR: _logic(np.logical_xor, np.bitwise_xor),
+    Ops.SHL: _shift(left=True),
+    Ops.SHR: _shift(left=False),
     Ops.WHERE: lambda c, a, b: np.where(c, a, b),
     Ops.MULACC: lambda a, b, c: a * b + c,
 }
@@ -115,20 +148,51 @@ def np_dtype(dt: DType) -> np.dtype:
     return dt.np
 
 
+def _emulated(a: np.ndarray) -> bool:
+    """An array of a dtype that computes in float32 / int32 (ml_dtypes kinds are 'V'; float16)."""
+    return a.dtype.kind == "V" or a.dtype == np.float16
+
+
+def widen(a: np.ndarray) -> np.ndarray:
+    if not _emulated(a):
+        return a
+    if a.dtype == np.float16 or "float" in a.dtype.name:
+        return a.astype(np.float32)
+    return a.astype(np.int32)
+
+
+def _is_floatlike(a: np.ndarray) -> bool:
+    return a.dtype.kind == "f" or "float" in a.dtype.name
+
+
 def cast_array(x: np.ndarray, to: DType) -> np.ndarray:
-    """CAST semantics: bool is x != 0; float -> int truncates (NaN -> 0, out of range saturates)."""
+    """CAST semantics: bool is x != 0; float -> int truncates (NaN -> 0, out of range saturates);
+    see the module docstring for the emulated dtypes."""
+    x = np.asarray(x)
     target = to.np
-    if to.kind == "bool":
-        return x != 0
-    if to is dtypes.bfloat16:
-        raise NotImplementedError("bfloat16 casts are not implemented yet")
-    if x.dtype.kind == "f" and to.is_int:
-        info = np.iinfo(target)
-        with np.errstate(invalid="ignore"):
-            y = np.nan_to_num(np.trunc(x.astype(np.float64)), nan=0.0)
-        return np.clip(y, info.min, info.max).astype(target)
     with np.errstate(all="ignore"):
+        if to.kind == "bool":
+            return widen(x) != 0
+        if _is_floatlike(x) and to.is_int:
+            wide = dtypes.int32 if to.width else to
+            info_lo, info_hi = min_value(wide), max_value(wide)
+            y = np.nan_to_num(np.trunc(x.astype(np.float64)), nan=0.0)
+            y = np.clip(y, info_lo, info_hi).astype(wide.np)
+            return y.astype(target) if to.width else y
+        if to.width:  # int -> narrow int wraps
+            return x.astype(np.int64).astype(target)
+        if to.emulated and to.is_float and to is not dtypes.float16:
+            return widen(x).astype(np.float32).astype(target)
+        if to is dtypes.float16 and x.dtype.kind == "V":
+            return widen(x).astype(target)
         return x.astype(target)
+
+
+def bitcast_array(x: np.ndarray, to: DType) -> np.ndarray:
+    """BITCAST: the same storage bytes read as another dtype of the same size."""
+    src = dtypes.from_numpy(x.dtype)
+    raw = to_storage(np.ascontiguousarray(x), src)
+    return from_storage(raw.view(to.storage_np), to)
 
 
 def eval_alu(op: Ops, out_dtype: DType, srcs: list[np.ndarray]) -> np.ndarray:
@@ -136,7 +200,11 @@ def eval_alu(op: Ops, out_dtype: DType, srcs: list[np.ndarray]) -> np.ndarray:
     if op is Ops.CAST:
         return cast_array(srcs[0], out_dtype)
     if op is Ops.BITCAST:
-        return np.ascontiguousarray(srcs[0]).view(out_dtype.np)
+        return bitcast_array(srcs[0], out_dtype)
+    if out_dtype.emulated or any(_emulated(s) for s in srcs):
+        with np.errstate(all="ignore"):
+            out = np.asarray(NUMPY_ALU[op](*[widen(s) for s in srcs]))
+        return cast_array(out, out_dtype)
     with np.errstate(over="ignore"):
         out = NUMPY_ALU[op](*srcs)
     out = np.asarray(out)

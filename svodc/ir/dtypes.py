@@ -3,6 +3,15 @@
 A DType is an interned, frozen value: compare with `is` or `==`. `index` is the type of symbolic
 dimensions and loop indices (64-bit signed in every backend). Pointer types appear only at the loop
 level, as kernel parameters.
+
+Three numpy views of a dtype:
+- `np`: the array type the compiler computes with (constant folding, the reference interpreter).
+  numpy has no bfloat16, float8, float4 or 4/2-bit integers; for those it is the `ml_dtypes` type,
+  whose arithmetic computes in float32 (int32) and rounds back, as the generated code does.
+- `storage_np`: how an element lies in a buffer and travels through svodrt (svodrt/format.py DTYPES):
+  bfloat16 as its uint16 bits, float8/float4 as their uint8 bits, int4/int2 one element per byte,
+  sign-extended (int8) or zero-extended (uint8). Packed 4-bit ONNX tensors are unpacked on import.
+- `bits`: the width of the value; less than 8 * itemsize only for the narrow integers.
 """
 
 from __future__ import annotations
@@ -10,7 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import ml_dtypes
 import numpy as np
+
+from svodrt.format import DTYPES
 
 Kind = Literal["float", "int", "uint", "bool", "index", "ptr"]
 
@@ -22,6 +34,8 @@ class DType:
     kind: Kind
     # Only for pointers: the element type pointed to.
     base: DType | None = None
+    # Value width in bits when narrower than the storage (int4 lives in a byte); 0: 8 * itemsize.
+    width: int = 0
 
     def __repr__(self) -> str:
         return f"dtypes.{self.name}"
@@ -40,18 +54,32 @@ class DType:
 
     @property
     def bits(self) -> int:
-        return 64 if self.kind == "index" else self.itemsize * 8
+        return 64 if self.kind == "index" else self.width or self.itemsize * 8
 
     def ptr(self) -> DType:
         return DType(f"ptr.{self.name}", 0, "ptr", self)
 
     @property
     def np(self) -> np.dtype:
-        """The numpy dtype with the same bytes. bfloat16 has none: it is stored as uint16."""
+        """The numpy (or ml_dtypes) array type that computes with this dtype's semantics."""
         try:
-            return np.dtype(_NUMPY_NAME[self.name])
+            name = _NUMPY_NAME[self.name]
         except KeyError:
             raise TypeError(f"{self!r} has no numpy equivalent") from None
+        return np.dtype(getattr(ml_dtypes, name) if name in _ML_DTYPES else name)
+
+    @property
+    def storage_np(self) -> np.dtype:
+        """The numpy dtype of this dtype's elements in a buffer (what svodrt hands in and out)."""
+        try:
+            return np.dtype(DTYPES[self.name][0])
+        except KeyError:
+            raise TypeError(f"{self!r} is not a buffer element type") from None
+
+    @property
+    def emulated(self) -> bool:
+        """Stored in a format the CPU cannot compute with: codegen computes in float32 / int32."""
+        return self.name in _EMULATED
 
 
 class dtypes:
@@ -68,6 +96,16 @@ class dtypes:
     bfloat16 = DType("bfloat16", 2, "float")
     float32 = DType("float32", 4, "float")
     float64 = DType("float64", 8, "float")
+    float8e4m3fn = DType("float8e4m3fn", 1, "float")
+    float8e4m3fnuz = DType("float8e4m3fnuz", 1, "float")
+    float8e5m2 = DType("float8e5m2", 1, "float")
+    float8e5m2fnuz = DType("float8e5m2fnuz", 1, "float")
+    float8e8m0 = DType("float8e8m0", 1, "float")
+    float4e2m1 = DType("float4e2m1", 1, "float")
+    int4 = DType("int4", 1, "int", width=4)
+    uint4 = DType("uint4", 1, "uint", width=4)
+    int2 = DType("int2", 1, "int", width=2)
+    uint2 = DType("uint2", 1, "uint", width=2)
     index = DType("index", 0, "index")
     void = DType("void", 0, "index")
 
@@ -85,6 +123,7 @@ class dtypes:
     @staticmethod
     def from_numpy(dt: np.dtype | type) -> DType:
         name = np.dtype(dt).name
+        name = _FROM_ML.get(name, name)
         if name not in _BY_NAME or name in ("index", "void"):
             raise TypeError(f"numpy dtype {name} has no svod dtype")
         return _BY_NAME[name]
@@ -95,14 +134,50 @@ _BY_NAME = {d.name: d for d in ALL_DTYPES}
 _NUMPY_NAME = {
     "bool": "bool", "int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64",
     "uint8": "uint8", "uint16": "uint16", "uint32": "uint32", "uint64": "uint64",
-    "float16": "float16", "bfloat16": "uint16", "float32": "float32", "float64": "float64",
-    "index": "int64",
+    "float16": "float16", "bfloat16": "bfloat16", "float32": "float32", "float64": "float64",
+    "index": "int64", "float8e4m3fn": "float8_e4m3fn", "float8e4m3fnuz": "float8_e4m3fnuz",
+    "float8e5m2": "float8_e5m2", "float8e5m2fnuz": "float8_e5m2fnuz", "float8e8m0": "float8_e8m0fnu",
+    "float4e2m1": "float4_e2m1fn", "int4": "int4", "uint4": "uint4", "int2": "int2", "uint2": "uint2",
 }
+_ML_DTYPES = frozenset({"bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+                        "float8_e8m0fnu", "float4_e2m1fn", "int4", "uint4", "int2", "uint2"})
+_FROM_ML = {ml: ours for ours, ml in _NUMPY_NAME.items() if ml in _ML_DTYPES}
+# float16 is emulated too: no x86 level has float16 arithmetic (F16C only converts).
+_EMULATED = frozenset({"float16", "bfloat16", "float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz",
+                       "float8e8m0", "float4e2m1", "int4", "uint4", "int2", "uint2"})
+
+
+def finite_max(dt: DType) -> float:
+    """The largest finite value of a float dtype."""
+    return float(ml_dtypes.finfo(dt.np).max)
+
+
+def to_storage(array: np.ndarray, dt: DType) -> np.ndarray:
+    """An array of dt's compute type (`dt.np`) as the bytes a buffer holds (`dt.storage_np`)."""
+    want = dt.storage_np
+    if array.dtype == want:
+        return array
+    if dt.is_int:  # narrow integers: one value per byte, sign- or zero-extended
+        return array.astype(want)
+    return array.view(want)
+
+
+def from_storage(array: np.ndarray, dt: DType) -> np.ndarray:
+    """The inverse of to_storage."""
+    have = dt.np
+    if array.dtype == have:
+        return array
+    return array.astype(have) if dt.is_int else array.view(have)
+
+
+# Float formats without infinities: the extreme finite values stand in for +-inf (reduction identities,
+# padding values). float8e8m0 has no sign: its "-max" is only ever used in float32 arithmetic.
+_NO_INF = frozenset({"float8e4m3fn", "float8e4m3fnuz", "float8e5m2fnuz", "float8e8m0", "float4e2m1"})
 
 
 def min_value(dt: DType) -> int | float:
     if dt.is_float:
-        return float("-inf")
+        return -max_value(dt) if dt.name in _NO_INF else float("-inf")
     if dt.kind == "bool":
         return 0
     if dt.kind in ("uint",):
@@ -112,7 +187,7 @@ def min_value(dt: DType) -> int | float:
 
 def max_value(dt: DType) -> int | float:
     if dt.is_float:
-        return float("inf")
+        return finite_max(dt) if dt.name in _NO_INF else float("inf")
     if dt.kind == "bool":
         return 1
     if dt.kind == "uint":

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from svodc.ir.alu import eval_alu
+from svodc.ir.alu import cast_array, eval_alu, widen
 from svodc.ir.ops import (
     ALU,
     ConstData,
@@ -135,6 +135,11 @@ def eval_node(n: UOp, srcs: list[np.ndarray], inputs: Mapping[str, np.ndarray]) 
         return window_view(x, arg)
     if op is Ops.REDUCE:
         assert isinstance(arg, ReduceArg)
+        if n.dtype.emulated:  # accumulate in float32 / int32 and round once, as the generated code does
+            wide = widen(x)
+            with np.errstate(over="ignore"):
+                out = _REDUCERS[arg.op].reduce(wide, axis=arg.axes, keepdims=True, dtype=wide.dtype)
+            return cast_array(np.asarray(out), n.dtype)
         with np.errstate(over="ignore"):
             out = _REDUCERS[arg.op].reduce(x, axis=arg.axes, keepdims=True, dtype=x.dtype)
         return np.asarray(out, dtype=x.dtype)

@@ -57,6 +57,17 @@ class Ops(Enum):
     TANH = auto()
     ERF = auto()
     SIN = auto()
+    COS = auto()
+    TAN = auto()
+    ASIN = auto()
+    ACOS = auto()
+    ATAN = auto()
+    SINH = auto()
+    COSH = auto()
+    ASINH = auto()
+    ACOSH = auto()
+    ATANH = auto()
+    ROUND = auto()  # round to nearest, ties to even, float -> float
     TRUNC = auto()  # round toward zero, float -> float
     FLOOR = auto()
     ABS = auto()
@@ -76,6 +87,8 @@ class Ops(Enum):
     AND = auto()
     OR = auto()
     XOR = auto()
+    SHL = auto()  # integer shift left; a shift by >= the width gives 0
+    SHR = auto()  # integer shift right: logical for unsigned, arithmetic for signed (sign fill past the width)
     WHERE = auto()  # (cond, a, b)
     MULACC = auto()  # (a, b, c) -> a*b + c, fused where the target can
     CAST = auto()  # to self.dtype
@@ -104,10 +117,13 @@ class Ops(Enum):
 
 
 # Groups, as frozensets for fast membership tests.
-UNARY = frozenset({Ops.NEG, Ops.RECIP, Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.EXP, Ops.LOG, Ops.TANH,
-                   Ops.ERF, Ops.SIN, Ops.TRUNC, Ops.FLOOR, Ops.ABS, Ops.NOT, Ops.CAST, Ops.BITCAST})
+# Unary float functions beyond the basic arithmetic (codegen/transcendental.py writes each in the IR).
+MATH_UNARY = frozenset({Ops.EXP2, Ops.LOG2, Ops.EXP, Ops.LOG, Ops.TANH, Ops.ERF, Ops.SIN, Ops.COS, Ops.TAN,
+                        Ops.ASIN, Ops.ACOS, Ops.ATAN, Ops.SINH, Ops.COSH, Ops.ASINH, Ops.ACOSH, Ops.ATANH,
+                        Ops.ROUND, Ops.TRUNC, Ops.FLOOR})
+UNARY = frozenset({Ops.NEG, Ops.RECIP, Ops.SQRT, Ops.ABS, Ops.NOT, Ops.CAST, Ops.BITCAST}) | MATH_UNARY
 BINARY = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.DIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.MIN, Ops.POW,
-                    Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR})
+                    Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR})
 TERNARY = frozenset({Ops.WHERE, Ops.MULACC})
 ALU = UNARY | BINARY | TERNARY
 COMPARE = frozenset({Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE})
@@ -117,7 +133,7 @@ MOVEMENT = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SLICE, 
 TENSOR_SOURCES = frozenset({Ops.INPUT, Ops.WEIGHT, Ops.CONST})
 REDUCE_OPS = frozenset({Ops.ADD, Ops.MAX, Ops.MIN, Ops.MUL})
 # Transcendental ops that codegen rewrites into polynomials (no libm in a code image).
-TRANSCENDENTAL = frozenset({Ops.EXP, Ops.LOG, Ops.TANH, Ops.ERF, Ops.SIN, Ops.EXP2, Ops.LOG2, Ops.POW})
+TRANSCENDENTAL = (MATH_UNARY - {Ops.ROUND, Ops.TRUNC, Ops.FLOOR}) | {Ops.POW}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,16 +1,27 @@
 """ONNX op handlers, one module per family. Importing this package registers them all."""
 
 from svodc.frontend.ops import (  # noqa: F401
+    activations,
+    attention,
+    casts,
     control_flow,
     elementwise,
+    grid_sample,
     indexing,
     linalg,
+    linear_attention,
+    loss,
+    ml,
     movement,
     nn,
+    normalization,
+    quantize,
     reduction,
     resize,
     rnn,
+    roi,
     selection,
     sequence,
     shape_ops,
+    signal,
 )

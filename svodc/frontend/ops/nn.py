@@ -1,4 +1,4 @@
-"""Neural-network ONNX ops: convolution, normalization, pooling."""
+"""Neural-network ONNX ops: convolution, transposed convolution, pooling."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 from svodc.frontend.context import NodeContext, Unsupported
 from svodc.frontend.registry import onnx_op
 from svodc.ir import tensor as T
-from svodc.ir.dtypes import min_value
+from svodc.ir.dtypes import dtypes, min_value
 from svodc.ir.interpret import window_view
 from svodc.ir.ops import ConstData, Ops, WindowArg
 from svodc.ir.uop import UOp
@@ -43,6 +43,11 @@ def conv(ctx: NodeContext) -> UOp:
     x, w, b = ctx.input(0), ctx.input(1), ctx.optional_input(2)
     if not x.dtype.is_float:
         raise Unsupported(f"Conv of {x.dtype.name} is not supported")
+    return conv_from_attrs(ctx, x, w, b)
+
+
+def conv_from_attrs(ctx: NodeContext, x: UOp, w: UOp, b: UOp | None = None) -> UOp:
+    """A convolution with the node's kernel_shape, strides, dilations, pads/auto_pad and group."""
     nsp = x.ndim - 2
     kernel = ctx.ints("kernel_shape", list(w.shape[2:]))
     if kernel != list(w.shape[2:]):
@@ -50,29 +55,15 @@ def conv(ctx: NodeContext) -> UOp:
     strides = ctx.ints("strides", [1] * nsp)
     dilations = ctx.ints("dilations", [1] * nsp)
     pads = _spatial_pads(ctx, list(x.shape[2:]), kernel, strides, dilations)
-    y = T.conv(x, w, strides, dilations, pads, int(ctx.attr("group", 1)))
+    dt = x.dtype
+    if dt.emulated and dt.is_float:  # products summed in float32, rounded once (as numpy's dot does)
+        y = T.conv(x.cast(dtypes.float32), w.cast(dtypes.float32), strides, dilations, pads,
+                   int(ctx.attr("group", 1))).cast(dt)
+    else:
+        y = T.conv(x, w, strides, dilations, pads, int(ctx.attr("group", 1)))
     if b is not None:
         y = T.alu(Ops.ADD, y, T.reshape(b, (1, b.shape[0]) + (1,) * nsp))
     return y
-
-
-@onnx_op("BatchNormalization", 1, 6, 7, 9, 14, 15)
-def batch_norm(ctx: NodeContext) -> list[UOp | None]:
-    if ctx.version >= 14 and ctx.attr("training_mode", 0):
-        raise Unsupported("training_mode=1 is not supported (inference only)")
-    if ctx.version <= 7 and ctx.attr("spatial", 1) == 0:
-        raise Unsupported("spatial=0 is not supported")
-    if ctx.version < 7 and ctx.attr("is_test", 0) == 0 and any(ctx.output_used(i) for i in range(1, 5)):
-        raise Unsupported("training outputs are not supported")
-    x, scale, bias, mean, var = (ctx.input(i) for i in range(5))
-    eps = ctx.attr("epsilon", 1e-5)
-    shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
-    scale, bias, mean, var = (T.reshape(t.cast(x.dtype), shape) for t in (scale, bias, mean, var))
-    # y = x * a + c with a = scale / sqrt(var + eps), c = bias - mean * a: two ops per element, and
-    # when the statistics are constants, a and c fold at compile time.
-    a = T.alu(Ops.MUL, scale, T.alu(Ops.RECIP, T.alu(Ops.SQRT, T.alu(Ops.ADD, var, T.const(eps, x.dtype)))))
-    c = T.alu(Ops.SUB, bias, T.alu(Ops.MUL, mean, a))
-    return [T.alu(Ops.ADD, T.alu(Ops.MUL, x, a), c)]
 
 
 def _pool_geometry(ctx: NodeContext, x: UOp) -> tuple[list[int], list[int], list[int], list[tuple[int, int]],
@@ -100,16 +91,57 @@ def _pool_geometry(ctx: NodeContext, x: UOp) -> tuple[list[int], list[int], list
 @onnx_op("MaxPool", 1, 8, 10, 11, 12, 22)
 def max_pool(ctx: NodeContext) -> list[UOp | None]:
     x = ctx.input(0)
-    if ctx.output_used(1):
-        raise Unsupported("the Indices output is not supported")
-    if ctx.attr("storage_order", 0):
-        raise Unsupported("storage_order=1 is only meaningful for Indices, which is not supported")
     kernel, strides, dilations, pads, extra = _pool_geometry(ctx, x)
     nsp = len(kernel)
     lowest = min_value(x.dtype)
-    xp = T.pad(x, [(0, 0), (0, 0)] + [(b, e + x_) for (b, e), x_ in zip(pads, extra, strict=True)], lowest)
+    full_pads = [(0, 0), (0, 0)] + [(b, e + x_) for (b, e), x_ in zip(pads, extra, strict=True)]
+    xp = T.pad(x, full_pads, lowest)
     win = T.window(xp, range(2, 2 + nsp), kernel, strides, dilations)
-    return [T.reduce(win, Ops.MAX, range(x.ndim, x.ndim + nsp), keepdims=False)]
+    window_axes = range(x.ndim, x.ndim + nsp)
+    y = T.reduce(win, Ops.MAX, window_axes, keepdims=False)
+    if not ctx.output_used(1):
+        return [y, None]
+    # Indices: the flat input index of the first maximum in each window (row-major, or column-major
+    # over the spatial axes with storage_order=1); padding never wins: its index is past the end.
+    shape = x.shape
+    flat = np.arange(math.prod(shape), dtype=np.int64).reshape(shape)
+    if ctx.attr("storage_order", 0):
+        n, c = shape[:2]
+        sp = np.arange(math.prod(shape[2:]), dtype=np.int64).reshape(shape[2:][::-1]).transpose()
+        flat = (np.arange(n * c, dtype=np.int64).reshape(n, c, *(1,) * nsp) * math.prod(shape[2:]) + sp)
+    index = UOp(Ops.WEIGHT, dtypes.int64, (), ConstData(flat))
+    past_end = math.prod(shape)
+    index_win = T.window(T.pad(index, full_pads, past_end), range(2, 2 + nsp), kernel, strides, dilations)
+    is_max = T.alu(Ops.CMPEQ, win, T.reshape(y, y.shape + (1,) * nsp))
+    candidates = T.alu(Ops.WHERE, is_max, index_win, T.scalar_like(index_win, past_end))
+    return [y, T.reduce(candidates, Ops.MIN, window_axes, keepdims=False)]
+
+
+@onnx_op("LpPool", 1, 2, 11, 18, 22)
+def lp_pool(ctx: NodeContext) -> UOp:
+    """(sum over the window of |x|^p)^(1/p); padding counts as 0."""
+    x = ctx.input(0)
+    p = float(ctx.attr("p", 2.0))
+    kernel, strides, dilations, pads, extra = _pool_geometry(ctx, x)
+    nsp = len(kernel)
+    xp = T.pad(x, [(0, 0), (0, 0)] + [(b, e + x_) for (b, e), x_ in zip(pads, extra, strict=True)], 0)
+    win = T.window(xp, range(2, 2 + nsp), kernel, strides, dilations)
+    return lp_norm_over(win, list(range(x.ndim, x.ndim + nsp)), p)
+
+
+def lp_norm_over(x: UOp, axes: list[int], p: float) -> UOp:
+    if p == 2.0:
+        return UOp(Ops.SQRT, x.dtype, (T.reduce(T.alu(Ops.MUL, x, x), Ops.ADD, axes, keepdims=False),))
+    powered = T.alu(Ops.POW, UOp(Ops.ABS, x.dtype, (x,)), T.scalar_like(x, p))
+    total = T.reduce(powered, Ops.ADD, axes, keepdims=False)
+    return T.alu(Ops.POW, total, T.scalar_like(total, 1.0 / p))
+
+
+@onnx_op("GlobalLpPool", 1, 2, 22)
+def global_lp_pool(ctx: NodeContext) -> UOp:
+    x = ctx.input(0)
+    out = lp_norm_over(x, list(range(2, x.ndim)), float(ctx.attr("p", 2.0)))
+    return T.reshape(out, x.shape[:2] + (1,) * (x.ndim - 2))
 
 
 @onnx_op("AveragePool", 1, 7, 10, 11, 19, 22)
@@ -150,16 +182,57 @@ onnx_op("GlobalAveragePool", 1, 22)(_global_pool(Ops.ADD))
 onnx_op("GlobalMaxPool", 1, 22)(_global_pool(Ops.MAX))
 
 
-@onnx_op("LRN", 1, 13)
-def lrn(ctx: NodeContext) -> UOp:
-    """y = x / (bias + alpha/size * sum of x^2 over a channel window) ^ beta"""
-    x = ctx.input(0)
-    size = int(ctx.attr("size"))
-    alpha, beta, bias = ctx.attr("alpha", 1e-4), ctx.attr("beta", 0.75), ctx.attr("bias", 1.0)
-    before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
-    sq = T.alu(Ops.MUL, x, x)
-    padded = T.pad(sq, [(0, 0), (before, after)] + [(0, 0)] * (x.ndim - 2), 0)
-    win = T.window(padded, [1], [size], [1], [1])
-    total = T.reduce(win, Ops.ADD, [x.ndim], keepdims=False)
-    base = T.alu(Ops.ADD, T.alu(Ops.MUL, total, T.const(alpha / size, x.dtype)), T.const(bias, x.dtype))
-    return T.alu(Ops.DIV, x, T.alu(Ops.POW, base, T.const(beta, x.dtype)))
+@onnx_op("ConvTranspose", 1, 11, 22)
+def conv_transpose(ctx: NodeContext) -> UOp:
+    """The convolution of the input, upsampled by the strides (zeros between elements), with the
+    spatially flipped kernel (in/out channels swapped per group), fully padded by d*(k-1); then the
+    `pads` are cropped from that full result and output_padding / output_shape extend its end."""
+    x, w, b = ctx.input(0), ctx.input(1), ctx.optional_input(2)
+    if not x.dtype.is_float:
+        raise Unsupported(f"ConvTranspose of {x.dtype.name} is not supported")
+    nsp = x.ndim - 2
+    g = int(ctx.attr("group", 1))
+    kernel = list(w.shape[2:])
+    if ctx.ints("kernel_shape", kernel) != kernel:
+        raise Unsupported(f"kernel_shape {ctx.ints('kernel_shape')} disagrees with the weight shape {w.shape}")
+    strides = ctx.ints("strides", [1] * nsp)
+    dilations = ctx.ints("dilations", [1] * nsp)
+    out_pad = ctx.ints("output_padding", [0] * nsp)
+    out_shape = ctx.ints("output_shape")
+    if out_shape is not None and len(out_shape) == nsp + 2:
+        out_shape = out_shape[2:]
+    ins = x.shape[2:]
+    full = [s * (n - 1) + (k - 1) * d + 1 for s, n, k, d in zip(strides, ins, kernel, dilations, strict=True)]
+    auto_pad = ctx.attr("auto_pad", "NOTSET")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        target = out_shape or [n * s for n, s in zip(ins, strides, strict=True)]
+        total = [f + op - t for f, op, t in zip(full, out_pad, target, strict=True)]
+        small = [t // 2 for t in total]
+        pads = [(sm, t - sm) if auto_pad == "SAME_UPPER" else (t - sm, sm) for sm, t in zip(small, total, strict=True)]
+    elif auto_pad in ("NOTSET", "", "VALID"):
+        flat = ctx.ints("pads", [0] * (2 * nsp)) if auto_pad != "VALID" else [0] * (2 * nsp)
+        pads = [(flat[i], flat[i + nsp]) for i in range(nsp)]
+        target = out_shape or [f + op - pb - pe for f, op, (pb, pe) in zip(full, out_pad, pads, strict=True)]
+    else:
+        raise Unsupported(f"auto_pad={auto_pad!r} is not a valid value")
+
+    for axis, s in enumerate(strides, start=2):  # upsample: s-1 zeros after every element, none after the last
+        if s > 1:
+            n = x.shape[axis]
+            y = T.reshape(x, x.shape[:axis + 1] + (1,) + x.shape[axis + 1:])
+            y = T.pad(y, [(0, 0)] * (axis + 1) + [(0, s - 1)] + [(0, 0)] * (x.ndim - axis - 1))
+            y = T.reshape(y, x.shape[:axis] + (n * s,) + x.shape[axis + 1:])
+            x = T.shrink(y, [(0, d) if i != axis else (0, (n - 1) * s + 1) for i, d in enumerate(y.shape)])
+    c, m_g = w.shape[0], w.shape[1]
+    wg = T.reshape(w, (g, c // g, m_g, *kernel))
+    wg = T.reshape(T.permute(wg, (0, 2, 1, *range(3, 3 + nsp))), (g * m_g, c // g, *kernel))
+    wf = T.slice_axes(wg, (0, 0, *(k - 1 for k in kernel)), (1, 1, *(-1,) * nsp), wg.shape)
+    y = T.conv(x, wf, [1] * nsp, dilations, [((k - 1) * d,) * 2 for k, d in zip(kernel, dilations, strict=True)], g)
+    # crop `pads` from the full result and pad (with zeros) or crop its end to the target size
+    grow = [(max(0, -pb), max(0, pb + t - f)) for (pb, _), t, f in zip(pads, target, full, strict=True)]
+    y = T.pad(y, [(0, 0), (0, 0), *grow])
+    y = T.shrink(y, [(0, y.shape[0]), (0, y.shape[1])]
+                 + [(max(0, pb), max(0, pb) + t) for (pb, _), t in zip(pads, target, strict=True)])
+    if b is not None:
+        y = T.alu(Ops.ADD, y, T.reshape(b, (1, b.shape[0]) + (1,) * nsp))
+    return y
