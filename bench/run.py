@@ -66,12 +66,12 @@ def _ort_session(path: Path, threads: int):
 BLOCK = 5
 
 
-def _timed_block(run) -> list[float]:
-    run()
+def _timed_block(run, *args) -> list[float]:
+    run(*args)
     ts = []
     for _ in range(BLOCK):
         t = time.perf_counter()
-        run()
+        run(*args)
         ts.append(time.perf_counter() - t)
     return ts
 
@@ -143,8 +143,8 @@ def bench_model(name: str, work: Path, repeat: int, threads: list[int]) -> dict:
                              for g, w in zip(ours.values(), ref, strict=True))
         ts_s, ts_o = [], []
         for _ in range(-(-repeat // BLOCK)):
-            ts_s += _timed_block(lambda: model.run(bm.feeds))
-            ts_o += _timed_block(lambda: sess.run(None, bm.feeds))
+            ts_s += _timed_block(model.run, bm.feeds)
+            ts_o += _timed_block(sess.run, None, bm.feeds)
         (ms, ps), (mo, po) = _stats(ts_s), _stats(ts_o)
         row[f"t{n}"] = {"svod_ms": 1e3 * ms, "svod_p90": 1e3 * ps, "ort_ms": 1e3 * mo, "ort_p90": 1e3 * po,
                         "ratio": ms / mo}
