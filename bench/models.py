@@ -26,6 +26,13 @@ class BenchModel:
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     onnx_bytes: int = 0
     note: str = ""
+    # Inputs whose values are fixed at compile time (svod's `--input-value`): not fed to svod at
+    # run time; onnxruntime gets them as inputs.
+    fixed: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def svod_feeds(self) -> dict[str, np.ndarray]:
+        return {k: v for k, v in self.feeds.items() if k not in self.fixed}
 
 
 def light(name: str) -> BenchModel:
@@ -43,10 +50,13 @@ def shared(name: str) -> BenchModel:
     model = onnx.load(str(folder / "model.onnx"))
     with np.load(folder / "inputs.npz") as z:
         feeds = {k: z[k] for k in z.files}
-    shapes = {k: tuple(v.shape) for k, v in feeds.items()}
+    from tests.test_models import FIXED_INPUTS
+
+    fixed = {k: feeds[k] for k in FIXED_INPUTS.get(name, [])}
+    shapes = {k: tuple(v.shape) for k, v in feeds.items() if k not in fixed}
     meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").exists() else {}
     return BenchModel(name, model, feeds, input_shapes=shapes, onnx_bytes=(folder / "model.onnx").stat().st_size,
-                      note=meta.get("source", "")[:60])
+                      note=meta.get("source", "")[:60], fixed=fixed)
 
 
 def reference_outputs(name: str) -> dict[str, np.ndarray] | None:

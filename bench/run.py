@@ -102,12 +102,14 @@ def bench_model(name: str, work: Path, repeat: int, threads: list[int]) -> dict:
     bm = load(name)
     onnx_path = work / f"{name}.onnx"
     onnx_path.write_bytes(bm.model.SerializeToString())
-    inputs = work / f"{name}.npz"
+    inputs, svod_inputs = work / f"{name}.npz", work / f"{name}.svod.npz"
     np.savez(inputs, **bm.feeds)
+    np.savez(svod_inputs, **bm.svod_feeds)
     row: dict = {"model": name, "note": bm.note, "onnx_mb": onnx_path.stat().st_size / 1e6}
     t = time.perf_counter()
     try:
-        bundle = svodc.compile_to_file(onnx_path, work / f"{name}.svod", dims=bm.dims, input_shapes=bm.input_shapes)
+        bundle = svodc.compile_to_file(onnx_path, work / f"{name}.svod", dims=bm.dims, input_shapes=bm.input_shapes,
+                                        input_values=bm.fixed)
     except Exception as e:  # an unsupported model is a row in the report, not a crash of the benchmark
         row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
         return row
@@ -131,7 +133,7 @@ def bench_model(name: str, work: Path, repeat: int, threads: list[int]) -> dict:
     for n in threads:
         model = svodrt.load(bundle, threads=n)
         sess = _ort_session(onnx_path, n)
-        ours = model.run(bm.feeds)
+        ours = model.run(bm.svod_feeds)
         ref = sess.run(None, bm.feeds)
         errs = []
         for got, want in zip(ours.values(), ref, strict=True):
@@ -143,14 +145,14 @@ def bench_model(name: str, work: Path, repeat: int, threads: list[int]) -> dict:
                              for g, w in zip(ours.values(), ref, strict=True))
         ts_s, ts_o = [], []
         for _ in range(-(-repeat // BLOCK)):
-            ts_s += _timed_block(model.run, bm.feeds)
+            ts_s += _timed_block(model.run, bm.svod_feeds)
             ts_o += _timed_block(sess.run, None, bm.feeds)
         (ms, ps), (mo, po) = _stats(ts_s), _stats(ts_o)
         row[f"t{n}"] = {"svod_ms": 1e3 * ms, "svod_p90": 1e3 * ps, "ort_ms": 1e3 * mo, "ort_p90": 1e3 * po,
                         "ratio": ms / mo}
         model.close()
         del sess
-    row["cold_svod_s"], row["rss_svod_mb"] = cold_start("svod", bundle, inputs, 3)
+    row["cold_svod_s"], row["rss_svod_mb"] = cold_start("svod", bundle, svod_inputs, 3)
     row["cold_ort_s"], row["rss_ort_mb"] = cold_start("ort", onnx_path, inputs, 3)
     return row
 
