@@ -161,3 +161,26 @@ def test_vector_variants_use_their_vector_instructions():
     rvv = _compiled("random:squeezenet", "riscv64:rva23u64")
     assert rvv_instructions(rvv) > 50 and rvv_instructions(_compiled("random:squeezenet", "riscv64")) == 0
 
+
+
+def _max_min_model() -> onnx.ModelProto:
+    return make_model([helper.make_node("ReduceMax", ["x"], ["y"], axes=[1], keepdims=0),
+                       helper.make_node("ReduceMin", ["x"], ["z"], axes=[1], keepdims=0)],
+                      {"x": (np.float32, [64, 508])}, ["y", "z"])
+
+
+@pytest.mark.parametrize("spec,cpu", [("x86_64", None), ("aarch64", "max"), ("riscv64:rva23u64", "rv64,v=true,vlen=256"),
+                                      ("ppc64le", "power9"), ("s390x", "max")])
+def test_max_min_reductions_propagate_nan(spec, cpu):
+    """Float max/min reductions are llvm.maximum/minimum (vectorizable); every backend must expand
+    them inline (no libcall: the link would fail) with numpy's NaN propagation."""
+    x = np.random.default_rng(0).standard_normal((64, 508)).astype(np.float32)
+    x[3, 100] = x[5, 0] = x[7, 507] = np.nan
+    bundle = svodc.compile(_max_min_model(), target=spec)
+    if cpu is None:
+        with svodrt.load(bundle) as m:
+            got = m.run({"x": x})
+    else:
+        got = emulate(bundle, spec, cpu, {"x": x})
+    np.testing.assert_array_equal(got["y"], np.max(x, axis=1))
+    np.testing.assert_array_equal(got["z"], np.min(x, axis=1))

@@ -237,7 +237,10 @@ def combine(em: KernelEmitter, scope: Scope, n: UOp, acc: str, x: str) -> str:
     t = ltype(dt)
     if dt.is_float:
         if op in (Ops.MAX, Ops.MIN):
-            return float_minmax(em, scope, op, dt, x, acc)
+            # llvm.maximum/minimum: NaN-propagating like float_minmax (and +0 > -0), and a recurrence
+            # LLVM's loop vectorizer knows (a compare-and-select one it vectorizes only without NaNs).
+            name = _intrinsic(em, f"llvm.{'maximum' if op is Ops.MAX else 'minimum'}.{_suffix(dt)}", t, [t, t])
+            return em.emit_line(scope, f"call {t} @{name}({t} {acc}, {t} {x})")
         instr = "fadd" if op is Ops.ADD else "fmul"
         return em.emit_line(scope, f"{instr} reassoc contract {t} {acc}, {x}")
     fake = UOp(op, dt, (UOp.const(dt, 0), UOp.const(dt, 0)))
