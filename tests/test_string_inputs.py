@@ -57,7 +57,7 @@ def test_accepted_arrays_str_object_and_utf8_bytes_give_the_same_outputs(codes_b
 
 
 def test_unknown_empty_and_non_ascii_strings(codes_bundle):
-    data, feeds, _ = codes_bundle
+    data = codes_bundle[0]
     color = np.array([["", "grün", "GRÜN"], ["東京", "red ", "red"]])
     got = _run(data, {"color": color, "other": np.array(["", "GRÜN", "red"])})
     assert got["code"].tolist() == [[4, 3, -1], [-1, -1, 0]]
