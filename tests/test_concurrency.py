@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from onnx import helper as onnx_helper
 
 import svodrt
 
@@ -94,3 +95,33 @@ def test_resident_memory_is_flat_over_ten_thousand_runs(small_bundle, tmp_path):
     for line in out.stdout.splitlines():
         at100, at_end = map(int, line.split())
         assert abs(at_end - at100) < 5 << 20, (at100, at_end)
+
+
+def test_parts_shared_by_more_threads_than_cores_match_one_thread():
+    """The entry's work queue (svodc/codegen/module.py): kernels cut into many parts, claimed by 2, 3
+    and 7 threads on this 2-core machine (so some are descheduled mid-run and the others take their
+    parts); every result must equal the single-threaded one bit for bit."""
+    import svodc
+    from svodc.codegen.module import parallel_parts
+    from svodc.frontend.importer import import_model
+    from svodc.gpu_target import parse_targets
+    from svodc.options import CompileOptions
+    from svodc.passes.pipeline import build_program
+    from tests.onnx_util import make_model
+
+    r = np.random.default_rng(3)
+    nodes = [onnx_helper.make_node("MatMul", ["x", "w"], ["m"]), onnx_helper.make_node("Relu", ["m"], ["r"]),
+             onnx_helper.make_node("Mul", ["r", "r"], ["q"]), onnx_helper.make_node("Softmax", ["q"], ["y"])]
+    model = make_model(nodes, {"x": (np.float32, [192, 256])}, ["y"],
+                       {"w": (r.standard_normal((256, 320)) * 0.05).astype(np.float32)})
+    program = build_program(import_model(model, CompileOptions()), CompileOptions())
+    host = parse_targets("host")[0]
+    assert max(parallel_parts(k, host) for k in program.kernels) >= 8  # the queue really has parts to share
+    bundle = svodc.compile(model)
+    feeds = {"x": r.standard_normal((192, 256)).astype(np.float32)}
+    with svodrt.load(bundle, threads=1) as m:
+        want = m.run(feeds)["y"]
+    for threads in (2, 3, 7):
+        with svodrt.load(bundle, threads=threads) as m:
+            for _ in range(20):
+                np.testing.assert_array_equal(m.run(feeds)["y"], want)

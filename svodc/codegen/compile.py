@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from svodc.codegen.elf import read_object
 from svodc.codegen.emulate import pm_emulate_for
 from svodc.codegen.link import CodeImage, link
-from svodc.codegen.module import ENTRY, entry_module, kernel_module
+from svodc.codegen.module import ENTRY, entry_module, kernel_module, parallel_parts
 from svodc.codegen.transcendental import pm_transcendental
 from svodc.errors import CodegenError
 from svodc.ir.rewrite import debug_level, graph_rewrite
@@ -108,7 +108,8 @@ def compile_program(program: Program, target: Target, options: CompileOptions) -
                             kernel_module(chunk, nin, target, f"chunk{i}"), target.triple, target.llvm_cpu,
                             target.llvm_features, options.opt_level, target.codemodel, dbg >= 4,
                         abiname=target.abiname))
-    jobs.append(LLVMJob("entry", entry_module([k.name for k in kernels], target), target.triple, target.llvm_cpu,
+    entry = entry_module([(k.name, parallel_parts(k, target)) for k in kernels], target)
+    jobs.append(LLVMJob("entry", entry, target.triple, target.llvm_cpu,
                         target.llvm_features, options.opt_level, target.codemodel, dbg >= 4,
                         abiname=target.abiname))
     if dbg >= 3:

@@ -191,7 +191,7 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target) -> None:
                                          f"i64 {c_lane}, i64 {tail}")
 
     t_range = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, tiles),), RangeArg(-1, RangeKind.PARALLEL))
-    start, stop = em.thread_split(str(tiles))
+    start, stop = em.part_split(str(tiles))
     em.open_loop(t_range, start, stop)
     sc = em.stack[-1]
     t = sc.ivar

@@ -10,9 +10,9 @@ subexpressions are emitted once).
 Loop counters and accumulators live in allocas in the entry block; LLVM's mem2reg turns them into
 SSA phis, which keeps this emitter free of phi bookkeeping.
 
-The kernel function: `void @NAME(ptr %bufs, ptr %dims, i32 %thread, i32 %nthreads)`. It computes
+The kernel function: `void @NAME(ptr %bufs, ptr %dims, i32 %part, i32 %nparts)`. It computes
 its parameter pointers from the call's buffer table (inputs, outputs, arena, weights) and calls the
-body `@NAME.body(ptr noalias %p0, ..., i32 %thread, i32 %nthreads)`: distinct live buffers never
+body `@NAME.body(ptr noalias %p0, ..., i32 %part, i32 %nparts)`: distinct live buffers never
 overlap (the memory plan guarantees it), so `noalias` is true and lets LLVM vectorize.
 """
 
@@ -171,7 +171,7 @@ class KernelEmitter:
             assert isinstance(r.arg, RangeArg)
             end = self.value(r.src[0])
             if r.arg.kind is RangeKind.PARALLEL:
-                start, stop = self.thread_split(end)
+                start, stop = self.part_split(end)
                 self.open_loop(r, start, stop)
             else:
                 self.open_loop(r, "0", end)
@@ -191,11 +191,12 @@ class KernelEmitter:
             v = self.emit_line(scope, f"zext i1 {v} to i8")
         scope.lines.append(f"  store {mem_type(val.dtype)} {v}, ptr {ptr}")
 
-    def thread_split(self, total: str) -> tuple[str, str]:
-        """This thread's share [start, stop) of a parallel loop of `total` iterations."""
+    def part_split(self, total: str) -> tuple[str, str]:
+        """Part %part of %nparts of a parallel loop of `total` iterations: [start, stop) (module.py: the
+        entry hands out the parts to its threads)."""
         top = self.stack[0]
-        t = self.emit_line(top, "sext i32 %thread to i64")
-        nt = self.emit_line(top, "sext i32 %nthreads to i64")
+        t = self.emit_line(top, "sext i32 %part to i64")
+        nt = self.emit_line(top, "sext i32 %nparts to i64")
         t1 = self.emit_line(top, f"add nsw i64 {t}, 1")
         a = self.emit_line(top, f"mul nsw i64 {total}, {t}")
         b = self.emit_line(top, f"mul nsw i64 {total}, {t1}")
@@ -211,7 +212,7 @@ class KernelEmitter:
             else:
                 self.emit_store(stmt)
         params = ", ".join(f"ptr noalias %p{i}" for i in range(nparams))
-        lines = [f"define internal void @{self.name}.body({params}, i32 %thread, i32 %nthreads) #0 {{",
+        lines = [f"define internal void @{self.name}.body({params}, i32 %part, i32 %nparts) #0 {{",
                  "entry:", *[f"  {a}" for a in self.allocas], *self.stack[0].lines, "  ret void", "}"]
         return "\n".join(lines)
 
@@ -233,9 +234,9 @@ def render_kernel(kernel: Kernel, nin: int, target: Target) -> tuple[str, set[st
     shared helper functions they call (name -> definition; one copy per module)."""
     em = KernelEmitter(kernel.name, kernel.ast, target)
     body = em.render_body(len(kernel.params))
-    lines = [f"define void @{kernel.name}(ptr %bufs, ptr %dims, i32 %thread, i32 %nthreads) #0 {{", "entry:"]
-    if getattr(kernel.ast.arg, "serial", False):  # one thread runs it, the others go to the barrier
-        lines += ["  %not_first = icmp ne i32 %thread, 0", "  br i1 %not_first, label %skip, label %run",
+    lines = [f"define void @{kernel.name}(ptr %bufs, ptr %dims, i32 %part, i32 %nparts) #0 {{", "entry:"]
+    if getattr(kernel.ast.arg, "serial", False):  # one part only (module.parallel_parts says 1)
+        lines += ["  %not_first = icmp ne i32 %part, 0", "  br i1 %not_first, label %skip, label %run",
                   "skip:", "  ret void", "run:"]
     args = []
     for i, buf in enumerate(kernel.params):
@@ -244,6 +245,6 @@ def render_kernel(kernel: Kernel, nin: int, target: Target) -> tuple[str, set[st
         lines.append(f"  %b{i} = load ptr, ptr %s{i}")
         lines.append(f"  %a{i} = getelementptr inbounds i8, ptr %b{i}, i64 {offset}")
         args.append(f"ptr %a{i}")
-    lines.append(f"  call void @{kernel.name}.body({', '.join(args)}, i32 %thread, i32 %nthreads)")
+    lines.append(f"  call void @{kernel.name}.body({', '.join(args)}, i32 %part, i32 %nparts)")
     lines += ["  ret void", "}"]
     return body + "\n\n" + "\n".join(lines), em.uses_intrinsics, em.shared_functions

@@ -1,5 +1,5 @@
 """Assemble LLVM modules: kernel modules (a chunk of kernels each, compiled in parallel) and the
-entry module (runs every kernel in order with a barrier between them).
+entry module (runs every kernel in order, its parts shared by the calling threads).
 
 The entry ABI (fixed for bundle format 1, see docs/bundle-format.md):
 
@@ -7,22 +7,45 @@ The entry ABI (fixed for bundle format 1, see docs/bundle-format.md):
 
 - bufs: [0] arena, [1] weights section, [2 .. 2+n_inputs) inputs, then outputs;
 - dims: values of symbolic dimensions (reserved; none yet);
-- thread in [0, nthreads): every thread calls the entry at once; each kernel's parallel loop is
-  split statically by thread;
-- sync: { uint32 count; uint32 generation; void (*yield)(void); } zero-initialized by the caller,
-  shared by the nthreads threads of one call. Between two kernels every thread waits at a barrier:
-  it spins briefly, then calls `yield` (the host's sched_yield), so an oversubscribed machine is
-  not burned.
+- thread in [0, nthreads): every thread calls the entry at once;
+- sync: 64 bytes zero-initialized by the caller, shared by the nthreads threads of one call; the
+  caller puts the host's sched_yield at offset 8. The entry owns the rest (format 1.0 code used
+  offsets 0-7 for a barrier; today's uses 16-23 for its work queue, below).
+
+Work queue (nthreads > 1). Kernel i is cut into n_i parts (n_i = min(its cap, PARTS_PER_THREAD *
+nthreads); the cap comes from its estimated work, `parallel_parts`: a small kernel is one part).
+Parts are numbered by one counter across the whole entry: kernel i owns tickets [base_i, base_i +
+n_i). A thread waits until `done` (offset 20) reaches base_i -- every part of the kernels before i
+is finished, an acquire that pairs with the release of each part's increment -- then claims tickets
+of kernel i with a compare-and-swap on `next` (offset 16) that never goes past kernel i's last
+ticket, runs part (ticket - base_i) of n_i, and counts it done. When kernel i has no ticket left the
+thread moves on to kernel i+1. So a thread only ever holds a part it can run right away: a thread
+the OS has descheduled holds nothing, and the others take all the work instead of waiting for it at
+a barrier (the static split did; on a busy machine that cost a time slice per kernel). Waits spin
+briefly, then call `yield`, so an oversubscribed machine is not burned. A thread returns when the
+last kernel has no ticket left; the caller joins every thread before it reads the outputs.
 """
 
 from __future__ import annotations
 
+import math
+
+from svodc.codegen.llvm_gemm import blocking
 from svodc.codegen.llvm_ir import FN_ATTRS, render_kernel
+from svodc.ir.ops import GemmArg, Ops, RangeKind
 from svodc.program import Kernel
 from svodc.target import Target
 
 ENTRY = "svod_entry"
 SPIN_BEFORE_YIELD = 4000
+NEXT_OFFSET, DONE_OFFSET = 16, 20  # the work queue's counters in the caller's zeroed sync block
+PARTS_PER_THREAD = 4  # enough parts that a thread slowed by the OS leaves its share to the others
+MAX_PARTS = 1 << 16
+# Work estimates that decide the parts (only their order of magnitude matters): a part is worth
+# PART_NS; an element of a loop nest costs NS_PER_ELEMENT, a GEMM multiply-add GEMM_NS_PER_MAC.
+PART_NS = 10_000
+NS_PER_ELEMENT = 0.5
+GEMM_NS_PER_MAC = 0.02
 
 
 def _header(target: Target, name: str) -> list[str]:
@@ -69,37 +92,83 @@ def _spin_hint(target: Target) -> tuple[str, str]:
     return "", ""
 
 
-def entry_module(kernel_names: list[str], target: Target) -> str:
+def parallel_parts(kernel: Kernel, target: Target) -> int:
+    """How many parts kernel's work is worth cutting into: about PART_NS of estimated work each, never
+    more than its shortest parallel loop has iterations (a part of nothing only costs a claim)."""
+    if getattr(kernel.ast.arg, "serial", False):
+        return 1
+    work_ns, trips = 0.0, []
+    for stmt in kernel.ast.src:
+        if stmt.op is Ops.GEMM:
+            arg: GemmArg = stmt.arg
+            rows, lanes, _ = blocking(target, arg)
+            r, c = (arg.n, arg.m) if arg.transposed else (arg.m, arg.n)
+            trips.append(math.prod(arg.batch) * -(-r // rows) * -(-c // lanes))
+            work_ns += math.prod(arg.batch) * arg.m * arg.n * arg.k * GEMM_NS_PER_MAC
+            continue
+        sizes = []
+        for u in stmt.toposort():
+            if u.op is Ops.RANGE:
+                size = u.src[0].arg if u.src[0].op is Ops.CONST else None
+                if size is None:
+                    return 1  # a run-time trip count: no estimate, so no split
+                sizes.append(size)
+                if u.arg.kind is RangeKind.PARALLEL:
+                    trips.append(size)
+        work_ns += math.prod(sizes) * NS_PER_ELEMENT
+    if not trips:
+        return 1
+    return max(1, min(min(trips), int(work_ns // PART_NS), MAX_PARTS))
+
+
+def entry_module(kernels: list[tuple[str, int]], target: Target) -> str:
+    """kernels: (name, parallel_parts) in execution order."""
     decl, hint = _spin_hint(target)
     lines = [*_header(target, "entry"), decl]
-    lines += [f"declare void @{k}(ptr, ptr, i32, i32)" for k in kernel_names]
+    lines += [f"declare void @{k}(ptr, ptr, i32, i32)" for k, _ in kernels]
     lines += ["", f"define void @{ENTRY}(ptr %bufs, ptr %dims, i32 %thread, i32 %nthreads, ptr %sync) #0 {{",
-              "entry:"]
-    for i, k in enumerate(kernel_names):
-        lines.append(f"  call void @{k}(ptr %bufs, ptr %dims, i32 %thread, i32 %nthreads)")
-        if i + 1 < len(kernel_names):
-            lines.append("  call void @svod_barrier(ptr %sync, i32 %nthreads)")
-    lines += ["  ret void", "}", ""]
-    lines += f"""define internal void @svod_barrier(ptr %sync, i32 %n) #0 {{
+              "entry:", "  %multi = icmp sgt i32 %nthreads, 1", "  br i1 %multi, label %queue, label %solo",
+              "solo:"]
+    lines += [f"  call void @{k}(ptr %bufs, ptr %dims, i32 0, i32 1)" for k, _ in kernels]
+    lines += ["  ret void", "queue:",
+              f"  %nextp = getelementptr inbounds i8, ptr %sync, i64 {NEXT_OFFSET}",
+              f"  %donep = getelementptr inbounds i8, ptr %sync, i64 {DONE_OFFSET}",
+              f"  %limit = mul i32 %nthreads, {PARTS_PER_THREAD}", "  br label %k0.start"]
+    base = "0"
+    for i, (k, cap) in enumerate(kernels):
+        nxt = f"%k{i + 1}.start"
+        lines.append(f"k{i}.start:")
+        if i:
+            lines.append(f"  call void @svod_wait(ptr %donep, i32 {base}, ptr %sync)")
+        if cap == 1:
+            lines.append(f"  %n{i} = add i32 0, 1")
+        else:
+            lines += [f"  %few{i} = icmp ult i32 {cap}, %limit", f"  %n{i} = select i1 %few{i}, i32 {cap}, i32 %limit"]
+        lines += [f"  %end{i} = add i32 {base}, %n{i}", f"  br label %k{i}.claim",
+                  f"k{i}.claim:",
+                  f"  %c{i} = load atomic i32, ptr %nextp monotonic, align 4",
+                  f"  %more{i} = icmp ult i32 %c{i}, %end{i}",
+                  f"  br i1 %more{i}, label %k{i}.try, label {nxt}",
+                  f"k{i}.try:",
+                  f"  %c{i}.1 = add i32 %c{i}, 1",
+                  f"  %x{i} = cmpxchg ptr %nextp, i32 %c{i}, i32 %c{i}.1 monotonic monotonic, align 4",
+                  f"  %ok{i} = extractvalue {{ i32, i1 }} %x{i}, 1",
+                  f"  br i1 %ok{i}, label %k{i}.run, label %k{i}.claim",
+                  f"k{i}.run:",
+                  f"  %part{i} = sub i32 %c{i}, {base}",
+                  f"  call void @{k}(ptr %bufs, ptr %dims, i32 %part{i}, i32 %n{i})",
+                  f"  %d{i} = atomicrmw add ptr %donep, i32 1 release",
+                  f"  br label %k{i}.claim"]
+        base = f"%end{i}"
+    lines += [f"k{len(kernels)}.start:", "  ret void", "}", ""]
+    lines += f"""define internal void @svod_wait(ptr %donep, i32 %want, ptr %sync) #0 {{
 entry:
-  %single = icmp sle i32 %n, 1
-  br i1 %single, label %done, label %arrive
-arrive:
-  %genp = getelementptr inbounds i8, ptr %sync, i64 4
-  %g = load atomic i32, ptr %genp acquire, align 4
-  %c = atomicrmw add ptr %sync, i32 1 acq_rel
-  %last = sub i32 %n, 1
-  %is_last = icmp eq i32 %c, %last
-  br i1 %is_last, label %release, label %wait
-release:
-  store atomic i32 0, ptr %sync monotonic, align 4
-  %old = atomicrmw add ptr %genp, i32 1 release
-  br label %done
-wait:
-  %spins = phi i32 [ 0, %arrive ], [ %spins.next, %backoff ]
-  %cur = load atomic i32, ptr %genp acquire, align 4
-  %same = icmp eq i32 %cur, %g
-  br i1 %same, label %spin, label %done
+  br label %check
+check:
+  %spins = phi i32 [ 0, %entry ], [ %spins.next, %backoff ]
+  %done = load atomic i32, ptr %donep acquire, align 4
+  %ready = icmp uge i32 %done, %want
+  br i1 %ready, label %out, label %spin
 spin:
   %spins.next = add i32 %spins, 1
   %long = icmp ugt i32 %spins, {SPIN_BEFORE_YIELD}
@@ -113,8 +182,8 @@ yield:
   call void %fp()
   br label %backoff
 backoff:
-  br label %wait
-done:
+  br label %check
+out:
   ret void
 }}""".splitlines()
     lines += ["", *_attrs(target), ""]

@@ -233,7 +233,7 @@ class ParamArg:
 
 class RangeKind(Enum):
     LOOP = auto()  # an output loop
-    PARALLEL = auto()  # an output loop split statically across threads
+    PARALLEL = auto()  # an output loop cut into parts that threads share (codegen/module.py)
     REDUCE = auto()  # bound by a LOOP_REDUCE
 
 
