@@ -61,10 +61,23 @@ def narrow_dtypes_reference(model, feeds) -> list[np.ndarray]:
     return [f8.view(np.uint8), s.astype(np.float16), s.astype(ml_dtypes.bfloat16).view(np.uint16)]
 
 
+def string_codes():
+    """Format 1.4's string inputs: LabelEncoder (string -> int64, string -> float) and Equal of two
+    string inputs, with non-ASCII, empty and unknown strings."""
+    from tests.string_models import category_codes
+
+    return category_codes()
+
+
+def string_reference(model, feeds) -> list[np.ndarray]:
+    return reference(model, {k: v.astype(object) for k, v in feeds.items()})  # onnxruntime takes str objects
+
+
 GOLDENS = {  # name: (model maker, target, reference (default: onnxruntime), first format version)
     "relu_add": (relu_add, "x86_64-linux-gnu:x86-64-v3,x86-64", reference, (1, 0)),
     "small_cnn": (small_cnn, "x86_64-linux-gnu:x86-64", reference, (1, 0)),
     "narrow_dtypes": (narrow_dtypes, "x86_64-linux-gnu:x86-64-v3,x86-64", narrow_dtypes_reference, (1, 1)),
+    "string_codes": (string_codes, "x86_64-linux-gnu:x86-64-v3,x86-64", string_reference, (1, 4)),
 }
 
 

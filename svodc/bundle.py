@@ -19,7 +19,7 @@ from svodc import __version__
 from svodc.codegen.gpu_compile import GpuImage
 from svodc.codegen.link import CodeImage
 from svodc.errors import BundleError, TargetError
-from svodc.ir.dtypes import to_storage
+from svodc.ir.dtypes import dtypes, to_storage
 from svodc.program import Buffer, BufferKind, Program
 from svodc.target import Target
 from svodrt import features as feature_table
@@ -169,6 +169,8 @@ def write_bundle_to(out: BinaryIO, program: Program, images: list[tuple[Target, 
         "kernels": [{"name": k.name, "params": [b.id for b in k.params], "provenance": k.provenance}
                     for k in program.kernels],
     }
+    if any(b.dtype is dtypes.string for b in program.inputs):  # format 1.4; the bindings cover it
+        manifest["vocabulary"] = list(program.vocabulary)
     for v in variants:
         v["binding"] = variant_binding(v, table[v["section"]]["sha256"], manifest)
         if "launches" in v:

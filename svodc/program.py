@@ -63,3 +63,4 @@ class Program:
     arena_size: int = 0
     weights_size: int = 0
     producer: str = ""  # the tool that made the source model
+    vocabulary: tuple[str, ...] = ()  # string id i stands for vocabulary[i] (svodc/frontend/strings.py)

@@ -23,7 +23,7 @@ import numpy as np
 
 from svodc.errors import TestVectorError
 from svodc.frontend.importer import ImportedGraph
-from svodc.ir.dtypes import to_storage
+from svodc.ir.dtypes import dtypes, to_storage
 from svodc.ir.interpret import evaluate
 from svodc.program import Buffer, Program
 from svodrt.format import FLOAT_FORMATS
@@ -46,7 +46,11 @@ for _name, (_bits, _mant, _bias, _kind) in FLOAT_FORMATS.items():
     ATOL.setdefault(_name, RTOL[_name] * 2.0 ** (1 - _bias))
 
 
-def reference_input(b: Buffer, rng: np.random.Generator) -> np.ndarray:
+def reference_input(b: Buffer, rng: np.random.Generator, n_strings: int = 0) -> np.ndarray:
+    """n_strings: the size of the model's vocabulary. A string input is its ids: the vocabulary's
+    strings and two it lacks (svodrt/strings.py turns the ids into strings for the run)."""
+    if b.dtype is dtypes.string:
+        return rng.integers(0, n_strings + 2, b.shape).astype(np.int32)
     kind = b.dtype.kind
     if kind == "float":
         return rng.standard_normal(b.shape).astype(b.dtype.np)
@@ -81,7 +85,7 @@ def build_test_vectors(graph: ImportedGraph, program: Program, wanted: bool | No
         return []
     problem = None
     rng = np.random.default_rng(SEED)
-    feeds = {b.name: reference_input(b, rng) for b in program.inputs}
+    feeds = {b.name: reference_input(b, rng, len(graph.vocabulary)) for b in program.inputs}
     try:
         with np.errstate(all="ignore"):
             outs = evaluate([o for _, o in graph.outputs], feeds)

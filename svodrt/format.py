@@ -33,7 +33,8 @@ import msgpack
 
 MAGIC = b"SVOD\x00\r\n\x1a"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 3  # 1.3: float8/float4/int4/int2 dtypes; 1.2: GPU variants; 1.1: byte_order "big" (s390x)
+FORMAT_MINOR = 4  # 1.4: string inputs + vocabulary; 1.3: float8/float4/int4/int2 dtypes; 1.2: GPU variants;
+# 1.1: byte_order "big" (s390x)
 HEADER = struct.Struct("<8sHHIIIQQQQ8s")
 FLAG_MANIFEST_ZSTD = 1
 HEADER_SIZE = HEADER.size  # 64
@@ -48,6 +49,8 @@ MAX_RANK = 64  # numpy's own limit
 MAX_ITEMS = 1 << 20  # no manifest list (kernels, buffers, fixups, ...) may be longer
 MAX_NAME = 4096  # characters in any name
 MAX_TEST_VECTORS = 16
+MAX_STRING = 1 << 16  # characters in one vocabulary string
+MAX_STRING_ID = (1 << 31) - 1  # string ids are int32: the vocabulary plus one call's new strings stay below
 
 # Index of each pointer in the buffer table the entry function receives.
 BUF_ARENA = 0
@@ -100,14 +103,24 @@ def variant_binding(variant: Mapping, code_sha256: bytes, manifest: Mapping) -> 
     or which CPU can run it. So they are hashed together with the code's own checksum; the runtime
     recomputes this and refuses a mismatch. sha256 of the msgpack array
     [arch, cpu, features, feature_bits, code sha256, entry, kernels, fixups,
-     [[name, dtype, shape] per input], [[name, dtype, shape] per output], arena_size, weights_size]."""
+     [[name, dtype, shape] per input], [[name, dtype, shape] per output], arena_size, weights_size],
+    and, only in a bundle with a string input (format 1.4), its `vocabulary` as a 13th element: the code
+    compares string ids with ids of these strings, so a changed vocabulary is changed code. (No older
+    runtime computes this binding for such a bundle: it refuses the "string" dtype of an input first.)"""
     def sig(ts) -> list:
         return [[t["name"], t["dtype"], list(t["shape"])] for t in ts]
 
     fields = [variant["arch"], variant["cpu"], list(variant["features"]), variant["feature_bits"], bytes(code_sha256),
               variant["entry"], list(variant["kernels"]), list(variant["fixups"]), sig(manifest["inputs"]),
               sig(manifest["outputs"]), manifest["arena_size"], manifest["weights_size"]]
+    if has_string_inputs(manifest["inputs"]):
+        fields.append(list(manifest.get("vocabulary", ())))
     return hashlib.sha256(msgpack.packb(fields, use_bin_type=True)).digest()
+
+
+def has_string_inputs(inputs) -> bool:
+    """Whether a manifest's input list (of maps) declares a string input (format 1.4)."""
+    return any(isinstance(t, Mapping) and t.get("dtype") == STRING for t in inputs)
 
 
 # GPU variants (format 1.2). Older runtimes read a GPU variant as a CPU variant of an architecture no
@@ -130,7 +143,10 @@ def gpu_binding(variant: Mapping, cubin_sha256: bytes | None) -> bytes:
 # and in buffers) and the bytes per element. Types numpy lacks travel as raw bits: bfloat16 as uint16,
 # the float8 and float4 formats as uint8 (float4: the 4-bit code in the low half). The narrow integers
 # int4/int2 (uint4/uint2) travel one element per byte as int8 (uint8) values in their range.
-# Added in format 1.3: the float8, float4, int4/uint4 and int2/uint2 names.
+# Added in format 1.3: the float8, float4, int4/uint4 and int2/uint2 names. Added in 1.4: "string", for
+# inputs and for buffers: an element is an int32 id (the index of the string in the manifest's
+# `vocabulary`, or a number past it that run() gives strings the vocabulary lacks, see svodrt/strings.py);
+# run() takes arrays of str for string inputs, never the ids.
 DTYPES: dict[str, tuple[str, int]] = {
     "bool": ("bool", 1), "int8": ("int8", 1), "int16": ("int16", 2), "int32": ("int32", 4),
     "int64": ("int64", 8), "uint8": ("uint8", 1), "uint16": ("uint16", 2), "uint32": ("uint32", 4),
@@ -139,7 +155,9 @@ DTYPES: dict[str, tuple[str, int]] = {
     "float8e4m3fn": ("uint8", 1), "float8e4m3fnuz": ("uint8", 1), "float8e5m2": ("uint8", 1),
     "float8e5m2fnuz": ("uint8", 1), "float8e8m0": ("uint8", 1), "float4e2m1": ("uint8", 1),
     "int4": ("int8", 1), "uint4": ("uint8", 1), "int2": ("int8", 1), "uint2": ("uint8", 1),
+    "string": ("int32", 4),
 }
+STRING = "string"
 # The float formats that travel as bits: (total bits, mantissa bits, exponent bias, kind). kind: "ieee"
 # (an all-ones exponent is inf/NaN), "fn" (no inf; the all-ones magnitude is NaN), "fnuz" (no inf, no
 # -0; sign bit alone is NaN), "sat" (no inf or NaN), "e8m0" (exponent only; 0xFF is NaN). float16

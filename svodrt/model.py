@@ -33,9 +33,10 @@ import numpy as np
 from svodrt.bundle import Bundle, TensorInfo, Variant, check_section, parse_bundle
 from svodrt.errors import InputError, ModelClosedError, UnsupportedHostError
 from svodrt.features import feature_names
-from svodrt.format import BITS_OF, DTYPES, GPU_KINDS, SYNC_SIZE
+from svodrt.format import BITS_OF, DTYPES, GPU_KINDS, STRING, SYNC_SIZE
 from svodrt.host import Host, detect_host
 from svodrt.memory import PAGE, YIELD_FN, Mapping, map_code, map_readonly
+from svodrt.strings import StringTable
 
 NARROW_INTS = frozenset({"int4", "uint4", "int2", "uint2"})
 
@@ -105,6 +106,8 @@ class Runner:
         self._input_specs = [(t.name, np.dtype(DTYPES[t.dtype][0]), tuple(t.shape)) for t in self.bundle.inputs]
         self._output_specs = [(tuple(t.shape), np.dtype(DTYPES[t.dtype][0])) for t in self.bundle.outputs]
         self._output_names = [t.name for t in self.bundle.outputs]
+        self._string_inputs = [t for t in self.bundle.inputs if t.dtype == STRING]
+        self._strings = StringTable(self.bundle.vocabulary) if self._string_inputs else None
 
     # ------------------------------------------------------------------ description
     @property
@@ -125,7 +128,7 @@ class Runner:
         """The common case in a few comparisons: a dict of exactly the inputs, each an ndarray of the
         declared dtype and shape, C-contiguous and aligned. None means: take the full check."""
         specs = self._input_specs
-        if type(feeds) is not dict or len(feeds) != len(specs):
+        if type(feeds) is not dict or len(feeds) != len(specs) or self._strings is not None:
             return None
         arrays = []
         for name, dtype, shape in specs:
@@ -149,13 +152,13 @@ class Runner:
         if unexpected:
             raise InputError(f"unexpected input{'s' if len(unexpected) > 1 else ''} {unexpected}; the model's "
                              f"inputs are {expected}")
-        arrays = []
         for t in self.bundle.inputs:
             if t.name not in feeds:
                 raise InputError(f"missing input {t.name!r} ({t.dtype}{list(t.shape)}); the model's inputs are "
                                  f"{expected}")
-            arrays.append(check_input(t, feeds[t.name]))
-        return arrays
+        if self._strings is not None:  # strings become int32 ids, one numbering per call (svodrt/strings.py)
+            feeds = {**feeds, **self._strings.intern(self._string_inputs, feeds)}
+        return [check_input(t, feeds[t.name]) for t in self.bundle.inputs]
 
     def __enter__(self) -> Runner:
         return self

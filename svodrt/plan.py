@@ -15,7 +15,16 @@ import math
 from dataclasses import dataclass
 
 from svodrt.features import FEATURES, to_bits
-from svodrt.format import GPU_KINDS, MAX_BLOCK, MAX_BYTES, MAX_GRID, MAX_TEST_VECTORS, gpu_binding, variant_binding
+from svodrt.format import (
+    GPU_KINDS,
+    MAX_BLOCK,
+    MAX_BYTES,
+    MAX_GRID,
+    MAX_TEST_VECTORS,
+    STRING,
+    gpu_binding,
+    variant_binding,
+)
 from svodrt.schema import (
     KernelInfo,
     Launch,
@@ -30,6 +39,7 @@ from svodrt.schema import (
     tensor,
     uint,
     uints,
+    vocabulary,
 )
 
 
@@ -44,6 +54,8 @@ class Plan:
     test_vectors: list[TestVector]
     # buffer id -> (kind, position): ("input"|"output", slot) or ("weight"|"scratch", byte offset)
     placement: dict[int, tuple[str, int]]
+    # Format 1.4: what string ids below len(vocabulary) stand for; () when no input is a string.
+    vocabulary: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,11 @@ def _io(m: dict, group: str) -> tuple[list[TensorInfo], list[int]]:
     names = [t.name for t in tensors]
     if len(set(names)) != len(names):
         raise fail(group, f"names repeat: {names}")
+    if group == "outputs":
+        for i, t in enumerate(tensors):
+            if t.dtype == STRING:  # the format defines strings as inputs only: run() cannot make them
+                raise fail(f"outputs[{i}].dtype", f"output {t.name!r} is a string: this runtime returns no "
+                           "string outputs (upgrade svodrt)")
     return tensors, ids
 
 
@@ -241,9 +258,12 @@ def parse_plan(m: dict, sections: list[Section], weights: Section) -> Plan:
     buffers = _buffers(m, in_ids, out_ids, arena, weights_size)
     kernels = _kernels(m, buffers)
     check_arena_liveness(kernels, buffers)
+    placement = {b.id: (b.kind, b.offset) for b in buffers.values()}
+    # Read before the variants: their bindings cover it.
+    vocab = vocabulary(m) if any(t.dtype == STRING for t in inputs) else ()
     variants = [_variant(m, i, sections, len(kernels)) for i in range(len(items(m, "variants", "manifest")))]
     if not variants:
         raise fail("variants", "the bundle has no code variant")
-    placement = {b.id: (b.kind, b.offset) for b in buffers.values()}
-    return Plan(inputs, outputs, kernels, variants, arena, weights_size, _test_vectors(m, inputs, outputs), placement)
+    return Plan(inputs, outputs, kernels, variants, arena, weights_size, _test_vectors(m, inputs, outputs), placement,
+                vocab)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from svodrt.errors import BundleFormatError
-from svodrt.format import DTYPES, MAX_BYTES, MAX_ITEMS, MAX_NAME, MAX_RANK
+from svodrt.format import DTYPES, MAX_BYTES, MAX_ITEMS, MAX_NAME, MAX_RANK, MAX_STRING
 
 
 def fail(where: str, msg: str) -> BundleFormatError:
@@ -97,6 +97,22 @@ def tensor(d: Any, where: str) -> TensorInfo:
         if n > MAX_BYTES:
             raise fail(where, f"shape {list(shape)} is over {MAX_BYTES} bytes")
     return TensorInfo(t_name, dtype, shape)
+
+
+def vocabulary(m: Any) -> tuple[str, ...]:
+    """The manifest's `vocabulary` (format 1.4; required when an input is a string): distinct strings,
+    each at most MAX_STRING characters, at most MAX_ITEMS of them. Its order is the ids' meaning."""
+    v = items(m, "vocabulary", "manifest")
+    seen: set[str] = set()
+    for i, s in enumerate(v):
+        if not isinstance(s, str):
+            raise fail(f"vocabulary[{i}]", f"has type {type(s).__name__}, expected str")
+        if len(s) > MAX_STRING:
+            raise fail(f"vocabulary[{i}]", f"has {len(s)} characters, over the limit {MAX_STRING}")
+        if s in seen:
+            raise fail(f"vocabulary[{i}]", f"{s[:40]!r} repeats an earlier string")
+        seen.add(s)
+    return tuple(v)
 
 
 @dataclass(frozen=True)

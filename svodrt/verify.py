@@ -16,9 +16,10 @@ import numpy as np
 from svodrt import load
 from svodrt.bundle import Bundle, TensorInfo, TestVector, check_section, parse_bundle
 from svodrt.errors import SvodError
-from svodrt.format import BITS_OF, DTYPES, FLOAT_FORMATS
+from svodrt.format import BITS_OF, DTYPES, FLOAT_FORMATS, STRING
 from svodrt.host import Host, detect_host
 from svodrt.model import Runner, select_variant, variant_problem
+from svodrt.strings import StringTable
 
 BIT_FLOATS = frozenset(BITS_OF.values())
 
@@ -88,7 +89,12 @@ def _values(t: TensorInfo, a: np.ndarray) -> np.ndarray:
 def run_test_vector(model: Runner, tv: TestVector) -> list[tuple[str, float, float]]:
     """(output name, max error, tolerance) per output."""
     b = model.bundle
-    got = model.run({t.name: _array(t, x) for t, x in zip(b.inputs, tv.inputs, strict=True)})
+    feeds = {t.name: _array(t, x) for t, x in zip(b.inputs, tv.inputs, strict=True)}
+    strings = StringTable(b.vocabulary)
+    for t in b.inputs:  # string inputs are stored as ids: run() takes strings (svodrt/strings.py)
+        if t.dtype == STRING:
+            feeds[t.name] = strings.strings_for_ids(feeds[t.name])
+    got = model.run(feeds)
     return [(t.name, max_error(_values(t, got[t.name]), _values(t, _array(t, want))), tol)
             for t, want, tol in zip(b.outputs, tv.outputs, tv.tolerance, strict=True)]
 

@@ -23,3 +23,21 @@ def test_two_thousand_mutations_never_crash_hang_or_change_outputs(small_bundle,
     assert not result.failures, result.summary()
     # Both kinds of ending occur: the fuzzer reaches past the first checks.
     assert result.counts["format_error"] > COUNT // 2 and result.counts["identical"] > COUNT // 20
+
+
+def test_mutations_of_a_bundle_with_string_inputs_never_change_outputs(tmp_path):
+    """Format 1.4: the vocabulary and the string dtype are fuzzed too (an edited vocabulary must be
+    refused, never run with other ids: the variant binding covers it)."""
+    import svodc
+    from tests.string_models import category_codes
+
+    model, feeds = category_codes()
+    path = tmp_path / "strings.svod"
+    path.write_bytes(svodc.compile(model, test_vectors=True))
+    np.savez(tmp_path / "inputs.npz", **feeds)
+    count = 500
+    result = run_fuzz([path], tmp_path / "inputs.npz", count, SEED + 1)
+    print(result.summary())
+    assert sum(result.counts.values()) == count
+    assert not result.failures, result.summary()
+    assert result.counts["format_error"] > count // 2 and result.counts["identical"] > count // 20

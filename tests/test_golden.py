@@ -21,6 +21,17 @@ def test_goldens_exist_for_format_1():
     assert [p.name for p in GOLDENS if p.parent.name == "v1.0"] == ["relu_add.svod", "small_cnn.svod"]
 
 
+def test_the_current_format_version_has_goldens_with_its_new_features():
+    """Each minor version adds a folder; 1.4's holds a bundle with string inputs (the vocabulary)."""
+    from svodrt.format import FORMAT_MAJOR, FORMAT_MINOR
+
+    current = {p.name for p in GOLDENS if p.parent.name == f"v{FORMAT_MAJOR}.{FORMAT_MINOR}"}
+    assert {"relu_add.svod", "small_cnn.svod", "narrow_dtypes.svod"} <= current
+    assert "string_codes.svod" in {p.name for p in GOLDENS if p.parent.name == "v1.4"}
+    with svodrt.load(ARTIFACTS / "v1.4" / "string_codes.svod", threads=1) as m:
+        assert [t.dtype for t in m.inputs] == ["string", "string"] and m.bundle.vocabulary
+
+
 @pytest.mark.parametrize("path", GOLDENS, ids=[f"{p.parent.name}/{p.stem}" for p in GOLDENS])
 def test_golden_bundle_runs_and_matches_its_stored_outputs(path):
     with np.load(path.with_name(f"{path.stem}.expected.npz")) as z:

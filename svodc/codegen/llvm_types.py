@@ -21,6 +21,7 @@ _LLVM_TYPE = {
     "float16": "i16", "bfloat16": "i16", "float8e4m3fn": "i8", "float8e4m3fnuz": "i8", "float8e5m2": "i8",
     "float8e5m2fnuz": "i8", "float8e8m0": "i8", "float4e2m1": "i8", "int4": "i8", "uint4": "i8", "int2": "i8",
     "uint2": "i8",
+    "string": "i32",  # an interned string's id
 }
 
 

@@ -20,8 +20,9 @@ import onnx
 
 from svodc.errors import InputShapeError, UnsupportedModelError, UnsupportedNode
 from svodc.frontend.dtypes import UnsupportedDType, onnx_to_dtype
+from svodc.frontend.strings import Vocabulary
 from svodc.frontend.values import OptionalValue, SequenceValue, Value
-from svodc.ir.dtypes import DType
+from svodc.ir.dtypes import DType, dtypes
 from svodc.ir.ops import ConstData, InputArg, Ops
 from svodc.ir.uop import UOp
 from svodc.options import CompileOptions
@@ -38,17 +39,19 @@ def _dtype(name: str, tt: onnx.TypeProto.Tensor) -> DType:
         raise UnsupportedModelError([UnsupportedNode(name, "graph input", "", 0, str(e))]) from None
 
 
-def graph_input(vi: onnx.ValueInfoProto, options: CompileOptions) -> tuple[Value, list[tuple[str, UOp]]]:
-    """The value a graph input has inside the graph, and the bundle inputs it is made of."""
-    return _input(vi.name, vi.type, options, optional=False)
+def graph_input(vi: onnx.ValueInfoProto, options: CompileOptions,
+                vocabulary: Vocabulary) -> tuple[Value, list[tuple[str, UOp]]]:
+    """The value a graph input has inside the graph, and the bundle inputs it is made of. A string value
+    fixed at compile time (--input-value) is interned into `vocabulary`."""
+    return _input(vi.name, vi.type, options, vocabulary)
 
 
-def _input(name: str, t: onnx.TypeProto, options: CompileOptions, optional: bool) -> tuple[Value, list]:
+def _input(name: str, t: onnx.TypeProto, options: CompileOptions, vocabulary: Vocabulary) -> tuple[Value, list]:
     kind = t.WhichOneof("value")
     if kind == "optional_type":
         if name in options.input_values and options.input_values[name] is None:
             return OptionalValue(None), []
-        value, inputs = _input(name, t.optional_type.elem_type, options, optional=True)
+        value, inputs = _input(name, t.optional_type.elem_type, options, vocabulary)
         return OptionalValue(value), inputs
     if kind == "sequence_type":
         elem = t.sequence_type.elem_type
@@ -58,12 +61,15 @@ def _input(name: str, t: onnx.TypeProto, options: CompileOptions, optional: bool
         dtype = _dtype(name, elem.tensor_type)
         fixed = options.input_values.get(name)
         if isinstance(fixed, list | tuple):  # the whole sequence fixed at compile time (e.g. empty)
+            if dtype is dtypes.string:
+                items = tuple(vocabulary.constant(a, f"--input-value {name}") for a in fixed)
+                return SequenceValue(items, dtype), []
             arrays = [np.asarray(a) for a in fixed]
             return SequenceValue(tuple(UOp(Ops.WEIGHT, dtype, (), ConstData(a)) for a in arrays), dtype), []
         items, inputs = [], []
         i = 0
         while element_name(name, i) in options.input_shapes or element_name(name, i) in options.input_values:
-            x = _tensor(element_name(name, i), elem.tensor_type, options)
+            x = _tensor(element_name(name, i), elem.tensor_type, options, vocabulary)
             items.append(x)
             if x.op is Ops.INPUT:
                 inputs.append((element_name(name, i), x))
@@ -76,12 +82,14 @@ def _input(name: str, t: onnx.TypeProto, options: CompileOptions, optional: bool
     if kind != "tensor_type":
         raise UnsupportedModelError([UnsupportedNode(name, "graph input", "", 0,
                                                      f"{kind or 'untyped'} inputs are not supported")])
-    x = _tensor(name, t.tensor_type, options)
+    x = _tensor(name, t.tensor_type, options, vocabulary)
     return x, ([(name, x)] if x.op is Ops.INPUT else [])
 
 
-def _tensor(name: str, tt: onnx.TypeProto.Tensor, options: CompileOptions) -> UOp:
+def _tensor(name: str, tt: onnx.TypeProto.Tensor, options: CompileOptions, vocabulary: Vocabulary) -> UOp:
     dtype = _dtype(name, tt)
+    if name in options.input_values and dtype is dtypes.string:
+        return vocabulary.constant(options.input_values[name], f"--input-value {name}")
     if name in options.input_values:
         array = np.asarray(options.input_values[name])
         if array.dtype != dtype.np:

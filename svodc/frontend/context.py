@@ -17,6 +17,7 @@ from svodc.ir.ops import Ops
 from svodc.ir.uop import UOp, toposort
 
 if TYPE_CHECKING:
+    from svodc.frontend.strings import Vocabulary
     from svodc.frontend.values import SequenceValue, Value
 
 # Imports a subgraph attribute of the node with the given values for its inputs; returns its outputs.
@@ -51,13 +52,21 @@ def constant_value(x: UOp) -> np.ndarray:
 
 class NodeContext:
     def __init__(self, node: onnx.NodeProto, inputs: list[Value | None], version: int, opset: int,
-                 subgraph_runner: SubgraphRunner | None = None):
+                 subgraph_runner: SubgraphRunner | None = None, vocabulary: Vocabulary | None = None):
         self.node = node
         self.inputs = inputs
         self.version = version  # the op's schema since_version this node uses
         self.opset = opset  # the model's opset for this node's domain
         self._attrs: dict[str, Any] = {a.name: a for a in node.attribute}
         self._run_subgraph = subgraph_runner
+        self._vocabulary = vocabulary
+
+    @property
+    def vocabulary(self) -> Vocabulary:
+        """The model's strings: a handler interns the strings it compiles in (svodc/frontend/strings.py)."""
+        if self._vocabulary is None:
+            raise Unsupported("string constants cannot be compiled here")
+        return self._vocabulary
 
     @property
     def name(self) -> str:
@@ -132,6 +141,12 @@ class NodeContext:
 
             return numpy_helper.to_array(v)
         return v
+
+    def raw_attr(self, name: str, default: Any = None) -> Any:
+        """An attribute's value as onnx gives it: strings as bytes (they need not be UTF-8), tensors as
+        TensorProtos."""
+        a = self._attrs.get(name)
+        return default if a is None else helper.get_attribute_value(a)
 
     def ints(self, name: str, default: list[int] | None = None) -> list[int] | None:
         v = self.attr(name)

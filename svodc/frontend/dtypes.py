@@ -30,6 +30,9 @@ _ONNX_TO_DTYPE: dict[int, DType] = {
     TensorProto.UINT4: dtypes.uint4,
     TensorProto.INT2: dtypes.int2,
     TensorProto.UINT2: dtypes.uint2,
+    # Interned strings (svodc/frontend/strings.py). Only handlers registered with strings=True see them,
+    # so a Cast or EyeLike to STRING is refused by the importer, not compiled as numbers.
+    TensorProto.STRING: dtypes.string,
 }
 
 

@@ -22,6 +22,7 @@ from svodc.errors import InvalidModelError, UnsupportedNode
 from svodc.frontend.context import NeedsConstant, NodeContext, Unsupported
 from svodc.frontend.dtypes import UnsupportedDType, dtype_to_onnx
 from svodc.frontend.registry import NoHandler, lookup
+from svodc.frontend.strings import Vocabulary, string_use_problem
 from svodc.frontend.values import OptionalValue, SequenceValue, Value
 from svodc.ir.provenance import Provenance
 from svodc.ir.shapes import ShapeError
@@ -71,9 +72,10 @@ def _with(label: UnsupportedNode, reason: str, needs: tuple[str, ...] = ()) -> U
 
 
 class GraphImporter:
-    def __init__(self, prov: Provenance, weight_of_initializer):
+    def __init__(self, prov: Provenance, weight_of_initializer, vocabulary: Vocabulary):
         self.prov = prov
         self.weight_of_initializer = weight_of_initializer  # onnx.TensorProto -> UOp
+        self.vocabulary = vocabulary  # the model's strings (frontend/strings.py)
         self.expanded: set[str] = set()  # op types imported through their function bodies
         self._ids = itertools.count()
 
@@ -134,13 +136,18 @@ class GraphImporter:
         def subgraph_runner(g: onnx.GraphProto, inputs: list[Value | None]) -> list[Value | None]:
             return self.run_subgraph(g, inputs, scope, opsets)
 
-        ctx = NodeContext(node, srcs, version, opset, subgraph_runner)
+        if not handler.strings and (why := string_use_problem(node.op_type, srcs, ())):
+            problems.append(_with(label, why))
+            return self._poison(node, scope)
+        ctx = NodeContext(node, srcs, version, opset, subgraph_runner, self.vocabulary)
         try:
             result = handler.fn(ctx)
             outs = [result] if isinstance(result, UOp | SequenceValue | OptionalValue) else list(result)
             for o in outs:
                 if isinstance(o, UOp):
                     _ = o.shape  # shape errors belong to this node
+            if not handler.strings and (why := string_use_problem(node.op_type, (), outs)):
+                raise Unsupported(why)  # e.g. Cast to STRING: the handler would cast numbers to "ids"
         except SubgraphUnsupported as e:  # report the nodes inside, which are what cannot compile
             problems.extend(e.problems)
             return self._poison(node, scope)

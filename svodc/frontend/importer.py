@@ -29,7 +29,9 @@ from svodc.errors import (
 from svodc.frontend.boundary import graph_input, graph_output
 from svodc.frontend.dtypes import UnsupportedDType, onnx_to_dtype
 from svodc.frontend.graph_import import POISON, GraphImporter, Scope
+from svodc.frontend.strings import Vocabulary
 from svodc.frontend.weights import ExternalData, weight_files
+from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import ConstData, Ops
 from svodc.ir.provenance import Provenance
 from svodc.ir.uop import UOp
@@ -45,6 +47,7 @@ class ImportedGraph:
     provenance: Provenance
     producer: str  # "name version" of the tool that made the model, for the manifest
     expanded_ops: frozenset[str] = frozenset()  # ops imported through their ONNX function bodies
+    vocabulary: tuple[str, ...] = ()  # the model's strings; string id i is vocabulary[i] (frontend/strings.py)
 
 
 def load_model(source: ModelSource) -> onnx.ModelProto:
@@ -81,9 +84,10 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
     graph = model.graph
     prov = Provenance()
     scope = Scope()
+    vocabulary = Vocabulary()
 
     for init in graph.initializer:
-        scope.set(init.name, _weight(init, external))
+        scope.set(init.name, _weight(init, external, vocabulary))
     for name, (dtype, array) in weight_files(options.weights, graph).items():  # --weights: supply or override
         scope.set(name, UOp(Ops.WEIGHT, dtype, (), ConstData(array)))
     for init in graph.sparse_initializer:
@@ -99,7 +103,7 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
         if vi.name in scope.values:  # an initializer listed as an input (IR < 4): a constant
             continue
         try:
-            value, bundle_inputs = graph_input(vi, options)
+            value, bundle_inputs = graph_input(vi, options, vocabulary)
         except UnsupportedModelError as e:  # e.g. a string input: listed with the nodes that fail
             problems += e.nodes
             scope.set(vi.name, POISON)
@@ -107,24 +111,31 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
         scope.set(vi.name, value)
         inputs += bundle_inputs
 
-    importer = GraphImporter(prov, lambda init: _weight(init, external))
+    importer = GraphImporter(prov, lambda init: _weight(init, external, vocabulary), vocabulary)
     problems += importer.import_graph_nodes(graph, scope, opsets)
-    if problems:
-        raise UnsupportedModelError(problems)
-
     outputs = []
     for vi in graph.output:
         v = scope.get(vi.name, None)
         if v is None:
             raise InvalidModelError(f"graph output {vi.name!r} is not produced by any node")
-        outputs += graph_output(vi.name, v)
+        if v is POISON:
+            continue
+        for name, x in graph_output(vi.name, v):
+            if x.dtype is dtypes.string:  # svodrt returns numbers; ids mean nothing to the caller
+                problems.append(UnsupportedNode(name, "graph output", "", 0, "string outputs are not supported "
+                                                "(string tensors can be inputs, compared and mapped to numbers)"))
+            outputs.append((name, x))
+    if problems:
+        raise UnsupportedModelError(problems)
     producer = f"{model.producer_name} {model.producer_version}".strip()
-    return ImportedGraph(inputs, outputs, prov, producer, frozenset(importer.expanded))
+    return ImportedGraph(inputs, outputs, prov, producer, frozenset(importer.expanded), vocabulary.strings)
 
 
-def _weight(init: onnx.TensorProto, external: ExternalData) -> UOp:
+def _weight(init: onnx.TensorProto, external: ExternalData, vocabulary: Vocabulary) -> UOp:
     try:
         dtype = onnx_to_dtype(init.data_type, where=f"initializer {init.name!r}")
+        if dtype is dtypes.string:  # interned: the tensor holds ids (frontend/strings.py)
+            return vocabulary.constant(onnx.numpy_helper.to_array(init), f"initializer {init.name!r}")
         array = external.array(init, dtype)
     except UnsupportedDType as e:
         raise UnsupportedModelError([UnsupportedNode(init.name, "initializer", "", 0, str(e))]) from None

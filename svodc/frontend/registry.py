@@ -27,18 +27,22 @@ class Handler:
     op_type: str
     versions: tuple[int, ...]
     fn: HandlerFn
+    # Correct on string tensors (ids, svodc/frontend/strings.py): it only moves, selects or compares
+    # elements, or handles strings itself. The importer refuses string values to every other handler.
+    strings: bool = False
 
 
 _REGISTRY: dict[tuple[str, str], list[Handler]] = {}
 
 
-def onnx_op(op_type: str, *versions: int, domain: str = "") -> Callable[[HandlerFn], HandlerFn]:
-    """Register a handler for the given op versions: @onnx_op("Softmax", 13)."""
+def onnx_op(op_type: str, *versions: int, domain: str = "", strings: bool = False) -> Callable[[HandlerFn], HandlerFn]:
+    """Register a handler for the given op versions: @onnx_op("Softmax", 13). strings=True: the handler
+    is correct on string tensors (see Handler.strings)."""
     if not versions:
         raise ValueError(f"handler for {op_type} must name the op versions it implements")
 
     def register(fn: HandlerFn) -> HandlerFn:
-        _REGISTRY.setdefault((domain, op_type), []).append(Handler(domain, op_type, tuple(versions), fn))
+        _REGISTRY.setdefault((domain, op_type), []).append(Handler(domain, op_type, tuple(versions), fn, strings))
         return fn
 
     return register

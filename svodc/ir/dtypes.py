@@ -12,6 +12,11 @@ Three numpy views of a dtype:
   bfloat16 as its uint16 bits, float8/float4 as their uint8 bits, int4/int2 one element per byte,
   sign-extended (int8) or zero-extended (uint8). Packed 4-bit ONNX tensors are unpacked on import.
 - `bits`: the width of the value; less than 8 * itemsize only for the narrow integers.
+
+`string` is a tensor of interned strings: each element an int32 id (an index into the model's
+vocabulary, svodc/frontend/strings.py, or a number past it that the runtime gives strings the
+vocabulary lacks). In the IR it is an `int` kind of its own name, so no op mixes it with int32 by
+accident; the frontend lets only ops that depend on nothing but id equality see it.
 """
 
 from __future__ import annotations
@@ -106,6 +111,7 @@ class dtypes:
     uint4 = DType("uint4", 1, "uint", width=4)
     int2 = DType("int2", 1, "int", width=2)
     uint2 = DType("uint2", 1, "uint", width=2)
+    string = DType("string", 4, "int")  # an interned string's int32 id (see the module doc)
     index = DType("index", 0, "index")
     void = DType("void", 0, "index")
 
@@ -138,6 +144,7 @@ _NUMPY_NAME = {
     "index": "int64", "float8e4m3fn": "float8_e4m3fn", "float8e4m3fnuz": "float8_e4m3fnuz",
     "float8e5m2": "float8_e5m2", "float8e5m2fnuz": "float8_e5m2fnuz", "float8e8m0": "float8_e8m0fnu",
     "float4e2m1": "float4_e2m1fn", "int4": "int4", "uint4": "uint4", "int2": "int2", "uint2": "uint2",
+    "string": "int32",
 }
 _ML_DTYPES = frozenset({"bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
                         "float8_e8m0fnu", "float4_e2m1fn", "int4", "uint4", "int2", "uint2"})

@@ -112,7 +112,8 @@ def build_program(graph: ImportedGraph, options: CompileOptions) -> Program:
             print(f"===== kernel {name} =====\n{pretty(ast)}", file=sys.stderr)
 
     weight_list = list(weights.values())
-    program = Program(inputs, out_bufs, kernels, weight_list, scratch, producer=graph.producer)
+    program = Program(inputs, out_bufs, kernels, weight_list, scratch, producer=graph.producer,
+                      vocabulary=graph.vocabulary)
     program.arena_size = plan_arena(kernels, scratch)
     program.weights_size = plan_weights(weight_list)
     return program

@@ -8,6 +8,7 @@ from svodc.frontend.ops import (  # noqa: F401
     elementwise,
     grid_sample,
     indexing,
+    label_encoder,
     linalg,
     linear_attention,
     loss,

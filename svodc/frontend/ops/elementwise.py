@@ -234,7 +234,7 @@ def _compare(op: Ops, swap: bool = False, negate: bool = False):
     return handler
 
 
-onnx_op("Equal", 1, 7, 11, 13, 19)(_compare(Ops.CMPEQ))
+onnx_op("Equal", 1, 7, 11, 13, 19, strings=True)(_compare(Ops.CMPEQ))
 onnx_op("Less", 1, 7, 9, 13)(_compare(Ops.CMPLT))
 onnx_op("Greater", 1, 7, 9, 13)(_compare(Ops.CMPLT, swap=True))
 onnx_op("LessOrEqual", 12, 16)(_compare(Ops.CMPLT, swap=True, negate=True))
@@ -250,12 +250,12 @@ for _name, _op in (("And", Ops.AND), ("Or", Ops.OR), ("Xor", Ops.XOR)):
     onnx_op(_name, 1, 7)(_binary(_op))
 
 
-@onnx_op("Where", 9, 16)
+@onnx_op("Where", 9, 16, strings=True)
 def where(ctx: NodeContext) -> UOp:
     return T.alu(Ops.WHERE, ctx.input(0), ctx.input(1), ctx.input(2))
 
 
-@onnx_op("Identity", 1, 13, 14, 16, 19, 21, 23, 24, 25)
+@onnx_op("Identity", 1, 13, 14, 16, 19, 21, 23, 24, 25, strings=True)
 def identity(ctx: NodeContext):
     return ctx.value(0)  # tensors, sequences and optionals alike
 

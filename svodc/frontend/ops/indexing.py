@@ -64,7 +64,7 @@ def linear_index(idx: UOp, dims: tuple[int, ...]) -> UOp:
     return out if out is not None else T.const(0, _I64, lead)
 
 
-@onnx_op("Gather", 1, 11, 13)
+@onnx_op("Gather", 1, 11, 13, strings=True)
 def gather(ctx: NodeContext) -> UOp:
     x, idx = ctx.input(0), ctx.input(1)
     axis = T.norm_axis(ctx.attr("axis", 0), x.ndim)

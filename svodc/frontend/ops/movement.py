@@ -46,7 +46,7 @@ def slice_view(x: UOp, starts: list[int], ends: list[int], axes: list[int], step
     return T.slice_axes(x, first, step, shape)
 
 
-@onnx_op("Slice", 1, 10, 11, 13)
+@onnx_op("Slice", 1, 10, 11, 13, strings=True)
 def slice_(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
     if ctx.version < 10:
@@ -108,7 +108,7 @@ def pad(ctx: NodeContext) -> UOp:
     return x
 
 
-@onnx_op("Split", 1, 2, 11, 13, 18)
+@onnx_op("Split", 1, 2, 11, 13, 18, strings=True)
 def split(ctx: NodeContext) -> list[UOp]:
     x = ctx.input(0)
     axis = T.norm_axis(ctx.attr("axis", 0), x.ndim)
@@ -139,7 +139,7 @@ def split(ctx: NodeContext) -> list[UOp]:
     return parts
 
 
-@onnx_op("Tile", 1, 6, 13)
+@onnx_op("Tile", 1, 6, 13, strings=True)
 def tile(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
     if ctx.version < 6:

@@ -20,7 +20,7 @@ def weight(array: np.ndarray) -> UOp:
     return UOp(Ops.WEIGHT, dtypes.from_numpy(array.dtype), (), ConstData(array))
 
 
-@onnx_op("Reshape", 1, 5, 13, 14, 19, 21, 23, 24, 25)
+@onnx_op("Reshape", 1, 5, 13, 14, 19, 21, 23, 24, 25, strings=True)
 def reshape(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
     shape = ctx.ints("shape") if ctx.version < 5 else [int(v) for v in ctx.const_input(1, "shape")]
@@ -46,7 +46,7 @@ def reshape(ctx: NodeContext) -> UOp:
     return T.reshape(x, out)
 
 
-@onnx_op("Flatten", 1, 9, 11, 13, 21, 23, 24, 25)
+@onnx_op("Flatten", 1, 9, 11, 13, 21, 23, 24, 25, strings=True)
 def flatten(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
     axis = ctx.attr("axis", 1)
@@ -56,14 +56,14 @@ def flatten(ctx: NodeContext) -> UOp:
     return T.reshape(x, (int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:]))))
 
 
-@onnx_op("Transpose", 1, 13, 21, 23, 24, 25)
+@onnx_op("Transpose", 1, 13, 21, 23, 24, 25, strings=True)
 def transpose(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
     perm = ctx.ints("perm", list(range(x.ndim))[::-1])
     return T.permute(x, [p % x.ndim for p in perm])
 
 
-@onnx_op("Concat", 1, 4, 11, 13)
+@onnx_op("Concat", 1, 4, 11, 13, strings=True)
 def concat(ctx: NodeContext) -> UOp:
     xs = [x for x in ctx.inputs if x is not None]
     axis = ctx.attr("axis", 1 if ctx.version < 4 else None)
@@ -79,7 +79,7 @@ def _axes_arg(ctx: NodeContext, since_input: int) -> list[int] | None:
     return None if a is None else [int(v) for v in a.reshape(-1)]
 
 
-@onnx_op("Unsqueeze", 1, 11, 13, 21, 23, 24, 25)
+@onnx_op("Unsqueeze", 1, 11, 13, 21, 23, 24, 25, strings=True)
 def unsqueeze(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
     axes = _axes_arg(ctx, 13)
@@ -93,7 +93,7 @@ def unsqueeze(ctx: NodeContext) -> UOp:
     return T.reshape(x, shape)
 
 
-@onnx_op("Squeeze", 1, 11, 13, 21, 23, 24, 25)
+@onnx_op("Squeeze", 1, 11, 13, 21, 23, 24, 25, strings=True)
 def squeeze(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
     axes = _axes_arg(ctx, 13)
@@ -105,14 +105,14 @@ def squeeze(ctx: NodeContext) -> UOp:
     return T.reshape(x, [d for i, d in enumerate(x.shape) if i not in axes])
 
 
-@onnx_op("Shape", 1, 13, 15, 19, 21, 23, 24, 25)
+@onnx_op("Shape", 1, 13, 15, 19, 21, 23, 24, 25, strings=True)
 def shape(ctx: NodeContext) -> UOp:
     dims = list(ctx.input(0).shape)
     start, end = ctx.attr("start", 0), ctx.attr("end", None)
     return weight(np.array(dims[start:end] if end is not None else dims[start:], dtype=np.int64))
 
 
-@onnx_op("Size", 1, 13, 19, 21, 23, 24, 25)
+@onnx_op("Size", 1, 13, 19, 21, 23, 24, 25, strings=True)
 def size(ctx: NodeContext) -> UOp:
     return weight(np.array(T.numel(ctx.input(0)), dtype=np.int64))
 
@@ -128,12 +128,14 @@ def constant_of_shape(ctx: NodeContext) -> UOp:
     return T.const(value[0].item(), dtype, dims)
 
 
-@onnx_op("Constant", 1, 9, 11, 12, 13, 19, 21, 23, 24, 25)
+@onnx_op("Constant", 1, 9, 11, 12, 13, 19, 21, 23, 24, 25, strings=True)
 def constant(ctx: NodeContext) -> UOp:
     for name, a in ctx._attrs.items():
         if name == "value":
             t = a.t
             dtype = onnx_to_dtype(t.data_type, where="attribute 'value'")
+            if dtype is dtypes.string:  # interned: the tensor holds ids (frontend/strings.py)
+                return ctx.vocabulary.constant(numpy_helper.to_array(t), "attribute 'value'")
             return UOp(Ops.WEIGHT, dtype, (), ConstData(np.asarray(numpy_helper.to_array(t), dtype=dtype.np)))
         if name == "value_float":
             return weight(np.array(a.f, dtype=np.float32))
@@ -143,11 +145,15 @@ def constant(ctx: NodeContext) -> UOp:
             return weight(np.array(a.i, dtype=np.int64))
         if name == "value_ints":
             return weight(np.array(list(a.ints), dtype=np.int64))
+        if name == "value_string":
+            return ctx.vocabulary.constant(np.array(a.s, dtype=object), "attribute 'value_string'")
+        if name == "value_strings":
+            return ctx.vocabulary.constant(np.array(list(a.strings), dtype=object), "attribute 'value_strings'")
         raise Unsupported(f"Constant with attribute {name!r} is not supported")
     raise Unsupported("Constant has no value attribute")
 
 
-@onnx_op("Expand", 8, 13)
+@onnx_op("Expand", 8, 13, strings=True)
 def expand(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
     target = [int(v) for v in ctx.const_input(1, "shape").reshape(-1)]

@@ -1,0 +1,108 @@
+"""String inputs (format 1.4): strings reach native code as int32 ids.
+
+The compiler interned every string a model holds (LabelEncoder keys, string constants) into the
+bundle's `vocabulary` and compiled the string operations it supports into operations on ids: Equal
+compares ids, LabelEncoder looks an id up in a table. run() turns each string input into ids: a string
+of the vocabulary gets its index; any other string gets a new id past the vocabulary, the same id for
+equal strings in every string input of the call (so Equal of two strings the model never saw is still
+right). Invariant (kept by the compiler, which only lets ops with this property touch strings): the
+outputs depend only on which ids are equal and which vocabulary entry an id is, never on the value of
+a new id, so any numbering of the new strings gives the same outputs. That is also why the test
+vectors can store ids (strings_for_ids).
+
+Accepted arrays: numpy `str` arrays (dtype kind 'U'), object arrays whose elements are all `str`, and
+bytes arrays (kind 'S'), decoded as UTF-8. Anything else is an InputError naming the input and, for an
+element, its position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from svodrt.errors import InputError
+from svodrt.format import MAX_STRING_ID
+from svodrt.schema import TensorInfo
+
+
+class StringTable:
+    """A bundle's vocabulary, with the index of each string, built once at load."""
+
+    def __init__(self, vocabulary: Sequence[str]):
+        self.vocabulary = tuple(vocabulary)
+        self.ids = {s: i for i, s in enumerate(self.vocabulary)}
+
+    def intern(self, inputs: Sequence[TensorInfo], feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
+        """{name: int32 ids with the array's shape} for the string inputs among `inputs`; one numbering
+        of new strings shared by all of them."""
+        known, fresh = self.ids, {}
+        base = len(known)
+        lists = [(t, feeds[t.name], _strings(t, feeds[t.name])) for t in inputs]
+        total = sum(len(strings) for _, _, strings in lists)
+        if base + total > MAX_STRING_ID:
+            raise InputError(f"string inputs hold {total} strings in all; at most {MAX_STRING_ID - base} fit the "
+                             "int32 ids this model computes with")
+        out = {}
+        for t, value, strings in lists:
+            # setdefault's default is computed before the insert: a new string gets base + (count so far)
+            ids = np.fromiter((known[s] if s in known else fresh.setdefault(s, base + len(fresh)) for s in strings),
+                              np.int32, count=len(strings))
+            out[t.name] = ids.reshape(value.shape)  # type: ignore[union-attr]
+        return out
+
+    def strings_for_ids(self, ids: np.ndarray) -> np.ndarray:
+        """An object array of strings that intern to ids equivalent to `ids` (a test vector's stored
+        input): the vocabulary's string for an id in it, and for each other id (a damaged vector may
+        hold any) a string the vocabulary lacks, one per id."""
+        unseen: dict[int, str] = {}
+
+        def string(i: int) -> str:
+            if 0 <= i < len(self.vocabulary):
+                return self.vocabulary[i]
+            if i not in unseen:
+                s = f"<svod test string {i}>"
+                while s in self.ids:
+                    s += "'"
+                unseen[i] = s
+            return unseen[i]
+
+        out = np.empty(ids.shape, dtype=object)
+        out.reshape(-1)[:] = [string(int(i)) for i in ids.reshape(-1)]
+        return out
+
+
+def _strings(t: TensorInfo, value: object) -> list[str]:
+    """The elements of a string input, row-major, as str; InputError for anything else."""
+    if not isinstance(value, np.ndarray) or isinstance(value, np.ma.MaskedArray):
+        raise InputError(f"input {t.name!r} is a string input: pass a numpy.ndarray of str, got {type(value).__name__}")
+    kind = value.dtype.kind
+    flat = value.reshape(-1).tolist()
+    if kind == "U":
+        return flat
+    if kind == "S":
+        try:
+            return [b.decode("utf-8") for b in flat]
+        except UnicodeDecodeError:
+            i = next(i for i, b in enumerate(flat) if not _is_utf8(b))
+            raise InputError(f"input {t.name!r} element {_position(value, i)} is not UTF-8: {flat[i][:40]!r}") from None
+    if kind == "O":
+        for i, s in enumerate(flat):
+            if not isinstance(s, str):
+                raise InputError(f"input {t.name!r} element {_position(value, i)} is a {type(s).__name__}, "
+                                 f"expected str ({s!r:.40})")
+        return flat
+    raise InputError(f"input {t.name!r} is a string input: pass a numpy array of str (dtype '<U' or object), "
+                     f"got dtype {value.dtype}")
+
+
+def _is_utf8(b: bytes) -> bool:
+    try:
+        b.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _position(value: np.ndarray, i: int) -> list[int]:
+    return [int(k) for k in np.unravel_index(i, value.shape)] if value.ndim else []
