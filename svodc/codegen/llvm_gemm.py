@@ -43,6 +43,9 @@ class Side:
     panel_stride: int = 0  # vector side, packed: elements from one panel to the next (K * B_PANEL)
 
 
+LANES_FASTEST_MAX_PANEL = 8 * 1024  # bytes of a B panel (k x lanes floats) below which lanes go fastest
+
+
 def blocking(target: Target, arg: GemmArg) -> tuple[int, int, int]:
     """(rows, lanes, vw): tile rows (scalar side), tile lanes (vector side), floats per vector."""
     vw = target.vector_bits // 32
@@ -196,10 +199,19 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target) -> None:
     sc = em.stack[-1]
     t = sc.ivar
     line = em.emit_line
-    rt = line(sc, f"urem i64 {t}, {rt_n}")
-    rest = line(sc, f"udiv i64 {t}, {rt_n}")
-    lt = line(sc, f"urem i64 {rest}, {lt_n}")
-    flat = line(sc, f"udiv i64 {rest}, {lt_n}")
+    if arg.k * lanes * 4 <= LANES_FASTEST_MAX_PANEL:
+        # Small k: a tile is mostly its C stores. Sweep the lanes of a row block first, so C is
+        # written as `rows` contiguous streams (the B panels are small and come from cache).
+        lt = line(sc, f"urem i64 {t}, {lt_n}")
+        rest = line(sc, f"udiv i64 {t}, {lt_n}")
+        rt = line(sc, f"urem i64 {rest}, {rt_n}")
+        flat = line(sc, f"udiv i64 {rest}, {rt_n}")
+    else:
+        # Otherwise reuse each B panel (k x lanes) across the row blocks while it is in L1/L2.
+        rt = line(sc, f"urem i64 {t}, {rt_n}")
+        rest = line(sc, f"udiv i64 {t}, {rt_n}")
+        lt = line(sc, f"urem i64 {rest}, {lt_n}")
+        flat = line(sc, f"udiv i64 {rest}, {lt_n}")
     batch: list[str] = []
     for d in reversed(arg.batch):
         batch.append(line(sc, f"urem i64 {flat}, {d}"))

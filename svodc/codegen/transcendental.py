@@ -365,6 +365,12 @@ def _rewrite_unary(n: UOp) -> UOp | None:
 def _rewrite_pow(n: UOp) -> UOp | None:
     if not n.dtype.is_float:
         return None
+    x, y = n.src
+    if y.op is Ops.CONST and y.arg in (1.0, 2.0, 3.0):  # x**2 is x*x, exactly what numpy computes
+        r = x
+        for _ in range(int(y.arg) - 1):
+            r = r * x
+        return r
     if n.dtype in (F32, F64):
         return pow_(n.src[0], n.src[1])
     return UOp(Ops.POW, F32, tuple(s.cast(F32) for s in n.src)).cast(n.dtype)

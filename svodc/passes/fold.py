@@ -14,6 +14,7 @@ import numpy as np
 
 from svodc.ir import tensor as T
 from svodc.ir.alu import fold_scalar
+from svodc.ir.dtypes import dtypes
 from svodc.ir.interpret import evaluate
 from svodc.ir.ops import ALU, MOVEMENT, ConstData, Ops, PadArg, ShapeArg
 from svodc.ir.pattern import PatternMatcher, UPat
@@ -75,6 +76,20 @@ def make_fold_computed(limit: int):
     return fold_computed
 
 
+# dtypes whose one-element weights become splats (a CONST's value is a Python number; the emulated
+# and string dtypes keep their stored form)
+_SPLATTABLE = frozenset({dtypes.float32, dtypes.float64, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64,
+                         dtypes.uint8, dtypes.uint16, dtypes.uint32, dtypes.uint64, dtypes.bool})
+
+
+def weight_scalar_to_splat(n: UOp) -> UOp | None:
+    """A one-element WEIGHT is a splat: kernels then see the constant (x ** 2.0 becomes x * x, a
+    scale folds into its neighbours) instead of loading it."""
+    if n.dtype not in _SPLATTABLE or prod(n.shape) != 1:
+        return None
+    return T.const(n.arg.array.reshape(()).item(), n.dtype, n.shape)
+
+
 def collapse_movement(n: UOp) -> UOp | None:
     """RESHAPE of RESHAPE, and EXPAND to the same shape."""
     src = n.src[0]
@@ -92,5 +107,6 @@ def pm_fold(limit: int) -> PatternMatcher:
         (UPat((Ops.RESHAPE, Ops.EXPAND), name="n"), collapse_movement),
         (UPat(ALU, name="n"), fold_splat_alu),
         (UPat(Ops.PAD, name="n"), fold_pad_of_splat),
+        (UPat(Ops.WEIGHT, name="n"), weight_scalar_to_splat),
         (UPat(name="n"), make_fold_computed(limit)),
     ], name="fold") + pm_symbolic

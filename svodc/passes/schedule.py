@@ -6,7 +6,8 @@ arithmetic, elementwise chains are recomputed in place). A compute node is reali
 - it contains an unrealized REDUCE and is reused element by element by a consumer (EXPAND, PAD,
   WINDOW: a broadcast or overlapping windows would recompute the reduction per use), or feeds
   another REDUCE, or has several consumers;
-- it is an expensive elementwise chain that a consumer reuses (more than a few ops per element);
+- it is an expensive elementwise chain that a consumer reuses (more than a few ops per element),
+  or a GATHER that a consumer reuses;
 - its fused subgraph would grow past MAX_FUSED_OPS (keeps kernels and compile time bounded);
 - it is a SCATTER (always a kernel of its own: copy, then serial updates; see lower.py).
 GATHER reads its source at run-time positions, so for the rules above it reuses elements like EXPAND.
@@ -132,10 +133,16 @@ def plan_kernels(outputs: list[tuple[str, UOp]]) -> tuple[list[KernelPlan], set[
         if n in forced:
             realized.add(n)
             continue
-        if n in epilogue or (n.op not in ALU and n.op is not Ops.REDUCE):
+        if n in epilogue or (n.op not in ALU and n.op not in (Ops.REDUCE, Ops.GATHER)):
             continue
         reuse, into_reduce = _reuse_consumers(n, consumers)
         many = len(consumers[n]) > 1
+        if n.op is Ops.GATHER:
+            # a gathered element costs an index load, wrap and clamp: a consumer that reuses elements
+            # (a convolution's windows over a reflection pad done by Gather) reads a copy instead
+            if reuse:
+                realized.add(n)
+            continue
         if (n in output_roots or (hr and (reuse or into_reduce or many))
                 or (reuse and ops > CHEAP_TO_REPEAT) or ops > MAX_FUSED_OPS):
             realized.add(n)
