@@ -62,11 +62,14 @@ def _ort_session(path: Path, threads: int):
 
 # Runs alternate in blocks, not one by one: onnxruntime's pool threads spin for a while after each
 # run, and a run of ours started right after one finds the other core taken (and vice versa). Each
-# block starts with an untimed run, so neither engine is timed against the other's leftovers.
+# block starts after a pause with an untimed run, so neither engine is timed against the other's
+# leftovers.
 BLOCK = 5
+BLOCK_GAP_S = 0.05  # and a pause first, long enough for the other engine's spinning threads to sleep
 
 
 def _timed_block(run, *args) -> list[float]:
+    time.sleep(BLOCK_GAP_S)
     run(*args)
     ts = []
     for _ in range(BLOCK):

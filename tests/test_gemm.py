@@ -90,3 +90,22 @@ def test_grouped_and_strided_convolutions(threads):
                        {"w1": rand(24, 4, 3, 3), "w2": rand(8, 24, 1, 1)})
     got = compile_and_run(model, {"x": x}, threads=threads)["y"]
     np.testing.assert_allclose(got, reference(model, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape,w_shape,kernel", [
+    ((1, 24, 40, 40), (24, 1, 2, 2), [2, 2]),  # the segmentation-head upsampling: one output channel
+    ((2, 8, 5, 7), (8, 6, 3, 3), [3, 3]),
+    ((1, 16, 64), (16, 4, 2), [2]),
+])
+def test_conv_transpose_with_kernel_equal_to_strides_is_one_matrix_product(shape, w_shape, kernel):
+    """ConvTranspose whose kernel equals its strides (no pads, no dilation) is compiled as one GEMM
+    over x in place plus a depth-to-space move (frontend/ops/nn.py); results match onnxruntime."""
+    r = np.random.default_rng(5)
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], kernel_shape=kernel, strides=kernel)
+    inits = {"w": r.standard_normal(w_shape).astype(np.float32), "b": r.standard_normal(w_shape[1]).astype(np.float32)}
+    model = make_model([node], {"x": (np.float32, list(shape))}, ["y"], inits)
+    program = build_program(import_model(model, CompileOptions()), CompileOptions())
+    assert any(s.op is Ops.GEMM for k in program.kernels for s in k.ast.src)
+    feeds = {"x": r.standard_normal(shape).astype(np.float32)}
+    got = compile_and_run(model, feeds)["y"]
+    np.testing.assert_allclose(got, reference(model, feeds)[0], rtol=1e-4, atol=1e-5)

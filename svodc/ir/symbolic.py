@@ -128,7 +128,8 @@ def _build_sum(dt: DType, coefs: dict[UOp, int], const: int) -> UOp:
 
 
 def _merge_divmod_pairs(coefs: dict[UOp, int]) -> bool:
-    """(x//a)*a*k + (x%a)*k -> x*k and (x//a % b)*a*k + (x%a)*k -> (x % (a*b))*k. True if merged."""
+    """(x//a)*a*k + (x%a)*k -> x*k, (x//a % b)*a*k + (x%a)*k -> (x % (a*b))*k and
+    ((x % m)//a)*a*k + (x%a)*k -> (x % m)*k (a divides m). True if merged."""
     for t2, k in list(coefs.items()):
         if t2.op is not Ops.MOD or t2.src[1].op is not Ops.CONST:
             continue
@@ -143,6 +144,13 @@ def _merge_divmod_pairs(coefs: dict[UOp, int]) -> bool:
                 del coefs[t1], coefs[t2]
                 merged = UOp(Ops.MOD, x.dtype, (x, UOp.const(x.dtype, a * t1.src[1].arg)))
                 coefs[merged] = coefs.get(merged, 0) + k
+                return True
+            # (x % m)//a * a*k + (x%a)*k -> (x % m)*k when a divides m ((x % m) % a is x % a then)
+            inner = t1.src[0] if t1.op is Ops.IDIV else None
+            if (inner is not None and t1.src[1] is t2.src[1] and k1 == k * a and inner.op is Ops.MOD
+                    and inner.src[0] is x and inner.src[1].op is Ops.CONST and inner.src[1].arg % a == 0):
+                del coefs[t1], coefs[t2]
+                coefs[inner] = coefs.get(inner, 0) + k
                 return True
     return False
 

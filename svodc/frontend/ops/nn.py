@@ -216,6 +216,40 @@ def conv_transpose(ctx: NodeContext) -> UOp:
     else:
         raise Unsupported(f"auto_pad={auto_pad!r} is not a valid value")
 
+    if (g == 1 and strides == kernel and all(d == 1 for d in dilations) and target == full
+            and all(p == (0, 0) for p in pads) and x.dtype is dtypes.float32):
+        y = _conv_transpose_blocks(x, w, kernel)
+    else:
+        y = _conv_transpose_upsampled(x, w, g, kernel, strides, dilations)
+    # crop `pads` from the full result and pad (with zeros) or crop its end to the target size
+    grow = [(max(0, -pb), max(0, pb + t - f)) for (pb, _), t, f in zip(pads, target, full, strict=True)]
+    y = T.pad(y, [(0, 0), (0, 0), *grow])
+    y = T.shrink(y, [(0, y.shape[0]), (0, y.shape[1])]
+                 + [(max(0, pb), max(0, pb) + t) for (pb, _), t in zip(pads, target, strict=True)])
+    if b is not None:
+        y = T.alu(Ops.ADD, y, T.reshape(b, (1, b.shape[0]) + (1,) * nsp))
+    return y
+
+
+def _conv_transpose_blocks(x: UOp, w: UOp, kernel: list[int]) -> UOp:
+    """Kernel == strides, no pads or dilation (the 2x2/2 upsampling of segmentation heads): every
+    input position owns its own k1 x k2 block of the output, y[n, o, i*k + a] = sum_c x[n, c, i] *
+    w[c, o, a]. One matrix product [O*K, C] x [C, H*W] reads x in place (no zeros multiplied, no
+    im2col), then the blocks are moved into place (depth to space)."""
+    n, c, *sp = x.shape
+    nsp, m = len(sp), w.shape[1]
+    kk = math.prod(kernel)
+    wm = T.reshape(T.permute(w, (1, *range(2, 2 + nsp), 0)), (m * kk, c))  # [(o, a), c]
+    prod = T.matmul(T.broadcast_to(wm, (n, m * kk, c)), T.reshape(x, (n, c, math.prod(sp))))
+    y = T.reshape(prod, (n, m, *kernel, *sp))
+    order = [0, 1] + [i for d in range(nsp) for i in (2 + nsp + d, 2 + d)]  # [n, o, s1, k1, s2, k2, ...]
+    return T.reshape(T.permute(y, order), (n, m, *(s_ * k for s_, k in zip(sp, kernel, strict=True))))
+
+
+def _conv_transpose_upsampled(x: UOp, w: UOp, g: int, kernel: list[int], strides: list[int],
+                              dilations: list[int]) -> UOp:
+    """The general case: the full convolution of the zero-upsampled input with the flipped kernel."""
+    nsp = x.ndim - 2
     for axis, s in enumerate(strides, start=2):  # upsample: s-1 zeros after every element, none after the last
         if s > 1:
             n = x.shape[axis]
@@ -227,12 +261,4 @@ def conv_transpose(ctx: NodeContext) -> UOp:
     wg = T.reshape(w, (g, c // g, m_g, *kernel))
     wg = T.reshape(T.permute(wg, (0, 2, 1, *range(3, 3 + nsp))), (g * m_g, c // g, *kernel))
     wf = T.slice_axes(wg, (0, 0, *(k - 1 for k in kernel)), (1, 1, *(-1,) * nsp), wg.shape)
-    y = T.conv(x, wf, [1] * nsp, dilations, [((k - 1) * d,) * 2 for k, d in zip(kernel, dilations, strict=True)], g)
-    # crop `pads` from the full result and pad (with zeros) or crop its end to the target size
-    grow = [(max(0, -pb), max(0, pb + t - f)) for (pb, _), t, f in zip(pads, target, full, strict=True)]
-    y = T.pad(y, [(0, 0), (0, 0), *grow])
-    y = T.shrink(y, [(0, y.shape[0]), (0, y.shape[1])]
-                 + [(max(0, pb), max(0, pb) + t) for (pb, _), t in zip(pads, target, strict=True)])
-    if b is not None:
-        y = T.alu(Ops.ADD, y, T.reshape(b, (1, b.shape[0]) + (1,) * nsp))
-    return y
+    return T.conv(x, wf, [1] * nsp, dilations, [((k - 1) * d,) * 2 for k, d in zip(kernel, dilations, strict=True)], g)
