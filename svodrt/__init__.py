@@ -31,7 +31,8 @@ def load(source: str | os.PathLike | bytes, threads: int | None = None, host: Ho
     """Load a bundle from a path or bytes. Every structural check and the sha256 of the code that will
     run are always done.
 
-    threads: threads per inference (default: the host's cores). host: choose the code variant for
+    threads: at most this many threads per inference (default: the host's cores; a model that runs in
+    under 0.3 ms on one thread uses one). host: choose the code variant for
     this host instead of the detected one (e.g. `detect_host().limited_to("x86-64-v2")`).
     verify_weights: check the weights' sha256 (default: when they are at most 16 MiB; see
     docs/architecture.md). variant: use this variant (index) instead of the first the host can run.

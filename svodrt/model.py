@@ -7,12 +7,13 @@ weights read-only (straight from the file when loading a path). run() validates 
 native code sees it, allocates the outputs, takes an arena from a small pool (one per concurrent
 call), and calls the entry function once per thread.
 
-Threads: the entry splits every kernel across `nthreads` callers that meet at barriers. A model owns
-threads-1 helper threads. One call at a time uses them; a call that finds them busy (another thread
-is running the same model) runs single-threaded instead of waiting, so concurrent calls are safe and
-can never deadlock on the barrier. With threads=None (the default: one per core) a model whose
-single-threaded run takes under AUTO_PARALLEL_MIN_S stays single-threaded (measured on its first two
-calls): waking helper threads would cost more than they save. close() refuses new calls, waits for
+Threads: the entry hands out the parts of every kernel to `nthreads` callers (a work queue, see
+svodc/codegen/module.py). A model owns threads-1 helper threads. One call at a time uses them; a call
+that finds them busy (another thread is running the same model) runs single-threaded instead of
+waiting, so concurrent calls are safe. `threads` is an upper bound: a model whose single-threaded run
+takes under AUTO_PARALLEL_MIN_S stays single-threaded (measured on its first two calls), because
+waking helper threads would cost more than they save (silero_vad: 39 us alone, 66-107 us with a
+helper woken per call). close() refuses new calls, waits for
 the running ones, then unmaps; a call after close() raises ModelClosedError.
 """
 
@@ -92,7 +93,7 @@ def _aligned_empty(nbytes: int) -> tuple[np.ndarray, int]:
     return raw, raw.ctypes.data + shift
 
 
-AUTO_PARALLEL_MIN_S = 300e-6  # with threads=None, models faster than this on one thread use one thread
+AUTO_PARALLEL_MIN_S = 300e-6  # models faster than this on one thread use one thread
 
 
 class Runner:
@@ -181,7 +182,6 @@ class Model(Runner):
         self._state = threading.Condition()
         self._active = 0
         n = threads if threads is not None else (os.cpu_count() or 1)
-        self._auto = threads is None  # threads chosen by us: tiny models stay on one thread
         self._parallel = True
         self._solo_runs = 0
         self._solo_best = float("inf")
@@ -319,8 +319,8 @@ class Model(Runner):
 
     def _call(self, table, sync) -> None:
         n = self.threads
-        if n > 1 and self._auto and self._solo_runs < 2:
-            # threads=None: the first two calls run on one thread and are timed; a model faster than
+        if n > 1 and self._solo_runs < 2:
+            # The first two calls run on one thread and are timed; a model faster than
             # AUTO_PARALLEL_MIN_S stays single-threaded (waking helpers would cost more than it saves).
             t0 = time.perf_counter()
             self._entry(table, None, 0, 1, sync)

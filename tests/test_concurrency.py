@@ -39,7 +39,7 @@ def test_eight_threads_a_thousand_runs_each_match_single_threaded(small_bundle):
     path, feeds = small_bundle
     with svodrt.load(path, threads=1) as single:
         want = [single.run({"x": feeds["x"] + np.float32(i)})["y"] for i in range(8)]
-    with svodrt.load(path, threads=2) as m:  # one call at a time gets the helper thread, others run alone
+    with svodrt.load(path, threads=2) as m:  # a model this small runs on one thread: many calls at once
         assert _hammer(m, feeds, want, threads=8, runs=1000) == []
 
 
@@ -112,16 +112,23 @@ def test_parts_shared_by_more_threads_than_cores_match_one_thread():
     r = np.random.default_rng(3)
     nodes = [onnx_helper.make_node("MatMul", ["x", "w"], ["m"]), onnx_helper.make_node("Relu", ["m"], ["r"]),
              onnx_helper.make_node("Mul", ["r", "r"], ["q"]), onnx_helper.make_node("Softmax", ["q"], ["y"])]
-    model = make_model(nodes, {"x": (np.float32, [192, 256])}, ["y"],
-                       {"w": (r.standard_normal((256, 320)) * 0.05).astype(np.float32)})
+    # big enough (~1 ms on one thread) that the runtime uses the threads (AUTO_PARALLEL_MIN_S)
+    model = make_model(nodes, {"x": (np.float32, [512, 512])}, ["y"],
+                       {"w": (r.standard_normal((512, 512)) * 0.05).astype(np.float32)})
     program = build_program(import_model(model, CompileOptions()), CompileOptions())
     host = parse_targets("host")[0]
     assert max(parallel_parts(k, host) for k in program.kernels) >= 8  # the queue really has parts to share
     bundle = svodc.compile(model)
-    feeds = {"x": r.standard_normal((192, 256)).astype(np.float32)}
+    feeds = {"x": r.standard_normal((512, 512)).astype(np.float32)}
     with svodrt.load(bundle, threads=1) as m:
         want = m.run(feeds)["y"]
     for threads in (2, 3, 7):
         with svodrt.load(bundle, threads=threads) as m:
             for _ in range(20):
                 np.testing.assert_array_equal(m.run(feeds)["y"], want)
+            assert m._parallel, "the model ran single-threaded: the test would not exercise the work queue"
+    # concurrent calls on one model: one at a time gets the helper threads, the others run alone
+    with svodrt.load(bundle, threads=1) as m:
+        wants = [m.run({"x": feeds["x"] + np.float32(i)})["y"] for i in range(4)]
+    with svodrt.load(bundle, threads=2) as m:
+        assert _hammer(m, feeds, wants, threads=4, runs=10) == []
