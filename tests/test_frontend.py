@@ -149,3 +149,23 @@ def test_cycles_and_dangling_inputs_are_invalid():
     dangling = make_model([helper.make_node("Add", ["x", "nowhere"], ["y"])], {"x": (np.float32, [2])}, ["y"])
     with pytest.raises(InvalidModelError, match="nowhere"):
         import_model(dangling)
+
+
+def test_folded_broadcasts_stay_small_in_the_bundle():
+    """An ALU of per-channel constants broadcast to an activation's shape folds to a per-channel
+    weight plus an EXPAND (fold.py), not to a full-size copy in the bundle; x ** 2 with a one-element
+    exponent weight becomes a multiplication of the constant (weights of one element are splats)."""
+    import svodc
+    from svodrt.bundle import parse_bundle
+
+    r = np.random.default_rng(2)
+    shape = [1, 32, 64, 64]
+    nodes = [helper.make_node("Expand", ["a", "shape"], ["ea"]), helper.make_node("Mul", ["ea", "b"], ["ab"]),
+             helper.make_node("Pow", ["x", "two"], ["x2"]), helper.make_node("Add", ["x2", "ab"], ["y"])]
+    inits = {"a": r.standard_normal((1, 32, 1, 1)).astype(np.float32), "shape": np.array(shape, np.int64),
+             "b": r.standard_normal((1, 32, 1, 1)).astype(np.float32), "two": np.array([2.0], np.float32)}
+    model = make_model(nodes, {"x": (np.float32, shape)}, ["y"], inits)
+    bundle = svodc.compile(model)
+    assert parse_bundle(bundle).manifest["weights_size"] <= 1024  # 32 products, not 32 * 64 * 64
+    feeds = {"x": r.standard_normal(shape).astype(np.float32)}
+    np.testing.assert_allclose(compile_and_run(model, feeds)["y"], reference(model, feeds)[0], rtol=1e-5, atol=1e-6)

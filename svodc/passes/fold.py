@@ -72,8 +72,22 @@ def make_fold_computed(limit: int):
         if n.op is Ops.REDUCE and splat_value(n.src[0]) is not None:
             return None
         value = evaluate([n])[0]
-        return UOp(Ops.WEIGHT, n.dtype, (), ConstData(np.ascontiguousarray(value)))
+        return _broadcast_weight(n, value)
     return fold_computed
+
+
+def _broadcast_weight(n: UOp, value: np.ndarray) -> UOp:
+    """A WEIGHT of value, stored without the axes along which it is constant (an ALU of
+    per-channel constants broadcast to an activation's shape stays per-channel: the bundle does not
+    carry the broadcast copy) and EXPANDed back to n's shape."""
+    small = value
+    for axis in range(value.ndim):
+        if small.shape[axis] > 1:
+            first = small.take([0], axis=axis)
+            if np.array_equal(small, np.broadcast_to(first, small.shape)):  # NaNs: kept full, never merged
+                small = first
+    w = UOp(Ops.WEIGHT, n.dtype, (), ConstData(np.ascontiguousarray(small)))
+    return w if small.shape == value.shape else T.expand(w, value.shape)
 
 
 # dtypes whose one-element weights become splats (a CONST's value is a Python number; the emulated
