@@ -57,9 +57,15 @@ def stub(stub_library, monkeypatch):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Print the real models' max errors (tests/test_models.py) after the run."""
+    """Print the real models' max errors (tests/test_models.py) and tests/summary.py's lines."""
     import sys
 
+    from tests.summary import LINES
+
+    if LINES:
+        terminalreporter.section("summary")
+        for line in LINES:
+            terminalreporter.line(line)
     module = sys.modules.get("tests.test_models")
     if module is not None and module.ERRORS:
         terminalreporter.section("real models: max error vs onnxruntime")

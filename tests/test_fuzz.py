@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from tests.fuzzing.driver import run_fuzz
+from tests.summary import LINES
 
 COUNT = 2000
 SEED = 20260101  # fixed here so CI is reproducible; make fuzz draws a new seed each run
@@ -18,7 +19,7 @@ SEED = 20260101  # fixed here so CI is reproducible; make fuzz draws a new seed 
 def test_two_thousand_mutations_never_crash_hang_or_change_outputs(small_bundle, fat_bundle, tmp_path):
     np.savez(tmp_path / "inputs.npz", **small_bundle[1])
     result = run_fuzz([small_bundle[0], fat_bundle[0]], tmp_path / "inputs.npz", COUNT, SEED)
-    print(result.summary())
+    LINES.append(f"fuzz (2 bundles): {result.summary()}")
     assert sum(result.counts.values()) == COUNT
     assert not result.failures, result.summary()
     # Both kinds of ending occur: the fuzzer reaches past the first checks.
@@ -37,7 +38,7 @@ def test_mutations_of_a_bundle_with_string_inputs_never_change_outputs(tmp_path)
     np.savez(tmp_path / "inputs.npz", **feeds)
     count = 500
     result = run_fuzz([path], tmp_path / "inputs.npz", count, SEED + 1)
-    print(result.summary())
+    LINES.append(f"fuzz (string bundle): {result.summary()}")
     assert sum(result.counts.values()) == count
     assert not result.failures, result.summary()
     assert result.counts["format_error"] > count // 2 and result.counts["identical"] > count // 20

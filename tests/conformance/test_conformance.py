@@ -11,6 +11,7 @@ from tests.conformance.cases import collect_cases
 from tests.conformance.compare import mismatch
 from tests.conformance.report import summarize
 from tests.conformance.runner import run_cases
+from tests.summary import LINES
 
 THRESHOLDS = json.loads((Path(__file__).with_name("thresholds.json")).read_text())
 
@@ -19,6 +20,8 @@ def test_conformance_does_not_regress():
     cases = collect_cases()
     results = run_cases(cases, workers=2)
     s = summarize(cases, results)
+    LINES.append(f"onnx node tests: {s.passed} of {s.total} cases pass, {s.op_types_fully_passing} op types fully; "
+                 f"{dict(s.by_status)}")
     assert sum(s.by_status.values()) == s.total == len(cases)  # every case has exactly one result
     failing = [f"{r.name}: {r.status} {r.reason}" for r in results if r.status not in ("pass", "out of scope")]
     detail = "\n".join(failing[:50])
