@@ -26,8 +26,8 @@ import os
 import threading
 import time
 from collections.abc import Mapping as MappingT
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -38,6 +38,9 @@ from svodrt.format import BITS_OF, DTYPES, GPU_KINDS, STRING, SYNC_SIZE
 from svodrt.host import Host, detect_host
 from svodrt.memory import PAGE, YIELD_FN, Mapping, map_code, map_readonly
 from svodrt.strings import StringTable
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 
 NARROW_INTS = frozenset({"int4", "uint4", "int2", "uint2"})
 
@@ -204,6 +207,8 @@ class Model(Runner):
                             fmap.close()
         self._entry = ENTRY_FN(self._maps[0].address + self.variant.entry)
         if self.threads > 1:
+            from concurrent.futures import ThreadPoolExecutor  # here: its import (logging...) costs ~3 ms
+
             self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="svodrt")
         self._team = threading.Lock()
         self._set_io()
