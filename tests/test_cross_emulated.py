@@ -3,7 +3,8 @@ tests/cross/harness.c, which loads the code image exactly as svodrt does (tests/
 
 Models: the onnx package's squeezenet, shufflenet and resnet50 with their shipped inputs and
 references (rtol 1e-3, atol 1e-5), their random-weight variants against onnxruntime run here on
-x86_64 (logits too; atol 1e-4 * max|ref|), and a small transformer (tests/cross/transformer.py).
+x86_64 (logits too; atol 1e-4 * max|ref|), the transformer of ../shared/models (gpt2_small_random,
+against its outputs.npz) and a small synthetic one (tests/cross/transformer.py).
 Every architecture runs at its floor and with its vector extension (SVE, RVV, POWER10, z15).
 
 Slow (minutes: emulated generic kernels), so it is its own tier: `make test-cross`, which installs
@@ -16,6 +17,7 @@ import functools
 import re
 import subprocess
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -56,15 +58,25 @@ def emulate(bundle: bytes, spec: str, cpu: str, feeds: dict[str, np.ndarray]) ->
     return run_emulated(bundle, t.arch, set(t.features), feeds, cpu)
 
 
+SHARED_MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
+
+
 @functools.lru_cache(maxsize=4)  # resnet50 bundles are 100 MB
 def _compiled(model_key: str, spec: str) -> bytes:
-    return svodc.compile(_models(model_key)[0], target=spec)
+    model, feeds, _ = _models(model_key)
+    return svodc.compile(model, target=spec, input_shapes={k: v.shape for k, v in feeds.items()})
 
 
 @functools.lru_cache(maxsize=4)
 def _models(key: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray], list[np.ndarray]]:
-    """(model, feeds, reference outputs) for "light:NAME", "random:NAME" or "transformer"."""
+    """(model, feeds, reference outputs) for "light:NAME", "random:NAME", "shared:NAME" (a model of
+    ../shared/models with its inputs.npz and onnxruntime's outputs.npz) or "transformer"."""
     kind, _, name = key.partition(":")
+    if kind == "shared":
+        folder = SHARED_MODELS / name
+        model = onnx.load(str(folder / "model.onnx"))
+        with np.load(folder / "inputs.npz") as i, np.load(folder / "outputs.npz") as o:
+            return model, {k: i[k] for k in i.files}, [o[out.name] for out in model.graph.output]
     if kind == "light":
         model = onnx.load(str(model_path(name)))
         return model, dummy_inputs(model), [reference_output(name)]
@@ -97,6 +109,15 @@ def test_light_model_random_weights(name, spec, cpu):
 @pytest.mark.parametrize("spec,cpu", FLOOR + VECTOR, ids=_ids(FLOOR + VECTOR))
 def test_transformer(spec, cpu):
     _check("transformer", spec, cpu, light_tolerance=False)
+
+
+@pytest.mark.skipif(not (SHARED_MODELS / "gpt2_small_random" / "model.onnx").is_file(),
+                    reason=f"no gpt2_small_random in {SHARED_MODELS}")
+@pytest.mark.parametrize("spec,cpu", FLOOR + VECTOR, ids=_ids(FLOOR + VECTOR))
+def test_gpt2_from_shared_models(spec, cpu):
+    """The transformer of ../shared/models (GPT-2 architecture, random weights) against onnxruntime's
+    outputs.npz, atol 1e-4 * max|ref|."""
+    _check("shared:gpt2_small_random", spec, cpu, light_tolerance=False)
 
 
 def test_fat_bundle_runs_natively_and_its_aarch64_variant_under_emulation():
