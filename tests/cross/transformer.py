@@ -1,7 +1,7 @@
 """A small GPT-style decoder built from the ops svodc supports today (MatMul, Add, Sub, Mul, Div, Sqrt,
-Softmax, Reshape, Transpose, Tanh), with seeded random weights: the transformer model of the cross
-tier while ../shared/models/gpt2_small_random needs ops (LayerNormalization, Split, Range, Gather
-on inputs) that are not on main yet.
+Softmax, Reshape, Transpose, Tanh), with seeded random weights: a second, smaller transformer for the
+cross tier besides ../shared/models/gpt2_small_random (it came first, when gpt2's LayerNormalization,
+Split, Range and Gather were not supported yet, and stays because it runs in seconds).
 
 Per layer: pre-LayerNorm (mean and variance as a MatMul with a constant 1/d matrix: no ReduceMean
 needed), causal multi-head self-attention (QK^T, scale, additive mask, Softmax, V), output
