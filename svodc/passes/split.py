@@ -53,6 +53,11 @@ def _loads(x: UOp) -> int:
     return sum(1 for n in toposort([x]) if n.op is Ops.LOAD)
 
 
+def _clamps(x: UOp) -> int:
+    """Index clamps (MIN/MAX on indices) in x: what bounds analysis could not prove in range."""
+    return sum(1 for n in toposort([x]) if n.op in (Ops.MIN, Ops.MAX) and n.dtype is dtypes.index)
+
+
 def _substitute(root: UOp, old: UOp, new: UOp) -> UOp:
     done: dict[UOp, UOp] = {old: new}
     for n in toposort([root]):
@@ -98,9 +103,13 @@ def split_store(store: UOp) -> list[UOp]:
                 sub = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, hi - lo),), r.arg)
                 new = sub if lo == 0 else UOp(Ops.ADD, dtypes.index, (sub, UOp.const(dtypes.index, lo)))
                 new_pieces.append(graph_rewrite(_substitute(st, r, new), pm_symbolic))
-            # Worth it only when every piece reads fewer buffers than the whole (a concatenation);
-            # splitting away a border test alone makes more, shorter loops for no fewer loads.
-            if max(_loads(p) for p in new_pieces) >= _loads(st):
+            # Worth it when every piece reads fewer buffers than the whole (a concatenation), or when
+            # one threshold splits off an end whose index clamps the longer piece then loses (a pad at
+            # the end only, as ceil-mode pooling makes: the clamped load was a gather to the
+            # vectorizer). Cutting a border off both sides measured slower: more, shorter loops.
+            longest = new_pieces[max(range(len(new_pieces)), key=lambda i: bounds[i + 1] - bounds[i])]
+            unclamps = len(ts) == 1 and _clamps(longest) < _clamps(st)
+            if max(_loads(p) for p in new_pieces) >= _loads(st) and not unclamps:
                 out.append(st)
                 continue
             out.extend(new_pieces)
