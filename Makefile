@@ -32,8 +32,8 @@ test-fast: $(STAMP)
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q tests/test_gpu_light_models.py tests/test_gpu_codegen.py tests/test_gpu_runtime.py
 
-# Cross-compiled code (aarch64, riscv64, ppc64le, s390x) executed under qemu-user: about 48 minutes
-# on 2 busy cores (docs/architecture.md "Cross targets"), so not part of `make test`. Installs
+# Cross-compiled code (aarch64, riscv64, ppc64le, s390x) executed under qemu-user: about 15 minutes
+# on 2 idle cores (docs/architecture.md "Cross targets"), so not part of `make test`. Installs
 # qemu-user and Debian's cross compilers with apt first.
 cross-tools:
 	bash scripts/install-cross-tools.sh
