@@ -19,7 +19,7 @@ demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
 test: $(STAMP)
-	$(BIN)/ruff check svodc svodrt tests scripts bench
+	$(BIN)/ruff check svodc svodrt svodrt_tools tests scripts bench
 	$(BIN)/python -m pytest -q -m "not gpu_sweep" --ignore=tests/test_cross_emulated.py
 
 # Everything but the end-to-end model tests and the conformance suite.
@@ -64,7 +64,7 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check svodc svodrt tests scripts bench
+	$(BIN)/ruff check svodc svodrt svodrt_tools tests scripts bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -126,7 +126,7 @@ def compile(model: str, output: str | None, target: str, dims: tuple[str, ...], 
 @click.argument("bundle", type=click.Path(exists=True, dir_okay=False))
 def inspect(bundle: str) -> None:
     """Describe a bundle: inputs, outputs, code variants, kernels, memory."""
-    from svodrt.describe import describe
+    from svodrt_tools.describe import describe
 
     click.echo(describe(bundle, verbose=True))
 

@@ -1,9 +1,5 @@
 """svodrt: the Svod runtime. Loads a .svod bundle and runs it; needs only numpy, msgpack, zstandard.
-
-    import svodrt
-    m = svodrt.load("model.svod")        # verify, map code r-x and weights read-only
-    y = m.run({"x": x})                  # {input name: ndarray} -> {output name: ndarray}
-"""
+`m = svodrt.load("model.svod"); y = m.run({"x": x})`."""
 
 from __future__ import annotations
 

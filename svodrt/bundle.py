@@ -1,12 +1,7 @@
-"""Reading and verifying a bundle, before anything of it is mapped or run.
-
-Checks, in order: header (magic, version, sizes, flags, file size), manifest (inside the file and
-ending it, size limit, digest, msgpack, a map), sections (inside the file, aligned, in order, not
-overlapping, distinct names, one weights section), then the execution plan (svodrt/plan.py).
-Section checksums: `check_section` — the runtime checks the code it runs when it maps it, the
-weights at load when they are small or when asked, and `svodrt verify` checks every section.
-Each failure is a BundleFormatError naming the field or section and the offset.
-"""
+"""Reading and verifying a bundle before anything of it is mapped or run: the header, the manifest
+(inside the file and ending it, bounded, digest, msgpack map), the sections (inside, aligned, in
+order, distinct, zero padding, one weights section), then the plan (svodrt/plan.py). Section
+checksums are `check_section`'s. Each failure is a BundleFormatError naming field or section and offset."""
 
 from __future__ import annotations
 

@@ -1,17 +1,7 @@
-"""The CPU feature table: named feature bits per architecture, defined once, here.
-
-The compiler records in a bundle which of these features a code image needs; the runtime checks
-that the host has all of them before it maps the code. The table is frozen: a feature keeps its
-bit forever, new features are appended. Each entry names the feature as LLVM spells it (what the
-compiler enables) and as Linux reports it (what the runtime detects: a /proc/cpuinfo flag on x86_64,
-a HWCAP name on aarch64, ppc64le and s390x, an ISA-string extension on riscv64; svodrt/host.py maps
-each to where the kernel reports it).
-
-Features are named per architecture, never by CPU model (a model name is ambiguous on arm and
-riscv, where vendors pick extensions freely). On ppc64le and s390x an ISA level is unambiguous, so
-a level is one feature there ("power9" = Power ISA 3.0, "vxe" = z14's vector enhancements 1, which
-only z14 and later have): the code for a level may use the whole level.
-"""
+"""The CPU feature table: named feature bits per architecture, defined once, here, and frozen (a feature
+keeps its bit forever; new ones are appended). Each names the feature as LLVM spells it (what svodc
+enables) and as Linux reports it (what svodrt/host.py detects). Features are named per architecture,
+never by CPU model (ambiguous on arm and riscv); on ppc64le and s390x an ISA level is one feature."""
 
 from __future__ import annotations
 
@@ -25,88 +15,31 @@ class Feature:
     linux: str  # /proc/cpuinfo flag (x86) or HWCAP name (others)
 
 
-# x86_64. Order is the bit index; append only.
-X86_64 = (
-    Feature("sse3", "sse3", "pni"),
-    Feature("ssse3", "ssse3", "ssse3"),
-    Feature("sse4.1", "sse4.1", "sse4_1"),
-    Feature("sse4.2", "sse4.2", "sse4_2"),
-    Feature("popcnt", "popcnt", "popcnt"),
-    Feature("cx16", "cx16", "cx16"),
-    Feature("sahf", "sahf", "lahf_lm"),
-    Feature("avx", "avx", "avx"),
-    Feature("avx2", "avx2", "avx2"),
-    Feature("bmi1", "bmi", "bmi1"),
-    Feature("bmi2", "bmi2", "bmi2"),
-    Feature("f16c", "f16c", "f16c"),
-    Feature("fma", "fma", "fma"),
-    Feature("lzcnt", "lzcnt", "abm"),
-    Feature("movbe", "movbe", "movbe"),
-    Feature("xsave", "xsave", "xsave"),
-    Feature("avx512f", "avx512f", "avx512f"),
-    Feature("avx512bw", "avx512bw", "avx512bw"),
-    Feature("avx512cd", "avx512cd", "avx512cd"),
-    Feature("avx512dq", "avx512dq", "avx512dq"),
-    Feature("avx512vl", "avx512vl", "avx512vl"),
-    Feature("avx512vnni", "avx512vnni", "avx512_vnni"),
-    Feature("avx512bf16", "avx512bf16", "avx512_bf16"),
-    Feature("avx512ifma", "avx512ifma", "avx512ifma"),
-    Feature("avx512vbmi", "avx512vbmi", "avx512vbmi"),
-    Feature("avx512vbmi2", "avx512vbmi2", "avx512_vbmi2"),
-    Feature("avx512bitalg", "avx512bitalg", "avx512_bitalg"),
-    Feature("avx512vpopcntdq", "avx512vpopcntdq", "avx512_vpopcntdq"),
-    Feature("avx512fp16", "avx512fp16", "avx512_fp16"),
-    Feature("gfni", "gfni", "gfni"),
-    Feature("vaes", "vaes", "vaes"),
-    Feature("vpclmulqdq", "vpclmulqdq", "vpclmulqdq"),
-    Feature("avxvnni", "avxvnni", "avx_vnni"),
-)
+def _table(spec: str) -> tuple[Feature, ...]:
+    """Features from "name" or "name/llvm/linux" words (an empty part repeats the name), in bit order."""
+    out = []
+    for word in spec.split():
+        name, llvm, linux = (word.split("/") + ["", ""])[:3]
+        out.append(Feature(name, llvm or name, linux or name))
+    return tuple(out)
 
-# aarch64 (Linux requires FP and Advanced SIMD, so "neon" is in every variant). Append only.
-AARCH64 = (
-    Feature("neon", "neon", "asimd"),
-    Feature("fp16", "fullfp16", "asimdhp"),
-    Feature("dotprod", "dotprod", "asimddp"),
-    Feature("rdm", "rdm", "asimdrdm"),
-    Feature("lse", "lse", "atomics"),
-    Feature("fhm", "fp16fml", "asimdfhm"),
-    Feature("i8mm", "i8mm", "i8mm"),
-    Feature("bf16", "bf16", "bf16"),
-    Feature("sve", "sve", "sve"),
-    Feature("sve2", "sve2", "sve2"),
-)
 
-# riscv64 (the lp64d ABI needs rv64gc: m, a, f, d, c are in every variant). Append only.
-RISCV64 = (
-    Feature("m", "m", "m"),
-    Feature("a", "a", "a"),
-    Feature("f", "f", "f"),
-    Feature("d", "d", "d"),
-    Feature("c", "c", "c"),
-    Feature("v", "v", "v"),
-    Feature("zba", "zba", "zba"),
-    Feature("zbb", "zbb", "zbb"),
-    Feature("zbs", "zbs", "zbs"),
-    Feature("zfh", "zfh", "zfh"),
-    Feature("zvfh", "zvfh", "zvfh"),
-    Feature("zihintpause", "zihintpause", "zihintpause"),
-)
-
-# ppc64le (ELFv2 little-endian needs POWER8: "power8" is in every variant). Append only.
-PPC64LE = (
-    Feature("power8", "power8-vector", "arch_2_07"),
-    Feature("power9", "power9-vector", "arch_3_00"),
-    Feature("power10", "power10-vector", "arch_3_1"),
-    Feature("mma", "mma", "mma"),
-)
-
-# s390x (big-endian; z13's vector facility is the floor we compile for). Append only.
-S390X = (
-    Feature("vector", "vector", "vx"),
-    Feature("vxe", "vector-enhancements-1", "vxe"),
-    Feature("vxe2", "vector-enhancements-2", "vxe2"),
-    Feature("nnpa", "nnp-assist", "nnpa"),
-)
+# Each table's order is the bit index: append only.
+X86_64 = _table("""
+    sse3//pni ssse3 sse4.1//sse4_1 sse4.2//sse4_2 popcnt cx16 sahf//lahf_lm avx avx2 bmi1/bmi/ bmi2 f16c fma
+    lzcnt//abm movbe xsave avx512f avx512bw avx512cd avx512dq avx512vl avx512vnni//avx512_vnni
+    avx512bf16//avx512_bf16 avx512ifma avx512vbmi avx512vbmi2//avx512_vbmi2 avx512bitalg//avx512_bitalg
+    avx512vpopcntdq//avx512_vpopcntdq avx512fp16//avx512_fp16 gfni vaes vpclmulqdq avxvnni//avx_vnni""")
+# aarch64 (Linux requires FP and Advanced SIMD, so "neon" is in every variant).
+AARCH64 = _table("""
+    neon//asimd fp16/fullfp16/asimdhp dotprod//asimddp rdm//asimdrdm lse//atomics fhm/fp16fml/asimdfhm i8mm bf16
+    sve sve2""")
+# riscv64 (the lp64d ABI needs rv64gc: m, a, f, d, c are in every variant).
+RISCV64 = _table("m a f d c v zba zbb zbs zfh zvfh zihintpause")
+# ppc64le (ELFv2 little-endian needs POWER8: "power8" is in every variant).
+PPC64LE = _table("power8/power8-vector/arch_2_07 power9/power9-vector/arch_3_00 power10/power10-vector/arch_3_1 mma")
+# s390x (big-endian; z13's vector facility is the floor we compile for).
+S390X = _table("vector//vx vxe/vector-enhancements-1/ vxe2/vector-enhancements-2/ nnpa/nnp-assist/")
 
 FEATURES: dict[str, tuple[Feature, ...]] = {
     "x86_64": X86_64, "aarch64": AARCH64, "riscv64": RISCV64, "ppc64le": PPC64LE, "s390x": S390X,

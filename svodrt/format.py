@@ -1,25 +1,7 @@
-"""The .svod bundle format: constants, the header and the variant binding, defined once, here
-(svodc imports them).
-
-Layout (header integers little-endian, section data in the manifest's byte_order; see
-docs/bundle-format.md for the full specification):
-
-    0         header (HEADER_SIZE bytes)
-    64..      sections (weights, code images), stored uncompressed, in order, not overlapping; each
-              starts at a multiple of SMALL_ALIGN, and one of MAP_ALIGN bytes or more at a multiple
-              of MAP_ALIGN so it can be mapped straight from the file
-    ...       the manifest: msgpack, zstd-compressed, after the last section, ending the file
-
-Header fields (64 bytes):
-    magic[8]          b"SVOD\\x00\\r\\n\\x1a" (a NUL, CR-LF and ^Z catch text-mode mangling)
-    u16 major, u16 minor
-    u32 header_size
-    u32 flags         bit 0: the manifest is zstd-compressed; other bits must be 0
-    u32 reserved      0
-    u64 file_size
-    u64 manifest_offset, u64 manifest_size (stored), u64 manifest_raw_size (uncompressed)
-    u8[8] manifest_digest: the first 8 bytes of sha256(raw manifest); the manifest in turn holds
-                      a full sha256 of every section and a binding digest per code variant
+"""The .svod bundle format: constants, the header and the binding digests, defined once, here (svodc
+imports them). docs/bundle-format.md is the specification: a 64-byte header (magic, version, sizes,
+the manifest's place and digest), sections stored uncompressed and aligned so they can be mapped,
+then the zstd-compressed msgpack manifest ending the file.
 """
 
 from __future__ import annotations
@@ -33,8 +15,7 @@ import msgpack
 
 MAGIC = b"SVOD\x00\r\n\x1a"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 4  # 1.4: string inputs + vocabulary; 1.3: float8/float4/int4/int2 dtypes; 1.2: GPU variants;
-# 1.1: byte_order "big" (s390x)
+FORMAT_MINOR = 4  # 1.1 big-endian, 1.2 GPU variants, 1.3 narrow dtypes, 1.4 strings (docs/bundle-format.md)
 HEADER = struct.Struct("<8sHHIIIQQQQ8s")
 FLAG_MANIFEST_ZSTD = 1
 HEADER_SIZE = HEADER.size  # 64
@@ -52,13 +33,9 @@ MAX_TEST_VECTORS = 16
 MAX_STRING = 1 << 16  # characters in one vocabulary string
 MAX_STRING_ID = (1 << 31) - 1  # string ids are int32: the vocabulary plus one call's new strings stay below
 
-# Index of each pointer in the buffer table the entry function receives.
-BUF_ARENA = 0
-BUF_WEIGHTS = 1
-BUF_FIRST_INPUT = 2
-
-# The `sync` block the entry function's barrier uses: u32 count, u32 generation, void (*yield)(void).
-SYNC_SIZE = 64  # one cache line, so two calls' sync blocks never share one
+# The entry's `sync` block: zeroed by the caller, the host's yield function at offset 8, the rest the
+# code's (docs/bundle-format.md "The entry ABI"). One cache line: two calls' blocks never share one.
+SYNC_SIZE = 64
 
 
 @dataclass(frozen=True)
@@ -96,31 +73,20 @@ def section_align(length: int) -> int:
 
 
 def variant_binding(variant: Mapping, code_sha256: bytes, manifest: Mapping) -> bytes:
-    """The digest that binds a code image to everything its machine code was compiled against.
-
-    Range checks cannot tell a plausible but wrong entry offset, fixup list, feature list, input
-    shape or arena size from the right one, and each of those decides what the code does to memory
-    or which CPU can run it. So they are hashed together with the code's own checksum; the runtime
-    recomputes this and refuses a mismatch. sha256 of the msgpack array
-    [arch, cpu, features, feature_bits, code sha256, entry, kernels, fixups,
-     [[name, dtype, shape] per input], [[name, dtype, shape] per output], arena_size, weights_size],
-    and, only in a bundle with a string input (format 1.4), its `vocabulary` as a 13th element: the code
-    compares string ids with ids of these strings, so a changed vocabulary is changed code. (No older
-    runtime computes this binding for such a bundle: it refuses the "string" dtype of an input first.)"""
+    """The digest that binds a code image to everything its machine code was compiled against: range
+    checks cannot tell a plausible but wrong entry offset, fixup, feature list, shape or arena size
+    from the right one. sha256 of the msgpack array [arch, cpu, features, feature_bits, code sha256,
+    entry, kernels, fixups, [[name, dtype, shape] per input], [... per output], arena_size,
+    weights_size], plus the `vocabulary` when an input is a string (format 1.4: ids are code too)."""
     def sig(ts) -> list:
         return [[t["name"], t["dtype"], list(t["shape"])] for t in ts]
 
     fields = [variant["arch"], variant["cpu"], list(variant["features"]), variant["feature_bits"], bytes(code_sha256),
               variant["entry"], list(variant["kernels"]), list(variant["fixups"]), sig(manifest["inputs"]),
               sig(manifest["outputs"]), manifest["arena_size"], manifest["weights_size"]]
-    if has_string_inputs(manifest["inputs"]):
+    if any(isinstance(t, Mapping) and t.get("dtype") == STRING for t in manifest["inputs"]):
         fields.append(list(manifest.get("vocabulary", ())))
     return hashlib.sha256(msgpack.packb(fields, use_bin_type=True)).digest()
-
-
-def has_string_inputs(inputs) -> bool:
-    """Whether a manifest's input list (of maps) declares a string input (format 1.4)."""
-    return any(isinstance(t, Mapping) and t.get("dtype") == STRING for t in inputs)
 
 
 # GPU variants (format 1.2). Older runtimes read a GPU variant as a CPU variant of an architecture no
@@ -139,14 +105,9 @@ def gpu_binding(variant: Mapping, cubin_sha256: bytes | None) -> bytes:
     return hashlib.sha256(msgpack.packb(fields, use_bin_type=True)).digest()
 
 
-# dtype names a bundle may use, with the numpy dtype their elements travel as (in and out of run(),
-# and in buffers) and the bytes per element. Types numpy lacks travel as raw bits: bfloat16 as uint16,
-# the float8 and float4 formats as uint8 (float4: the 4-bit code in the low half). The narrow integers
-# int4/int2 (uint4/uint2) travel one element per byte as int8 (uint8) values in their range.
-# Added in format 1.3: the float8, float4, int4/uint4 and int2/uint2 names. Added in 1.4: "string", for
-# inputs and for buffers: an element is an int32 id (the index of the string in the manifest's
-# `vocabulary`, or a number past it that run() gives strings the vocabulary lacks, see svodrt/strings.py);
-# run() takes arrays of str for string inputs, never the ids.
+# dtype names a bundle may use -> (the numpy dtype an element travels as, bytes per element). Types
+# numpy lacks travel as raw bits (bfloat16 as uint16, float8/float4 as uint8), int4/int2 one value
+# per byte; "string" elements are int32 ids (svodrt/strings.py: run() takes str arrays, never ids).
 DTYPES: dict[str, tuple[str, int]] = {
     "bool": ("bool", 1), "int8": ("int8", 1), "int16": ("int16", 2), "int32": ("int32", 4),
     "int64": ("int64", 8), "uint8": ("uint8", 1), "uint16": ("uint16", 2), "uint32": ("uint32", 4),

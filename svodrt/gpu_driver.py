@@ -1,9 +1,6 @@
-"""GPU drivers through ctypes, no toolkit at run time: the CUDA driver API (libcuda.so.1, from the
-NVIDIA driver) and HIP's module API (libamdhip64.so, ROCm's runtime). The APIs mirror each other: one
-table names each operation in both (same argument layout). Device set-up differs: CUDA makes the
-device's primary context current in each calling thread, HIP calls hipSetDevice (activate()). Every
-status is checked: a failure is a DeviceError naming the function and the driver's error name.
-"""
+"""GPU drivers through ctypes, no toolkit at run time: the CUDA driver API (libcuda.so.1) and HIP's
+module API (libamdhip64.so), which mirror each other: one table names each operation in both. Every
+status is checked: a failure is a DeviceError naming the function and the driver's error name."""
 
 from __future__ import annotations
 

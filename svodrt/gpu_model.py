@@ -1,13 +1,8 @@
-"""GpuModel: a bundle's GPU variant on a CUDA or HIP device (svodrt/gpu_driver.py).
-
-Load: the first variant of the device's kind it runs (CUDA: the cubin on its architecture, else PTX
-for newer devices; HIP: the code object the driver accepts), its sha256 checked on the copy that is
-loaded; weights uploaded once (checked like the CPU path); the arena and one buffer per input and
-output allocated; every launch's function and argument array (the device addresses of its kernel's
-buffers, as the plan places them) resolved; the launch list captured as a graph unless graph=False. run(): inputs in,
-graph (or launches), outputs back, stream synchronized. One set of device buffers per model, so
-concurrent run() calls take turns.
-"""
+"""GpuModel: a bundle's GPU variant on a CUDA or HIP device (svodrt/gpu_driver.py). Load: the first
+variant of the device's kind it can load (CUDA: the cubin for its architecture, else PTX), its sha256
+checked on the bytes loaded; weights uploaded once; arena and I/O buffers allocated; every launch
+resolved; the launch list captured as a graph unless graph=False. One set of device buffers per
+model, so concurrent run() calls take turns."""
 
 from __future__ import annotations
 

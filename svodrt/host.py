@@ -1,16 +1,7 @@
-"""What this machine is: its architecture and the CPU features it has, named as in features.py.
-
-- x86_64: the flags line of /proc/cpuinfo (the kernel only reports features the OS has enabled,
-  e.g. AVX-512 only with its register state saved on context switch).
-- aarch64, ppc64le, s390x: the HWCAP and HWCAP2 words, from getauxval(3) through ctypes. The kernel
-  sets a bit only when every CPU has the feature and the OS supports it (SVE state, etc.).
-- riscv64: the `isa` lines of /proc/cpuinfo, one per hart; a feature counts when every hart has it
-  (boards such as the SpacemiT K1 could mix cores). The single-letter extensions are also in
-  AT_HWCAP, which is the fallback when /proc is not mounted.
-
-If a source cannot be read, the host is taken to have no optional feature, so only baseline code is
-chosen: unknown means "no".
-"""
+"""What this machine is: its architecture and its CPU features, named as in features.py. x86_64: the
+/proc/cpuinfo flags (only what the OS enabled); aarch64, ppc64le, s390x: HWCAP/HWCAP2 via getauxval;
+riscv64: the `isa` lines of /proc/cpuinfo, a feature counting only when every hart has it (AT_HWCAP's
+letters without /proc). A source that cannot be read means no optional feature: unknown is "no"."""
 
 from __future__ import annotations
 

@@ -1,15 +1,10 @@
 """Memory mappings through libc (ctypes): code read+execute, weights read-only.
 
 Invariant (W^X): no mapping is ever writable and executable at once. Code is copied into anonymous
-memory mapped read+write, checked, patched, then switched to read+execute with mprotect. Code pages
-are never written after they become executable, so no instruction-cache flush is needed on any
-architecture we map code for: Linux makes a page's instruction cache coherent when it first maps it
-executable (arm64 __sync_icache_dcache, powerpc set_pte_filter, riscv flush_icache_pte; x86 and
-s390x caches are coherent). On riscv64 we also make the riscv_flush_icache system call, which the
-RISC-V Linux ABI names as the way for user space to publish code it wrote (docs/architecture.md
-"Cross targets"). Fixup words are native 64-bit integers: a bundle only runs on a host of its
-architecture, hence of its byte order.
-"""
+read+write memory, checked, patched, then made read+execute; it is never written again, so no
+instruction-cache flush is needed (Linux makes a page coherent when it first maps it executable);
+on riscv64 we still make the riscv_flush_icache call its ABI asks for (docs/architecture.md "Cross
+targets"). Fixup words are native 64-bit integers: a bundle only runs on its own byte order."""
 
 from __future__ import annotations
 

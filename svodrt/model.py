@@ -1,20 +1,12 @@
-"""Model: a loaded bundle, ready to run.
+"""Model: a loaded bundle, ready to run (docs/architecture.md "Runtime").
 
-load() verifies the bundle's structure (svodrt/bundle.py), picks the first code variant this host
-can run, copies that code into fresh memory, checks its sha256 there and makes it read+execute,
-checks the weights' sha256 (always when they are small, see WEIGHTS_CHECK_LIMIT), and maps the
-weights read-only (straight from the file when loading a path). run() validates every input before
-native code sees it, allocates the outputs, takes an arena from a small pool (one per concurrent
-call), and calls the entry function once per thread.
-
-Threads: the entry hands out the parts of every kernel to `nthreads` callers (a work queue, see
-svodc/codegen/module.py). A model owns threads-1 helper threads. One call at a time uses them; a call
-that finds them busy (another thread is running the same model) runs single-threaded instead of
-waiting, so concurrent calls are safe. `threads` is an upper bound: a model whose single-threaded run
-takes under AUTO_PARALLEL_MIN_S stays single-threaded (measured on its first two calls), because
-waking helper threads would cost more than they save (silero_vad: 39 us alone, 66-107 us with a
-helper woken per call). close() refuses new calls, waits for
-the running ones, then unmaps; a call after close() raises ModelClosedError.
+load() verifies the bundle's structure, picks the first code variant this host can run, copies that
+code into fresh memory, checks its sha256 there and makes it read+execute, checks the weights' sha256
+when they are small (WEIGHTS_CHECK_LIMIT) and maps them read-only. run() validates every input before
+native code sees it, takes an arena from a small pool (one per concurrent call) and calls the entry
+once per thread; the entry hands out every kernel's parts to its callers (svodc/codegen/module.py).
+A model owns threads-1 helper threads; one call at a time uses them, a call that finds them busy runs
+single-threaded, so concurrent calls are safe. close() waits for running calls, then unmaps.
 """
 
 from __future__ import annotations
@@ -251,43 +243,46 @@ class Model(Runner):
                 return self._arenas.pop()
         return _aligned_empty(self.bundle.arena_size)
 
-    @contextlib.contextmanager
-    def _running(self):
-        """Counts a call in flight, so close() can wait for it; refuses calls after close()."""
+    def _begin(self) -> None:
+        """Count a call in flight (close() waits for it); refuse calls after close()."""
         with self._state:
             if self._closed:
                 raise ModelClosedError("this model was closed; load the bundle again to run it")
             self._active += 1
-        try:
-            yield
-        finally:
-            with self._state:
-                self._active -= 1
-                if not self._active:
-                    self._state.notify_all()
 
-    @contextlib.contextmanager
-    def _call_buffers(self, feeds: MappingT[str, object]):
-        """(buffer table, outputs) for one call: inputs checked, outputs allocated, an arena lent."""
-        arrays = self.check_inputs(feeds)
-        outs = [np.empty(t.shape, dtype=np.dtype(DTYPES[t.dtype][0])) for t in self.bundle.outputs]
-        arena = self._arena()
-        ptrs = [arena[1], self.weights_address, *(a.ctypes.data for a in arrays), *(o.ctypes.data for o in outs)]
-        try:
-            yield (ctypes.c_void_p * len(ptrs))(*ptrs), outs
-        finally:
-            with self._arena_lock:
-                self._arenas.append(arena)
+    def _end(self) -> None:
+        with self._state:
+            self._active -= 1
+            if not self._active:
+                self._state.notify_all()
 
     def run(self, feeds: MappingT[str, object]) -> dict[str, np.ndarray]:
         """Run the model: {input name: array} -> {output name: array}. Safe to call from many threads."""
-        # The hot path of every inference: the same steps as _running() and _call_buffers(), written
-        # out (generator context managers cost more than a small model's whole run).
-        arrays = self.check_inputs(feeds)
-        with self._state:
-            if self._closed:
-                raise ModelClosedError("this model was closed; load the bundle again to run it")
-            self._active += 1
+        outs = self._call(self.check_inputs(feeds))
+        return dict(zip(self._output_names, outs, strict=True))
+
+    def profile(self, feeds: MappingT[str, object], repeat: int = 10) -> list[tuple[str, float, tuple[str, ...]]]:
+        """Time each kernel alone (single-threaded, its own entry point): [(kernel, median seconds,
+        ONNX nodes)], in execution order. Times are the calling thread's CPU time, so a busy machine
+        that preempts the thread does not inflate them."""
+        kernel_fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32)
+        fns = [kernel_fn(self._maps[0].address + off) for off in self.variant.kernels]
+        times: list[list[float]] = [[] for _ in fns]
+
+        def each_kernel(table, _sync) -> None:
+            for _ in range(repeat):
+                for i, fn in enumerate(fns):
+                    t0 = time.thread_time()
+                    fn(table, None, 0, 1)
+                    times[i].append(time.thread_time() - t0)
+
+        self._call(self.check_inputs(feeds), each_kernel)
+        return [(k.name, float(np.median(t)), k.provenance) for k, t in zip(self.bundle.kernels, times, strict=True)]
+
+    def _call(self, arrays: list[np.ndarray], run=None) -> list[np.ndarray]:
+        """Outputs allocated, an arena lent, the buffer table and sync block made, and run(table, sync)
+        called (default: the entry, on as many threads as pay off). The hot path of every inference."""
+        self._begin()
         try:
             outs = [np.empty(shape, dtype) for shape, dtype in self._output_specs]
             arena = self._arena()
@@ -295,34 +290,16 @@ class Model(Runner):
                 table = self._table_type(arena[1], self.weights_address, *(a.ctypes.data for a in arrays),
                                          *(o.ctypes.data for o in outs))
                 sync = (ctypes.c_uint64 * (SYNC_SIZE // 8))()
-                sync[1] = YIELD_FN  # offset 8: the barrier's yield function
-                self._call(table, sync)
+                sync[1] = YIELD_FN  # offset 8: the entry's yield function
+                (run or self._enter)(table, sync)
             finally:
                 with self._arena_lock:
                     self._arenas.append(arena)
         finally:
-            with self._state:
-                self._active -= 1
-                if not self._active:
-                    self._state.notify_all()
-        return dict(zip(self._output_names, outs, strict=True))
+            self._end()
+        return outs
 
-    def profile(self, feeds: MappingT[str, object], repeat: int = 10) -> list[tuple[str, float, tuple[str, ...]]]:
-        """Time each kernel alone (single-threaded, its own entry point): [(kernel, median seconds,
-        ONNX nodes)], in execution order. Runs the whole model once per repeat. Times are the calling
-        thread's CPU time, so a busy machine that preempts the thread does not inflate them."""
-        kernel_fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32)
-        with self._running(), self._call_buffers(feeds) as (table, _):
-            fns = [kernel_fn(self._maps[0].address + off) for off in self.variant.kernels]
-            times: list[list[float]] = [[] for _ in fns]
-            for _ in range(repeat):
-                for i, fn in enumerate(fns):
-                    t0 = time.thread_time()
-                    fn(table, None, 0, 1)
-                    times[i].append(time.thread_time() - t0)
-        return [(k.name, float(np.median(t)), k.provenance) for k, t in zip(self.bundle.kernels, times, strict=True)]
-
-    def _call(self, table, sync) -> None:
+    def _enter(self, table, sync) -> None:
         n = self.threads
         if n > 1 and self._solo_runs < 2:
             # The first two calls run on one thread and are timed; a model faster than

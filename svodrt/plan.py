@@ -1,11 +1,8 @@
-"""Verifying the execution plan in a manifest: tensors, buffers, kernels, code variants, test vectors.
-
-Structural checks (types, ranges, counts, unique names and ids, every buffer inside the arena or the
-weights area, every kernel parameter a known buffer, no two scratch buffers overlapping in memory
-while both are live, every code offset inside its section) come first, so a damaged value is named
-by the check it fails. Then each variant's binding digest (svodrt.format.variant_binding) is
-recomputed: it catches values that are in range but not what the code was compiled for.
-"""
+"""Verifying the execution plan in a manifest: tensors, buffers, kernels, variants, test vectors.
+Structural checks first (types, ranges, counts, unique names and ids, buffers inside their areas,
+kernel parameters known, no two live scratch buffers overlapping, code offsets inside their section),
+then each variant's binding digest (format.variant_binding): values in range but not what the code
+was compiled for."""
 
 from __future__ import annotations
 

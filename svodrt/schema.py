@@ -1,9 +1,6 @@
-"""Typed readers for manifest fields, and the records the runtime builds from a verified manifest.
-
-Every reader checks type and range and raises BundleFormatError naming the field by its path in the
-manifest (e.g. `variants[1].fixups[3]`). msgpack gives us Python values; bool is an int subclass
-and is refused wherever an integer is expected.
-"""
+"""Typed readers for manifest fields, and the records built from a verified manifest. Every reader
+checks type and range and raises BundleFormatError naming the field's path (`variants[1].fixups[3]`);
+bool is refused wherever an integer is expected."""
 
 from __future__ import annotations
 

@@ -1,18 +1,11 @@
 """String inputs (format 1.4): strings reach native code as int32 ids.
 
-The compiler interned every string a model holds (LabelEncoder keys, string constants) into the
-bundle's `vocabulary` and compiled the string operations it supports into operations on ids: Equal
-compares ids, LabelEncoder looks an id up in a table. run() turns each string input into ids: a string
-of the vocabulary gets its index; any other string gets a new id past the vocabulary, the same id for
-equal strings in every string input of the call (so Equal of two strings the model never saw is still
-right). Invariant (kept by the compiler, which only lets ops with this property touch strings): the
-outputs depend only on which ids are equal and which vocabulary entry an id is, never on the value of
-a new id, so any numbering of the new strings gives the same outputs. That is also why the test
-vectors can store ids (strings_for_ids).
-
-Accepted arrays: numpy `str` arrays (dtype kind 'U'), object arrays whose elements are all `str`, and
-bytes arrays (kind 'S'), decoded as UTF-8. Anything else is an InputError naming the input and, for an
-element, its position.
+The compiler interned the model's own strings into the bundle's `vocabulary` and compiled string ops
+into ops on ids. run() gives a vocabulary string its index and any other string a new id past the
+vocabulary, the same for equal strings across the call's string inputs. Invariant (the compiler only
+lets ops with it touch strings): outputs depend only on which ids are equal and which vocabulary entry
+an id is, never on a new id's value, so test vectors can store ids (strings_for_ids). Accepted: numpy
+str arrays, object arrays of str, bytes arrays (UTF-8); anything else is an InputError.
 """
 
 from __future__ import annotations
@@ -81,11 +74,13 @@ def _strings(t: TensorInfo, value: object) -> list[str]:
     if kind == "U":
         return flat
     if kind == "S":
-        try:
-            return [b.decode("utf-8") for b in flat]
-        except UnicodeDecodeError:
-            i = next(i for i, b in enumerate(flat) if not _is_utf8(b))
-            raise InputError(f"input {t.name!r} element {_position(value, i)} is not UTF-8: {flat[i][:40]!r}") from None
+        out = []
+        for i, b in enumerate(flat):
+            try:
+                out.append(b.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise InputError(f"input {t.name!r} element {_position(value, i)} is not UTF-8: {b[:40]!r}") from None
+        return out
     if kind == "O":
         for i, s in enumerate(flat):
             if not isinstance(s, str):
@@ -94,14 +89,6 @@ def _strings(t: TensorInfo, value: object) -> list[str]:
         return flat
     raise InputError(f"input {t.name!r} is a string input: pass a numpy array of str (dtype '<U' or object), "
                      f"got dtype {value.dtype}")
-
-
-def _is_utf8(b: bytes) -> bool:
-    try:
-        b.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 def _position(value: np.ndarray, i: int) -> list[int]:

@@ -17,7 +17,6 @@ import functools
 import re
 import subprocess
 import tempfile
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -32,6 +31,7 @@ from tests.cross.emulate import missing_tools, run_emulated
 from tests.cross.transformer import transformer_model
 from tests.light_models import dummy_inputs, model_path, random_weight_variant, reference_output
 from tests.onnx_util import make_model, reference
+from tests.test_models import MODELS as SHARED_MODELS
 
 # (target, qemu -cpu): each emulated CPU has at least the variant's features.
 FLOOR = [("aarch64", "cortex-a53"), ("riscv64", "rv64"), ("ppc64le:pwr9", "power9"), ("s390x:z14", "max")]
@@ -56,9 +56,6 @@ def emulate(bundle: bytes, spec: str, cpu: str, feeds: dict[str, np.ndarray]) ->
     (t,) = parse_target(spec)
     _need(t.arch)
     return run_emulated(bundle, t.arch, set(t.features), feeds, cpu)
-
-
-SHARED_MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
 
 
 @functools.lru_cache(maxsize=4)  # resnet50 bundles are 100 MB

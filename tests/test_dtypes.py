@@ -185,7 +185,7 @@ def test_float16_conversions_with_and_without_f16c(target):
 @pytest.mark.parametrize("dt", [d for d in FORMATS.values() if d is not dtypes.float16], ids=lambda d: d.name)
 def test_runtime_decodes_bit_transported_floats_for_verify(dt):
     """svodrt verify compares bfloat16/float8/float4 outputs by value, decoding them without ml_dtypes."""
-    from svodrt.verify import float_values
+    from svodrt_tools.verify import float_values
 
     x = all_encodings(dt)
     with np.errstate(all="ignore"):

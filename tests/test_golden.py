@@ -11,7 +11,7 @@ import pytest
 
 import svodrt
 from svodrt.model import variant_problem
-from svodrt.verify import verify
+from svodrt_tools.verify import verify
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 GOLDENS = sorted(ARTIFACTS.glob("v*/*.svod"))

@@ -272,7 +272,7 @@ except svodrt.UnsupportedHostError as e:
 
 
 def test_verify_runs_the_test_vectors_on_the_device(stub, small_gpu):
-    from svodrt.verify import verify
+    from svodrt_tools.verify import verify
 
     bundle, emu, _, _ = small_gpu
     emu.errors.clear()

@@ -18,8 +18,8 @@ class EntrySpy:
 
     def __init__(self, model: svodrt.Model):
         self.calls = 0
-        self._real = model._call
-        model._call = self
+        self._real = model._enter
+        model._enter = self
 
     def __call__(self, table, sync) -> None:
         self.calls += 1

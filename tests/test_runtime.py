@@ -106,9 +106,12 @@ def test_runtime_runs_without_the_compiler(small_model, small_bundle, tmp_path):
 
 
 def test_runtime_imports_only_its_dependencies():
-    allowed = {"numpy", "msgpack", "zstandard", "svodrt"}
-    root = os.path.dirname(svodrt.__file__)
-    for name in os.listdir(root):
+    """svodrt and its tools (svodrt_tools: the CLI, info, verify) import the runtime's dependencies only."""
+    import svodrt_tools
+
+    allowed = {"numpy", "msgpack", "zstandard", "svodrt", "svodrt_tools"}
+    roots = [os.path.dirname(svodrt.__file__), os.path.dirname(svodrt_tools.__file__)]
+    for root, name in ((r, n) for r in roots for n in os.listdir(r)):
         if not name.endswith(".py"):
             continue
         with open(os.path.join(root, name)) as f:

@@ -82,7 +82,7 @@ def test_wrong_string_inputs_are_refused_naming_input_and_element(codes_bundle, 
 
 
 def test_model_describes_string_inputs(codes_bundle):
-    from svodrt.describe import describe_bundle
+    from svodrt_tools.describe import describe_bundle
 
     data, _, _ = codes_bundle
     with svodrt.load(data, threads=1) as m:

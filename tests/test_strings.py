@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 import svodc
 import svodrt
 from svodc.errors import UnsupportedModelError
-from svodrt.verify import verify
+from svodrt_tools.verify import verify
 from tests.onnx_util import reference
 from tests.string_models import BOOL, F32, I64, ML, S, category_codes, string_model, strings_tensor
 

@@ -15,7 +15,7 @@ from onnx import helper
 import svodc
 import svodrt
 from svodrt.format import FORMAT_MAJOR, FORMAT_MINOR, HEADER_SIZE, unpack_header
-from svodrt.verify import max_error, verify
+from svodrt_tools.verify import max_error, verify
 from tests.bundle_tools import manifest_of, repack
 from tests.onnx_util import make_model
 

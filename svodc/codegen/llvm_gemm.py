@@ -199,19 +199,16 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target) -> None:
     sc = em.stack[-1]
     t = sc.ivar
     line = em.emit_line
-    if arg.k * lanes * 4 <= LANES_FASTEST_MAX_PANEL:
-        # Small k: a tile is mostly its C stores. Sweep the lanes of a row block first, so C is
-        # written as `rows` contiguous streams (the B panels are small and come from cache).
-        lt = line(sc, f"urem i64 {t}, {lt_n}")
-        rest = line(sc, f"udiv i64 {t}, {lt_n}")
-        rt = line(sc, f"urem i64 {rest}, {rt_n}")
-        flat = line(sc, f"udiv i64 {rest}, {rt_n}")
-    else:
-        # Otherwise reuse each B panel (k x lanes) across the row blocks while it is in L1/L2.
-        rt = line(sc, f"urem i64 {t}, {rt_n}")
-        rest = line(sc, f"udiv i64 {t}, {rt_n}")
-        lt = line(sc, f"urem i64 {rest}, {lt_n}")
-        flat = line(sc, f"udiv i64 {rest}, {lt_n}")
+    # Small k: a tile is mostly its C stores, so sweep the lanes of a row block first (C written as
+    # `rows` contiguous streams; the B panels are small and cached). Else row tiles innermost, reusing
+    # each B panel (k x lanes) across the row blocks while it is in L1/L2.
+    lanes_first = arg.k * lanes * 4 <= LANES_FASTEST_MAX_PANEL
+    inner_n, outer_n = (lt_n, rt_n) if lanes_first else (rt_n, lt_n)
+    inner = line(sc, f"urem i64 {t}, {inner_n}")
+    rest = line(sc, f"udiv i64 {t}, {inner_n}")
+    outer = line(sc, f"urem i64 {rest}, {outer_n}")
+    flat = line(sc, f"udiv i64 {rest}, {outer_n}")
+    rt, lt = (outer, inner) if lanes_first else (inner, outer)
     batch: list[str] = []
     for d in reversed(arg.batch):
         batch.append(line(sc, f"urem i64 {flat}, {d}"))

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 import svodrt
-from svodrt.verify import verify
+from svodrt_tools.verify import verify
 from tests.fuzzing.mutations import Target, mutate
 
 OK_OUTCOMES = ("format_error", "refused_host", "identical")

@@ -1,9 +1,6 @@
-"""`svodrt verify`: every check a bundle can get on the machine that will run it.
-
-Structure (everything load() checks), the sha256 of every section (load() skips large weights and
-code variants it does not run), which variants this host can run, and each embedded test vector run
-on each of those variants, with the max error per output against the compiler's tolerance.
-"""
+"""`svodrt verify`: every check a bundle can get on the machine that will run it: structure, the sha256
+of every section, which variants this host runs, and each embedded test vector on each of them (max
+error per output against the compiler's tolerance)."""
 
 from __future__ import annotations
 
@@ -32,12 +29,12 @@ class Report:
         self.lines.append((status, what))
 
     @property
-    def ok(self) -> bool:
-        return all(status != "FAIL" for status, _ in self.lines)
-
-    @property
     def failures(self) -> list[str]:
         return [what for status, what in self.lines if status == "FAIL"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
 
     def text(self) -> str:
         body = [f"{status:<5} {what}" for status, what in self.lines]

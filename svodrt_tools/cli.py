@@ -75,7 +75,7 @@ def cmd_run(args: argparse.Namespace) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> None:
-    from svodrt.verify import verify
+    from svodrt_tools.verify import verify
 
     report = verify(args.bundle, host=_host(args), threads=args.threads or 1, device=args.device)
     print(report.text())
@@ -98,7 +98,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
 
 
 def cmd_info(args: argparse.Namespace) -> None:
-    from svodrt.describe import describe
+    from svodrt_tools.describe import describe
 
     print(describe(args.bundle, verbose=args.verbose))
 

@@ -6,14 +6,16 @@ from pathlib import Path
 
 from svodrt.bundle import Bundle, parse_bundle
 from svodrt.host import Host, detect_host
+from svodrt.model import variant_problem
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
+    unit = "B"
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+            break
         n /= 1024
-    return str(n)
+    return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
 
 
 def describe_bundle(b: Bundle, host: Host | None = None, verbose: bool = False) -> str:
@@ -34,9 +36,8 @@ def describe_bundle(b: Bundle, host: Host | None = None, verbose: bool = False) 
             lines.append(f"  {v.describe()}  code {_size(v.section.length)}{cubin}, {len(v.launches)} launches; "
                          f"load with device='{v.kind}:N'")
             continue
-        ok = v.arch == host.arch and all(f in host.features for f in v.features)
-        mark = "*" if ok and chosen is None else " "
-        chosen = chosen or (v if ok else None)
+        mark = "*" if chosen is None and variant_problem(v, host) is None else " "
+        chosen = chosen or (v if mark == "*" else None)
         feats = ", ".join(v.features) if v.features else "baseline"
         lines.append(f" {mark}{v.arch}:{v.cpu}  code {_size(v.section.length)}, {len(v.fixups)} fixups; "
                      f"needs {feats}")
