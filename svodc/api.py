@@ -23,6 +23,7 @@ from svodc.errors import OutputWriteError
 from svodc.frontend.importer import ModelSource, import_model, load_model
 from svodc.gpu_target import GpuTarget, parse_targets
 from svodc.options import CompileOptions
+from svodc.passes.dynamic import DynamicShapeError
 from svodc.passes.pipeline import build_program
 from svodc.testvec import build_test_vectors
 
@@ -61,6 +62,10 @@ def _compile_parts(model: ModelSource, target: str, options: CompileOptions | No
             say(f"codegen {t.describe()}")
             images.append((t, compile_program(program, t, options)))
     gpu_images = []
+    if gpus and program.dims:
+        names = ", ".join(t.describe() for t in gpus)
+        raise DynamicShapeError(f"bounded dims {[d.name for d in program.dims]}: GPU variants ({names}) take fixed "
+                                "dims only for now; fix them with --dim NAME=N")
     if gpus:
         say(f"codegen {', '.join(t.describe() for t in gpus)}")
         gpu_images = compile_gpu_programs(program, gpus, options)

@@ -35,6 +35,9 @@ class Buffer:
     data: ConstData | None = None  # weights only
     slot: int = -1  # inputs and outputs: index among the graph's inputs / outputs
     offset: int = -1  # weights: offset in the weights section; scratch: offset in the arena
+    # inputs and outputs of a bundle with bounded dims: per axis a passes.dynamic.SymAxis or None
+    # (`shape` is the upper bound); () when every axis is static
+    dims: tuple = ()
 
     @property
     def nbytes(self) -> int:
@@ -64,3 +67,4 @@ class Program:
     weights_size: int = 0
     producer: str = ""  # the tool that made the source model
     vocabulary: tuple[str, ...] = ()  # string id i stands for vocabulary[i] (svodc/frontend/strings.py)
+    dims: tuple = ()  # bounded input dims (frontend.dims.DimSpec), in the order of the entry's `dims` array

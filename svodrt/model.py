@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from svodrt.bundle import Bundle, TensorInfo, Variant, check_section, parse_bundle
+from svodrt.dims import at_bound, dim_values, real_output
 from svodrt.errors import InputError, ModelClosedError, UnsupportedHostError
 from svodrt.features import feature_names
 from svodrt.format import BITS_OF, DTYPES, GPU_KINDS, STRING, SYNC_SIZE
@@ -103,6 +104,7 @@ class Runner:
         self._output_specs = [(tuple(t.shape), np.dtype(DTYPES[t.dtype][0])) for t in self.bundle.outputs]
         self._output_names = [t.name for t in self.bundle.outputs]
         self._string_inputs = [t for t in self.bundle.inputs if t.dtype == STRING]
+        self._dim_slots = {d.name: i for i, d in enumerate(self.bundle.dims)}
         self._strings = StringTable(self.bundle.vocabulary) if self._string_inputs else None
 
     # ------------------------------------------------------------------ description
@@ -115,8 +117,7 @@ class Runner:
         return list(self.bundle.outputs)
 
     def __repr__(self) -> str:
-        ins = ", ".join(f"{t.name}: {t.dtype}{list(t.shape)}" for t in self.inputs)
-        outs = ", ".join(f"{t.name}: {t.dtype}{list(t.shape)}" for t in self.outputs)
+        ins, outs = ", ".join(map(str, self.inputs)), ", ".join(map(str, self.outputs))
         return f"<svodrt.Model ({ins}) -> ({outs}) on {self.variant.describe()}>"
 
     # ------------------------------------------------------------------ running
@@ -258,8 +259,18 @@ class Model(Runner):
 
     def run(self, feeds: MappingT[str, object]) -> dict[str, np.ndarray]:
         """Run the model: {input name: array} -> {output name: array}. Safe to call from many threads."""
-        outs = self._call(self.check_inputs(feeds))
+        arrays, dims = self._prepare(feeds)
+        outs = self._call(arrays, dims=dims)
+        if dims is not None:
+            outs = [real_output(t, o, dims, self._dim_slots) for t, o in zip(self.bundle.outputs, outs, strict=True)]
         return dict(zip(self._output_names, outs, strict=True))
+
+    def _prepare(self, feeds: MappingT[str, object]) -> tuple[list[np.ndarray], object]:
+        """The checked inputs as the code reads them and the `dims` array (None: static; svodrt/dims.py)."""
+        arrays, ins = self.check_inputs(feeds), self.bundle.inputs
+        if not self.bundle.dims:
+            return arrays, None
+        return [at_bound(t, a) for t, a in zip(ins, arrays, strict=True)], dim_values(ins, arrays, self.bundle.dims)
 
     def profile(self, feeds: MappingT[str, object], repeat: int = 10) -> list[tuple[str, float, tuple[str, ...]]]:
         """Time each kernel alone (single-threaded, its own entry point): [(kernel, median seconds,
@@ -269,18 +280,19 @@ class Model(Runner):
         fns = [kernel_fn(self._maps[0].address + off) for off in self.variant.kernels]
         times: list[list[float]] = [[] for _ in fns]
 
-        def each_kernel(table, _sync) -> None:
+        def each_kernel(table, _sync, dims=None) -> None:
             for _ in range(repeat):
                 for i, fn in enumerate(fns):
                     t0 = time.thread_time()
-                    fn(table, None, 0, 1)
+                    fn(table, dims, 0, 1)
                     times[i].append(time.thread_time() - t0)
 
-        self._call(self.check_inputs(feeds), each_kernel)
+        arrays, dims = self._prepare(feeds)
+        self._call(arrays, each_kernel, dims)
         return [(k.name, float(np.median(t)), k.provenance) for k, t in zip(self.bundle.kernels, times, strict=True)]
 
-    def _call(self, arrays: list[np.ndarray], run=None) -> list[np.ndarray]:
-        """Outputs allocated, an arena lent, the buffer table and sync block made, and run(table, sync)
+    def _call(self, arrays: list[np.ndarray], run=None, dims=None) -> list[np.ndarray]:
+        """Outputs allocated, an arena lent, the buffer table and sync block made, and run(table, sync, dims)
         called (default: the entry, on as many threads as pay off). The hot path of every inference."""
         self._begin()
         try:
@@ -291,7 +303,8 @@ class Model(Runner):
                                          *(o.ctypes.data for o in outs))
                 sync = (ctypes.c_uint64 * (SYNC_SIZE // 8))()
                 sync[1] = YIELD_FN  # offset 8: the entry's yield function
-                (run or self._enter)(table, sync)
+                fn = run or self._enter
+                fn(table, sync) if dims is None else fn(table, sync, dims)
             finally:
                 with self._arena_lock:
                     self._arenas.append(arena)
@@ -299,13 +312,13 @@ class Model(Runner):
             self._end()
         return outs
 
-    def _enter(self, table, sync) -> None:
+    def _enter(self, table, sync, dims=None) -> None:
         n = self.threads
         if n > 1 and self._solo_runs < 2:
             # The first two calls run on one thread and are timed; a model faster than
             # AUTO_PARALLEL_MIN_S stays single-threaded (waking helpers would cost more than it saves).
             t0 = time.perf_counter()
-            self._entry(table, None, 0, 1, sync)
+            self._entry(table, dims, 0, 1, sync)
             self._solo_best = min(self._solo_best, time.perf_counter() - t0)
             self._solo_runs += 1
             if self._solo_runs == 2 and self._solo_best < AUTO_PARALLEL_MIN_S:
@@ -313,14 +326,14 @@ class Model(Runner):
             return
         if self._pool is not None and self._parallel and self._team.acquire(blocking=False):
             try:
-                futures = [self._pool.submit(self._entry, table, None, i, n, sync) for i in range(1, n)]
-                self._entry(table, None, 0, n, sync)
+                futures = [self._pool.submit(self._entry, table, dims, i, n, sync) for i in range(1, n)]
+                self._entry(table, dims, 0, n, sync)
                 for f in futures:
                     f.result()
             finally:
                 self._team.release()
         else:
-            self._entry(table, None, 0, 1, sync)
+            self._entry(table, dims, 0, 1, sync)
 
     def close(self) -> None:
         """Refuse new runs, wait for running ones to finish, then release the code and weights."""
@@ -372,11 +385,14 @@ def check_input(t: TensorInfo, value: object) -> np.ndarray:
     if value.ndim != len(t.shape):
         raise InputError(f"input {t.name!r} has rank {value.ndim} (shape {list(value.shape)}), expected rank "
                          f"{len(t.shape)} (shape {list(t.shape)})")
+    bounded = {axis: d for axis, d, _ in t.dims}
     for i, (got, exp) in enumerate(zip(value.shape, t.shape, strict=True)):
-        if got != exp:
+        if (d := bounded.get(i)) is not None and not d.lo <= got <= d.hi:
+            raise InputError(f"input {t.name!r} dim {i} ({d.name!r}): got {got}, expected {d.lo}..{d.hi}")
+        if d is None and got != exp:
             raise InputError(f"input {t.name!r} dim {i}: got {got}, expected {exp}")
     if not value.flags.c_contiguous or value.ctypes.data % want.itemsize:
         value = np.array(value, order="C", copy=True)  # numpy allocations are aligned
-    if value.nbytes != t.nbytes:  # shapes matched; this guards the size arithmetic itself
+    if value.nbytes != t.nbytes and not t.dims:  # shapes matched; this guards the size arithmetic itself
         raise InputError(f"input {t.name!r} is {value.nbytes} bytes, expected {t.nbytes}")
     return value

@@ -23,12 +23,14 @@ from svodrt.format import (
     variant_binding,
 )
 from svodrt.schema import (
+    Dim,
     KernelInfo,
     Launch,
     Section,
     TensorInfo,
     TestVector,
     Variant,
+    dim_table,
     fail,
     field,
     items,
@@ -53,6 +55,7 @@ class Plan:
     placement: dict[int, tuple[str, int]]
     # Format 1.4: what string ids below len(vocabulary) stand for; () when no input is a string.
     vocabulary: tuple[str, ...]
+    dims: tuple[Dim, ...]  # format 1.5: the bounded dims in the entry's `dims` order; () in a static bundle
 
 
 @dataclass(frozen=True)
@@ -63,11 +66,11 @@ class _Buffer:
     offset: int
 
 
-def _io(m: dict, group: str) -> tuple[list[TensorInfo], list[int]]:
+def _io(m: dict, group: str, dims: dict[str, Dim]) -> tuple[list[TensorInfo], list[int]]:
     tensors, ids = [], []
     for i, t in enumerate(items(m, group, "manifest")):
         where = f"{group}[{i}]"
-        tensors.append(tensor(t, where))
+        tensors.append(tensor(t, where, dims))
         if uint(t, "slot", where) != i:
             raise fail(f"{where}.slot", f"is {t['slot']}, must be its position {i}")
         ids.append(uint(t, "id", where))
@@ -246,8 +249,11 @@ def _test_vectors(m: dict, inputs: list[TensorInfo], outputs: list[TensorInfo]) 
 
 
 def parse_plan(m: dict, sections: list[Section], weights: Section) -> Plan:
-    inputs, in_ids = _io(m, "inputs")
-    outputs, out_ids = _io(m, "outputs")
+    dims = dim_table(m)
+    inputs, in_ids = _io(m, "inputs", dims)
+    outputs, out_ids = _io(m, "outputs", dims)
+    if set(dims) - {d.name for t in inputs for _, d, _ in t.dims}:
+        raise fail("dims", "a dim sizes no input: no call could give its value")
     arena = uint(m, "arena_size", "manifest", MAX_BYTES)
     weights_size = uint(m, "weights_size", "manifest", MAX_BYTES)
     if weights.length < weights_size:
@@ -262,5 +268,5 @@ def parse_plan(m: dict, sections: list[Section], weights: Section) -> Plan:
     if not variants:
         raise fail("variants", "the bundle has no code variant")
     return Plan(inputs, outputs, kernels, variants, arena, weights_size, _test_vectors(m, inputs, outputs), placement,
-                vocab)
+                vocab, tuple(dims.values()))
 

@@ -194,7 +194,11 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target) -> None:
                                          f"i64 {c_lane}, i64 {tail}")
 
     t_range = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, tiles),), RangeArg(-1, RangeKind.PARALLEL))
-    start, stop = em.part_split(str(tiles))
+    run_tiles = str(tiles)
+    if arg.batch_var is not None:  # a run-time batch: tiles are batch-major, so the first batch*per run
+        per_batch = tiles // arg.batch[0]
+        run_tiles = em.emit_line(em.stack[0], f"mul nsw i64 {em.dim_value(arg.batch_var.slot)}, {per_batch}", "tiles")
+    start, stop = em.part_split(run_tiles)
     em.open_loop(t_range, start, stop)
     sc = em.stack[-1]
     t = sc.ivar

@@ -62,6 +62,9 @@ class KernelEmitter:
         self.free: dict[UOp, frozenset[UOp]] = {}
         self.params: dict[int, str] = {}
         self.uses_intrinsics: set[str] = set()
+        # Bounded dims read at run time (passes/dynamic.py): the body then takes the entry's `dims` array.
+        self.uses_dims = any(n.op is Ops.DEFINE_VAR or (n.op is Ops.GEMM and n.arg.batch_var is not None)
+                             for n in toposort([ast]))
         for n in toposort([ast]):
             if n.op is Ops.RANGE:
                 self.free[n] = frozenset({n})
@@ -127,6 +130,8 @@ class KernelEmitter:
             return f"%p{n.arg.index}"
         if n.op is Ops.RANGE:
             return self.stack[self.range_pos[n]].ivar
+        if n.op is Ops.DEFINE_VAR:
+            return self.dim_value(n.arg.slot)
         scope = self.target_scope(n)
         hit = scope.cache.get(n)
         if hit is not None:
@@ -139,6 +144,15 @@ class KernelEmitter:
             v = emit_alu(self, scope, n, [self.value(s) for s in n.src])
         scope.cache[n] = v
         return v
+
+    def dim_value(self, slot: int) -> str:
+        """dims[slot] (an i64 the runtime checked against the dim's range), loaded once per kernel call."""
+        top = self.stack[0]
+        key = ("dim", slot)
+        if key not in top.cache:
+            ptr = self.emit_line(top, f"getelementptr inbounds i64, ptr %dims, i64 {slot}", "dimp")
+            top.cache[key] = self.emit_line(top, f"load i64, ptr {ptr}", "dim")
+        return top.cache[key]
 
     def emit_reduce(self, n: UOp, scope: Scope) -> str:
         from svodc.codegen.llvm_alu import combine, reduce_init
@@ -211,7 +225,7 @@ class KernelEmitter:
                 emit_gemm(self, stmt, self.target)
             else:
                 self.emit_store(stmt)
-        params = ", ".join(f"ptr noalias %p{i}" for i in range(nparams))
+        params = ", ".join(f"ptr noalias %p{i}" for i in range(nparams)) + (", ptr %dims" if self.uses_dims else "")
         lines = [f"define internal void @{self.name}.body({params}, i32 %part, i32 %nparts) #0 {{",
                  "entry:", *[f"  {a}" for a in self.allocas], *self.stack[0].lines, "  ret void", "}"]
         return "\n".join(lines)
@@ -245,6 +259,8 @@ def render_kernel(kernel: Kernel, nin: int, target: Target) -> tuple[str, set[st
         lines.append(f"  %b{i} = load ptr, ptr %s{i}")
         lines.append(f"  %a{i} = getelementptr inbounds i8, ptr %b{i}, i64 {offset}")
         args.append(f"ptr %a{i}")
+    if em.uses_dims:
+        args.append("ptr %dims")
     lines.append(f"  call void @{kernel.name}.body({', '.join(args)}, i32 %part, i32 %nparts)")
     lines += ["  ret void", "}"]
     return body + "\n\n" + "\n".join(lines), em.uses_intrinsics, em.shared_functions

@@ -6,7 +6,8 @@ The entry ABI (fixed for bundle format 1, see docs/bundle-format.md):
     void svod_entry(void **bufs, const int64_t *dims, int32_t thread, int32_t nthreads, svod_sync *sync)
 
 - bufs: [0] arena, [1] weights section, [2 .. 2+n_inputs) inputs, then outputs;
-- dims: values of symbolic dimensions (reserved; none yet);
+- dims: the run-time value of each bounded dim (format 1.5, the manifest's `dims` order; passes/dynamic.py),
+  checked by the runtime against its range before the call; unused (may be NULL) in a static bundle;
 - thread in [0, nthreads): every thread calls the entry at once;
 - sync: 64 bytes zero-initialized by the caller, shared by the nthreads threads of one call; the
   caller puts the host's sched_yield at offset 8. The entry owns the rest (format 1.0 code used
@@ -109,9 +110,7 @@ def parallel_parts(kernel: Kernel, target: Target) -> int:
         sizes = []
         for u in stmt.toposort():
             if u.op is Ops.RANGE:
-                size = u.src[0].arg if u.src[0].op is Ops.CONST else None
-                if size is None:
-                    return 1  # a run-time trip count: no estimate, so no split
+                size = u.src[0].vmax  # a run-time trip count (a bounded dim) is estimated at its bound
                 sizes.append(size)
                 if u.arg.kind is RangeKind.PARALLEL:
                     trips.append(size)

@@ -10,7 +10,7 @@ handled is collected, and all of them are reported at once.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +27,7 @@ from svodc.errors import (
     WeightsError,
 )
 from svodc.frontend.boundary import graph_input, graph_output
+from svodc.frontend.dims import DimSpec, DimTable, check_bounded
 from svodc.frontend.dtypes import UnsupportedDType, onnx_to_dtype
 from svodc.frontend.graph_import import POISON, GraphImporter, Scope
 from svodc.frontend.strings import Vocabulary
@@ -48,6 +49,10 @@ class ImportedGraph:
     producer: str  # "name version" of the tool that made the model, for the manifest
     expanded_ops: frozenset[str] = frozenset()  # ops imported through their ONNX function bodies
     vocabulary: tuple[str, ...] = ()  # the model's strings; string id i is vocabulary[i] (frontend/strings.py)
+    # Bounded symbolic dims (frontend/dims.py), in the order met, and which input axes each sizes; the
+    # INPUT nodes have their upper bounds.
+    dims: tuple[DimSpec, ...] = ()
+    input_dims: dict[str, dict[int, str]] = field(default_factory=dict)
 
 
 def load_model(source: ModelSource) -> onnx.ModelProto:
@@ -99,11 +104,15 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
         raise InputShapeError(f"--input-value names {sorted(unknown)}, which are not inputs of the model")
     inputs = []
     problems: list[UnsupportedNode] = []
+    initialized = {init.name for init in graph.initializer}
+    check_bounded([vi for vi in graph.input if vi.name not in initialized], options.dims, options.input_shapes,
+                  options.input_values)
+    dim_table = DimTable()
     for vi in graph.input:
         if vi.name in scope.values:  # an initializer listed as an input (IR < 4): a constant
             continue
         try:
-            value, bundle_inputs = graph_input(vi, options, vocabulary)
+            value, bundle_inputs = graph_input(vi, options, vocabulary, dim_table)
         except UnsupportedModelError as e:  # e.g. a string input: listed with the nodes that fail
             problems += e.nodes
             scope.set(vi.name, POISON)
@@ -128,7 +137,8 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
     if problems:
         raise UnsupportedModelError(problems)
     producer = f"{model.producer_name} {model.producer_version}".strip()
-    return ImportedGraph(inputs, outputs, prov, producer, frozenset(importer.expanded), vocabulary.strings)
+    return ImportedGraph(inputs, outputs, prov, producer, frozenset(importer.expanded), vocabulary.strings,
+                         tuple(dim_table.dims.values()), dim_table.input_axes)
 
 
 def _weight(init: onnx.TensorProto, external: ExternalData, vocabulary: Vocabulary) -> UOp:

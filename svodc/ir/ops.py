@@ -223,6 +223,7 @@ class VarArg:
     name: str
     lo: int
     hi: int
+    slot: int = 0  # a bounded input dim: its index in the entry's `dims` array (passes/dynamic.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +288,8 @@ class GemmArg:
     b: GemmOperand
     c: GemmOperand
     transposed: bool = False
+    # A bounded dim sizing batch[0] (passes/dynamic.py): the tiles of batch indices < its run-time value run.
+    batch_var: VarArg | None = None
 
 
 class ConstData:

@@ -49,8 +49,8 @@ def gemm_eligible(n: UOp) -> bool:
             and splat_value(b) is None)
 
 
-def decompose_matmul(n: UOp) -> UOp | None:
-    if gemm_eligible(n):
+def decompose_matmul(n: UOp, force: bool = False) -> UOp | None:
+    if not force and gemm_eligible(n):
         return None
     a, b = n.src
     *batch, M, K = a.shape

@@ -30,10 +30,12 @@ from svodc.ir.ops import (
     KernelArg,
     Ops,
     RangeKind,
+    VarArg,
 )
 from svodc.ir.rewrite import graph_rewrite
 from svodc.ir.symbolic import pm_symbolic
 from svodc.ir.uop import UOp, toposort
+from svodc.passes.dynamic import DynamicAxes
 from svodc.passes.lower import KernelLowerer, reshape_index
 from svodc.passes.views import affine_view
 from svodc.program import Buffer
@@ -142,7 +144,7 @@ class GemmLowerer(KernelLowerer):
             c_strides.append(s)
             s *= d
         c_op = GemmOperand(tuple(reversed(c_strides)), n, 1, 0)
-        arg = GemmArg(tuple(batch), m, n, k, a_op, b_op, c_op, self.transposed)
+        arg = GemmArg(tuple(batch), m, n, k, a_op, b_op, c_op, self.transposed, self._batch_var(mm))
         c_param = self.param(out)
         if root is mm:
             return UOp(Ops.GEMM, dtypes.void, (a_param, b_param, c_param), arg)
@@ -161,6 +163,20 @@ class GemmLowerer(KernelLowerer):
             self._buffer_for = inner
         store = UOp(Ops.STORE, dtypes.void, (c_param, self.linear(idx, root.shape), value))
         return UOp(Ops.GEMM, dtypes.void, (a_param, b_param, c_param, store, *ranges), arg)
+
+
+    def _batch_var(self, mm: UOp) -> VarArg | None:
+        """The bounded dim sizing the GEMM's outermost batch axis, if any: the tile loop then covers
+        only the run-time batch (tiles are numbered batch-major). The pipeline sends products with a
+        run-time M, N or inner batch axis to the generic path (pipeline.py), so none reaches here."""
+        if not self.dyn:
+            return None
+        *batch, m_ax, n_ax = self.dyn.axes(mm)
+        assert m_ax is None and n_ax is None and not any(batch[1:]), "run-time GEMM axis past the lead"
+        if not batch or batch[0] is None:
+            return None
+        assert batch[0].factor == 1, "a batch axis sized dim * factor"
+        return self.dyn.var(batch[0].dim).arg
 
 
 def _is_constant_view(x: UOp) -> bool:
@@ -183,8 +199,9 @@ def _simplify(x: UOp) -> UOp:
     return graph_rewrite(x, pm_symbolic)
 
 
-def lower_gemm_kernel(name: str, root: UOp, mm: UOp, out: Buffer, buffer_for: BufferFor) -> tuple[UOp, list[Buffer]]:
-    lowerer = GemmLowerer(name, out, buffer_for)
+def lower_gemm_kernel(name: str, root: UOp, mm: UOp, out: Buffer, buffer_for: BufferFor,
+                      dyn: DynamicAxes | None = None) -> tuple[UOp, list[Buffer]]:
+    lowerer = GemmLowerer(name, out, buffer_for, dyn)
     gemm = lowerer.lower_gemm(root, mm)
     sink = UOp(Ops.SINK, dtypes.void, (gemm,), KernelArg(name))
     return graph_rewrite(sink, pm_symbolic), lowerer.params

@@ -13,12 +13,14 @@ import sys
 from svodc.frontend.importer import ImportedGraph
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import Ops
+from svodc.ir.pattern import PatternMatcher, UPat
 from svodc.ir.provenance import Provenance
 from svodc.ir.rewrite import debug_level, graph_rewrite
 from svodc.ir.uop import UOp, pretty
 from svodc.options import CompileOptions
 from svodc.passes.contraction import pm_conv_to_matmul, pm_fold_into_conv
-from svodc.passes.decompose import pm_decompose
+from svodc.passes.decompose import decompose_matmul, pm_decompose
+from svodc.passes.dynamic import DynamicAxes
 from svodc.passes.fold import is_folded_constant, pm_fold
 from svodc.passes.lower import lower_kernel
 from svodc.passes.lower_gemm import find_matmul, lower_gemm_kernel
@@ -32,7 +34,7 @@ def _debug_graph(title: str, sink: UOp) -> None:
         print(f"===== after {title} =====\n{pretty(sink)}", file=sys.stderr)
 
 
-def optimize(graph: ImportedGraph, options: CompileOptions) -> UOp:
+def optimize(graph: ImportedGraph, options: CompileOptions, dyn: DynamicAxes | None = None) -> UOp:
     """The tensor-level graph after folding and decomposition, as a SINK of the outputs."""
     prov = graph.provenance
     sink = UOp(Ops.SINK, dtypes.void, tuple(o for _, o in graph.outputs))
@@ -41,10 +43,22 @@ def optimize(graph: ImportedGraph, options: CompileOptions) -> UOp:
     _debug_graph("fold", sink)
     sink = graph_rewrite(sink, pm_fold_into_conv + fold, prov=prov)
     sink = graph_rewrite(sink, pm_conv_to_matmul, prov=prov)
+    if dyn:
+        sink = graph_rewrite(sink, _generic_runtime_matmuls(dyn), prov=prov)
     sink = graph_rewrite(sink, pm_decompose, prov=prov)
     sink = graph_rewrite(sink, fold, prov=prov)
     _debug_graph("decompose", sink)
     return sink
+
+
+def _generic_runtime_matmuls(dyn: DynamicAxes) -> PatternMatcher:
+    """MATMULs with a run-time M, N or inner batch axis go to the generic path (MUL + REDUCE, whose loops
+    take run-time extents); the GEMM kernels take a run-time outermost batch axis only (lower_gemm.py)."""
+    def rule(n: UOp) -> UOp | None:
+        *batch, m, cols = dyn.axes(n)
+        return decompose_matmul(n, force=True) if m is not None or cols is not None or any(batch[1:]) else None
+
+    return PatternMatcher([(UPat(Ops.MATMUL, name="n"), rule)], name="runtime-matmul")
 
 
 def _kernel_name(i: int, provenance: list[str]) -> str:
@@ -66,16 +80,18 @@ def _provenance(root: UOp, realized: set[UOp], prov: Provenance) -> list[str]:
 
 
 def build_program(graph: ImportedGraph, options: CompileOptions) -> Program:
-    sink = optimize(graph, options)
+    dyn = DynamicAxes(graph.dims, graph.input_dims, graph.provenance) if graph.dims else None
+    sink = optimize(graph, options, dyn)
     outputs = list(zip([name for name, _ in graph.outputs], sink.src, strict=True))
+    out_axes = [dyn.axes(x) if dyn else () for _, x in outputs]  # also checks every node up front
     plans, realized = plan_kernels(outputs)
 
     next_id = iter(range(1 << 30))
-    inputs = [Buffer(next(next_id), BufferKind.INPUT, x.dtype, x.shape, name, slot=i)
-              for i, (name, x) in enumerate(graph.inputs)]
+    inputs = [Buffer(next(next_id), BufferKind.INPUT, x.dtype, x.shape, name, slot=i,
+                     dims=dyn.axes(x) if dyn else ()) for i, (name, x) in enumerate(graph.inputs)]
     input_by_name = {b.name: b for b in inputs}
-    out_bufs = [Buffer(next(next_id), BufferKind.OUTPUT, x.dtype, x.shape, name, slot=i)
-                for i, (name, x) in enumerate(outputs)]
+    out_bufs = [Buffer(next(next_id), BufferKind.OUTPUT, x.dtype, x.shape, name, slot=i, dims=ax)
+                for i, ((name, x), ax) in enumerate(zip(outputs, out_axes, strict=True))]
     out_by_name = {b.name: b for b in out_bufs}
     weights: dict[UOp, Buffer] = {}
     scratch: list[Buffer] = []
@@ -100,9 +116,9 @@ def build_program(graph: ImportedGraph, options: CompileOptions) -> Program:
         copy_from = written[plan.root] if plan.copy else None
         mm = None if plan.copy else find_matmul(plan.root, lambda n: n in realized or n.op in (Ops.INPUT, Ops.WEIGHT))
         if mm is not None:
-            ast, params = lower_gemm_kernel(name, plan.root, mm, out, buffer_for)
+            ast, params = lower_gemm_kernel(name, plan.root, mm, out, buffer_for, dyn)
         else:
-            ast, params = lower_kernel(name, plan.root, out, buffer_for, copy_from=copy_from)
+            ast, params = lower_kernel(name, plan.root, out, buffer_for, copy_from=copy_from, dyn=dyn)
         if not plan.copy:
             written.setdefault(plan.root, out)
             if plan.root in realized:
@@ -113,7 +129,7 @@ def build_program(graph: ImportedGraph, options: CompileOptions) -> Program:
 
     weight_list = list(weights.values())
     program = Program(inputs, out_bufs, kernels, weight_list, scratch, producer=graph.producer,
-                      vocabulary=graph.vocabulary)
+                      vocabulary=graph.vocabulary, dims=graph.dims)
     program.arena_size = plan_arena(kernels, scratch)
     program.weights_size = plan_weights(weight_list)
     return program
