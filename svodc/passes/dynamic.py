@@ -8,11 +8,12 @@ upper-bound layout: element i of a dim axis sits where it sits at the bound.
 
 That is exact for prefix-consistent ops: the value at index i < n along a dim axis depends only on
 indices < n of that axis in the sources (elementwise, broadcasts, reshapes that keep the dim the
-outermost axis of its group, permutes, movement on other axes, contractions with the dim as a batch
-or M axis, reductions over other axes). Anything else on a dim axis -- padding, slicing, windows,
-reducing over it, gathering along it, convolving over it -- is refused with a DynamicShapeError naming
-the node, instead of computing a wrong value. Not detected: a size read with Shape and folded into a
-value (x / Cast(Shape(x)[0])) is the upper bound's; such models need the dim fixed.
+outermost axis of its group, permutes, movement on other axes, contractions and reductions over it,
+whose loops run to the run-time size). Anything else on a dim axis -- padding, slicing, windows,
+gathering along it, convolving over it, a sum over it scaled by a constant (a mean would divide by the
+bound) -- is refused with a DynamicShapeError naming the node, instead of computing a wrong value. Not
+detected: a size read with Shape and folded into a value (x / Cast(Shape(x)[0])) is the upper bound's;
+such models need the dim fixed.
 """
 
 from __future__ import annotations
@@ -23,7 +24,19 @@ from dataclasses import dataclass
 from svodc.errors import SvodcError
 from svodc.frontend.dims import DimSpec
 from svodc.ir.dtypes import dtypes
-from svodc.ir.ops import ALU, ConvArg, Ops, PadArg, PermuteArg, ReduceArg, ShapeArg, SliceArg, VarArg, WindowArg
+from svodc.ir.ops import (
+    ALU,
+    MOVEMENT,
+    ConvArg,
+    Ops,
+    PadArg,
+    PermuteArg,
+    ReduceArg,
+    ShapeArg,
+    SliceArg,
+    VarArg,
+    WindowArg,
+)
 from svodc.ir.provenance import Provenance
 from svodc.ir.uop import UOp, toposort
 
@@ -52,6 +65,7 @@ class DynamicAxes:
         self._inputs = input_axes
         self._prov = prov
         self._memo: dict[UOp, Axes] = {}
+        self._sums: set[UOp] = set()  # REDUCE(ADD)s over a bounded dim: a constant divisor would be a mean
 
     def __bool__(self) -> bool:
         return bool(self.dims)
@@ -100,6 +114,8 @@ class DynamicAxes:
             return (None,) * nd
         src = [self._memo[s] for s in n.src]
         if op in ALU:
+            if op in (Ops.MUL, Ops.DIV) and any(s in self._sums for s in n.src) and any(_constant(s) for s in n.src):
+                raise self._fail(n, "scales a sum over a bounded dim by a constant (a mean over the bound's count)")
             return self._merge(n, [(a, s.shape) for a, s in zip(src, n.src, strict=True)])
         a0 = src[0]
         if not any(a0) and not any(any(a) for a in src[1:]):
@@ -128,7 +144,10 @@ class DynamicAxes:
             return a0 + (None,) * len(arg.kernel)
         if op is Ops.REDUCE:
             assert isinstance(arg, ReduceArg)
-            self._untouched(n, a0, list(arg.axes), "reduces over a bounded dim")
+            if any(a0[i] is not None for i in arg.axes):  # the loop runs to the run-time size
+                if arg.op is Ops.ADD:
+                    self._sums.add(n)
+                return tuple(None if i in arg.axes else a for i, a in enumerate(a0))
             return a0
         if op is Ops.CONV:
             assert isinstance(arg, ConvArg)
@@ -137,9 +156,7 @@ class DynamicAxes:
                 raise self._fail(n, "has a weight sized by a bounded dim")
             return (a0[0],) + (None,) * (nd - 1)
         if op is Ops.MATMUL:
-            a, b = src
-            if a[-1] is not None or b[-2] is not None:
-                raise self._fail(n, "contracts over a bounded dim")
+            a, b = src  # a run-time K: the generic path reduces over it (pipeline.py)
             batch = self._merge(n, [(a[:-2], n.src[0].shape[:-2]), (b[:-2], n.src[1].shape[:-2])], n.shape[:-2])
             return (*batch, a[-2], b[-1])
         if op is Ops.GATHER:
@@ -208,3 +225,8 @@ class DynamicAxes:
             out[gi[0]] = SymAxis(ax.dim, total // inner)
         return tuple(out)
 
+
+def _constant(n: UOp) -> bool:
+    while n.op in MOVEMENT:
+        n = n.src[0]
+    return n.op in (Ops.WEIGHT, Ops.CONST)

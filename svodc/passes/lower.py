@@ -295,11 +295,12 @@ class KernelLowerer:
             assert isinstance(arg, ReduceArg)
             ranges = []
             sidx = list(idx)
+            extents = self.extents(src)
             for a in arg.axes:
                 if src.shape[a] == 1:
                     sidx[a] = ic(0)
                     continue
-                r = self.new_range(src.shape[a], RangeKind.REDUCE)
+                r = self.new_range(extents[a], RangeKind.REDUCE)
                 ranges.append(r)
                 sidx[a] = r
             if math.prod(src.shape[a] for a in arg.axes) == 0:
