@@ -21,15 +21,20 @@ HEAVY = pytest.mark.dynamic_models
 # name: (compile options, sizes to run, heavy)
 CASES = {
     "mtcnn_onet": ({"dims": {"N": (1, 37)}}, (1, 37), False),
+    "gpt2_small_random": ({"dims": {"batch": (1, 4), "seq": (1, 256)}}, ((1, 1), (1, 7), (3, 129), (4, 256)), False),
     "magika_standard_v3_3": ({"dims": {"unk__214": (1, 8)}}, (1, 5), False),
     "mobilenetv2_random": ({"dims": {"batch": (1, 16)}}, (1, 5, 16), True),
     "ppocr_mobile_v2_cls": ({"input_shapes": {"x": ((1, 6), 3, 48, 192)}}, (2, 6), True),
 }
 
 
-def _batch(ref: np.ndarray, n: int) -> np.ndarray:
-    """n rows, row i the reference row rolled by 7*i elements (values of the same kind and range)."""
+def _batch(ref: np.ndarray, size: int | tuple[int, int]) -> np.ndarray:
+    """`size` rows (or (rows, length): the leading axes), row i the reference row rolled by 7*i elements
+    (values of the same kind and range), cut or tiled to the length."""
+    n, length = (size, None) if isinstance(size, int) else size
     rows = [np.roll(ref[0], 7 * i) for i in range(n)]
+    if length is not None:
+        rows = [np.resize(r, (length, *r.shape[1:])) for r in rows]
     return np.ascontiguousarray(np.stack(rows).astype(ref.dtype))
 
 

@@ -11,8 +11,11 @@ panel. For each tile a micro-kernel keeps rows x (lanes/vw) vector accumulators 
 whole K loop, then stores the tile to C. The epilogue (the kernel's STORE over m and n) rewrites the
 tile in place while it is still in cache.
 
-Every size is a compile-time constant: each kernel gets micro-kernels specialized for its strides,
-plus tail variants for the last row and lane tiles (masked vector loads and stores at the edge).
+Sizes are compile-time constants, except a bounded dim (passes/dynamic.py) sizing the outermost batch
+axis or m, read from the entry's `dims`: the tile loop then covers the run-time batch and row tiles, and
+the last row tile picks the micro-kernel for its run-time row count (one per count, 1..rows). Each kernel
+gets micro-kernels specialized for its strides, plus tail variants for the last row and lane tiles
+(masked vector loads and stores at the edge).
 """
 
 from __future__ import annotations
@@ -181,8 +184,17 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target) -> None:
     tiles = math.prod(arg.batch) * rt_n * lt_n
     rows_tail, lanes_tail = rows_total - (rt_n - 1) * rows, lanes_total - (lt_n - 1) * lanes
     s_side, v_side, c_row, c_lane = _sides(arg)
+    row_sizes = {rows, rows_tail}
+    top = em.stack[0]
+    rt_count, tail_rt, last_start = str(rt_n), str(rows_tail), str(rt_n - 1)  # row tiles, last tile's rows
+    if arg.m_var is not None:  # a run-time m: as many row tiles as it needs, the last one any of 1..rows rows
+        row_sizes = set(range(1, rows + 1))
+        m_rt = em.dim_value(arg.m_var.slot)
+        rt_count = em.emit_line(top, f"udiv i64 {em.emit_line(top, f'add nsw i64 {m_rt}, {rows - 1}')}, {rows}")
+        last_start = em.emit_line(top, f"sub nsw i64 {rt_count}, 1")
+        tail_rt = em.emit_line(top, f"sub nsw i64 {m_rt}, {em.emit_line(top, f'mul nsw i64 {last_start}, {rows}')}")
     calls = {}
-    for r in {rows, rows_tail}:
+    for r in row_sizes:
         for c in {lanes, lanes_tail}:
             nvec = -(-c // vw)
             tail = c - (nvec - 1) * vw
@@ -195,9 +207,10 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target) -> None:
 
     t_range = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, tiles),), RangeArg(-1, RangeKind.PARALLEL))
     run_tiles = str(tiles)
-    if arg.batch_var is not None:  # a run-time batch: tiles are batch-major, so the first batch*per run
-        per_batch = tiles // arg.batch[0]
-        run_tiles = em.emit_line(em.stack[0], f"mul nsw i64 {em.dim_value(arg.batch_var.slot)}, {per_batch}", "tiles")
+    if arg.batch_var is not None or arg.m_var is not None:  # tiles are batch-major: the first ones run
+        lead = em.dim_value(arg.batch_var.slot) if arg.batch_var is not None else str(math.prod(arg.batch[:1]))
+        per_lead = em.emit_line(top, f"mul nsw i64 {rt_count}, {math.prod(arg.batch[1:]) * lt_n}")
+        run_tiles = em.emit_line(top, f"mul nsw i64 {lead}, {per_lead}", "tiles")
     start, stop = em.part_split(run_tiles)
     em.open_loop(t_range, start, stop)
     sc = em.stack[-1]
@@ -207,7 +220,7 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target) -> None:
     # `rows` contiguous streams; the B panels are small and cached). Else row tiles innermost, reusing
     # each B panel (k x lanes) across the row blocks while it is in L1/L2.
     lanes_first = arg.k * lanes * 4 <= LANES_FASTEST_MAX_PANEL
-    inner_n, outer_n = (lt_n, rt_n) if lanes_first else (rt_n, lt_n)
+    inner_n, outer_n = (lt_n, rt_count) if lanes_first else (rt_count, lt_n)
     inner = line(sc, f"urem i64 {t}, {inner_n}")
     rest = line(sc, f"udiv i64 {t}, {inner_n}")
     outer = line(sc, f"urem i64 {rest}, {outer_n}")
@@ -242,11 +255,18 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target) -> None:
                            ((pa, a_off), (pb, b_off), (pc, c_off)))
     s_ptr, v_ptr = (b_ptr, a_ptr) if arg.transposed else (a_ptr, b_ptr)
     call_args = f"ptr {s_ptr}, ptr {v_ptr}, ptr {c_ptr}"
-    last_r = line(sc, f"icmp eq i64 {rt}, {rt_n - 1}") if rows_tail != rows else "false"
+    last_r = line(sc, f"icmp eq i64 {rt}, {last_start}") if rows_tail != rows or arg.m_var else "false"
     last_l = line(sc, f"icmp eq i64 {lt}, {lt_n - 1}") if lanes_tail != lanes else "false"
     k = em.fresh_label()
-    sc.lines.append(f"  br i1 {last_r}, label %T{k}.t, label %T{k}.f")
-    for tag, r in (("f", rows), ("t", rows_tail)):
+    if arg.m_var is None:
+        sc.lines.append(f"  br i1 {last_r}, label %T{k}.t, label %T{k}.f")
+        variants = (("f", rows), ("t", rows_tail))
+    else:  # the run-time rows of this tile pick the micro-kernel
+        nrows = line(sc, f"select i1 {last_r}, i64 {tail_rt}, i64 {rows}")
+        cases = " ".join(f"i64 {r}, label %T{k}.r{r}" for r in range(1, rows))
+        sc.lines.append(f"  switch i64 {nrows}, label %T{k}.r{rows} [ {cases} ]")
+        variants = tuple((f"r{r}", r) for r in range(1, rows + 1))
+    for tag, r in variants:
         sc.lines += [f"T{k}.{tag}:", f"  br i1 {last_l}, label %T{k}.{tag}t, label %T{k}.{tag}f"]
         for sub, c in (("f", lanes), ("t", lanes_tail)):
             fn, sizes = calls[(r, c)]
@@ -262,7 +282,7 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target) -> None:
         for tag, nrows, nlanes in (("full", str(rows), str(lanes)), ("edge", None, None)):
             sc.lines.append(f"E{e}.{tag}:")
             if nrows is None:
-                nrows = line(sc, f"select i1 {last_r}, i64 {rows_tail}, i64 {rows}")
+                nrows = line(sc, f"select i1 {last_r}, i64 {tail_rt}, i64 {rows}")
                 nlanes = line(sc, f"select i1 {last_l}, i64 {lanes_tail}, i64 {lanes}")
             r1 = line(sc, f"add nuw nsw i64 {r0}, {nrows}")
             l1 = line(sc, f"add nuw nsw i64 {l0}, {nlanes}")

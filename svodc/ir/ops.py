@@ -288,8 +288,10 @@ class GemmArg:
     b: GemmOperand
     c: GemmOperand
     transposed: bool = False
-    # A bounded dim sizing batch[0] (passes/dynamic.py): the tiles of batch indices < its run-time value run.
+    # Bounded dims (passes/dynamic.py): batch_var sizes batch[0] (only the tiles of batch indices below its
+    # run-time value run), m_var sizes m (not transposed: the row tiles end at the run-time m).
     batch_var: VarArg | None = None
+    m_var: VarArg | None = None
 
 
 class ConstData:

@@ -144,7 +144,7 @@ class GemmLowerer(KernelLowerer):
             c_strides.append(s)
             s *= d
         c_op = GemmOperand(tuple(reversed(c_strides)), n, 1, 0)
-        arg = GemmArg(tuple(batch), m, n, k, a_op, b_op, c_op, self.transposed, self._batch_var(mm))
+        arg = GemmArg(tuple(batch), m, n, k, a_op, b_op, c_op, self.transposed, *self._dim_vars(mm))
         c_param = self.param(out)
         if root is mm:
             return UOp(Ops.GEMM, dtypes.void, (a_param, b_param, c_param), arg)
@@ -165,18 +165,17 @@ class GemmLowerer(KernelLowerer):
         return UOp(Ops.GEMM, dtypes.void, (a_param, b_param, c_param, store, *ranges), arg)
 
 
-    def _batch_var(self, mm: UOp) -> VarArg | None:
-        """The bounded dim sizing the GEMM's outermost batch axis, if any: the tile loop then covers
-        only the run-time batch (tiles are numbered batch-major). The pipeline sends products with a
-        run-time M, N or inner batch axis to the generic path (pipeline.py), so none reaches here."""
+    def _dim_vars(self, mm: UOp) -> tuple[VarArg | None, VarArg | None]:
+        """The bounded dims sizing the GEMM's outermost batch axis and its M, if any: the tile loop then
+        covers only the run-time batch (tiles are numbered batch-major) and rows. The pipeline sends
+        products with another run-time axis to the generic path (pipeline.py), so none reaches here."""
         if not self.dyn:
-            return None
+            return None, None
         *batch, m_ax, n_ax = self.dyn.axes(mm)
-        assert m_ax is None and n_ax is None and not any(batch[1:]), "run-time GEMM axis past the lead"
-        if not batch or batch[0] is None:
-            return None
-        assert batch[0].factor == 1, "a batch axis sized dim * factor"
-        return self.dyn.var(batch[0].dim).arg
+        assert n_ax is None and not any(batch[1:]) and not (m_ax and self.transposed), "run-time GEMM axis"
+        assert all(a is None or a.factor == 1 for a in (m_ax, *batch)), "a GEMM axis sized dim * factor"
+        lead = batch[0] if batch else None
+        return tuple(None if a is None else self.dyn.var(a.dim).arg for a in (lead, m_ax))
 
 
 def _is_constant_view(x: UOp) -> bool:

@@ -52,12 +52,15 @@ def optimize(graph: ImportedGraph, options: CompileOptions, dyn: DynamicAxes | N
 
 
 def _generic_runtime_matmuls(dyn: DynamicAxes) -> PatternMatcher:
-    """MATMULs with a run-time M, N, K or inner batch axis go to the generic path (MUL + REDUCE, whose loops
-    take run-time extents); the GEMM kernels take a run-time outermost batch axis only (lower_gemm.py)."""
+    """MATMULs with a run-time N, K, inner batch axis or M of a multiple of a dim go to the generic path
+    (MUL + REDUCE, whose loops take run-time extents); the GEMM kernels take a run-time outermost batch
+    axis and M (lower_gemm.py)."""
     def rule(n: UOp) -> UOp | None:
         *batch, m, cols = dyn.axes(n)
         k = dyn.axes(n.src[0])[-1]
-        runtime = m is not None or cols is not None or k is not None or any(batch[1:])
+        lead = batch[0] if batch else None
+        runtime = (cols is not None or k is not None or any(batch[1:])
+                   or any(a is not None and a.factor != 1 for a in (m, lead)))
         return decompose_matmul(n, force=True) if runtime else None
 
     return PatternMatcher([(UPat(Ops.MATMUL, name="n"), rule)], name="runtime-matmul")
