@@ -113,18 +113,29 @@ def test_non_leading_dim_is_copied_into_the_bound_layout():
             np.testing.assert_allclose(got, np.exp(x * x), rtol=1e-6)
 
 
-def test_attention_over_a_run_time_sequence():
-    """Softmax over the key axis (a reduction to the run-time length) and attn @ V (a contraction over
-    it): the shapes attention takes when seq is bounded."""
+@pytest.mark.parametrize("head", [8, 64])
+def test_attention_over_a_run_time_sequence(head):
+    """Q K^T (run-time M and N), softmax over the key axis (a reduction to the run-time length), P V (a
+    run-time K): the shapes attention takes when seq is bounded. Head 64 makes both products GEMMs
+    (run-time tiles and edges: T = 1, 17, 95 are no multiple of a tile), head 8 the generic path."""
+    from svodc.frontend.importer import import_model
+    from svodc.passes.pipeline import build_program
+
     model = make_model([helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Softmax", ["s"], ["p"]),
                         helper.make_node("MatMul", ["p", "v"], ["y"])],
-                       {"q": (np.float32, [2, "T", 8]), "kt": (np.float32, [2, 8, "T"]),
-                        "v": (np.float32, [2, "T", 8])}, ["y"])
-    with svodrt.load(svodc.compile(model, dims={"T": (1, 40)}), threads=2) as m:
-        for t in (1, 17, 40):
-            feeds = {"q": RNG.standard_normal((2, t, 8)).astype(np.float32),
-                     "kt": RNG.standard_normal((2, 8, t)).astype(np.float32),
-                     "v": RNG.standard_normal((2, t, 8)).astype(np.float32)}
+                       {"q": (np.float32, [2, "T", head]), "kt": (np.float32, [2, head, "T"]),
+                        "v": (np.float32, [2, "T", head])}, ["y"])
+    options = CompileOptions(dims={"T": (1, 96)})
+    gemms = [n.arg for k in build_program(import_model(model, options), options).kernels
+             for n in k.ast.toposort() if n.op is Ops.GEMM]
+    if head == 64:
+        assert [(a.m_var is not None, a.n_var is not None, a.k_var is not None) for a in gemms] == [
+            (True, True, False), (True, False, True)]
+    with svodrt.load(svodc.compile(model, options=options), threads=2) as m:
+        for t in (1, 17, 95):
+            feeds = {"q": RNG.standard_normal((2, t, head)).astype(np.float32),
+                     "kt": RNG.standard_normal((2, head, t)).astype(np.float32),
+                     "v": RNG.standard_normal((2, t, head)).astype(np.float32)}
             np.testing.assert_allclose(m.run(feeds)["y"], reference(model, feeds)[0], rtol=1e-4, atol=1e-5)
 
 

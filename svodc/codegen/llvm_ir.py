@@ -63,8 +63,7 @@ class KernelEmitter:
         self.params: dict[int, str] = {}
         self.uses_intrinsics: set[str] = set()
         # Bounded dims read at run time (passes/dynamic.py): the body then takes the entry's `dims` array.
-        self.uses_dims = any(n.op is Ops.DEFINE_VAR or (n.op is Ops.GEMM and (n.arg.batch_var or n.arg.m_var))
-                             for n in toposort([ast]))
+        self.uses_dims = any(n.op is Ops.DEFINE_VAR or (n.op is Ops.GEMM and n.arg.runtime) for n in toposort([ast]))
         for n in toposort([ast]):
             if n.op is Ops.RANGE:
                 self.free[n] = frozenset({n})

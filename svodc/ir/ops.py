@@ -288,10 +288,18 @@ class GemmArg:
     b: GemmOperand
     c: GemmOperand
     transposed: bool = False
-    # Bounded dims (passes/dynamic.py): batch_var sizes batch[0] (only the tiles of batch indices below its
-    # run-time value run), m_var sizes m (not transposed: the row tiles end at the run-time m).
+    # Bounded dims (passes/dynamic.py), not transposed: batch_var sizes batch[0] (only the tiles of batch
+    # indices below its run-time value run), m_var m and n_var n (the row / lane tiles end at the run-time
+    # size), k_var k (neither operand packed).
     batch_var: VarArg | None = None
     m_var: VarArg | None = None
+    n_var: VarArg | None = None
+    k_var: VarArg | None = None
+
+    @property
+    def runtime(self) -> bool:
+        """Does a size of this GEMM come from the entry's `dims`?"""
+        return any(v is not None for v in (self.batch_var, self.m_var, self.n_var, self.k_var))
 
 
 class ConstData:

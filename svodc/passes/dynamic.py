@@ -114,7 +114,7 @@ class DynamicAxes:
             return (None,) * nd
         src = [self._memo[s] for s in n.src]
         if op in ALU:
-            if op in (Ops.MUL, Ops.DIV) and any(s in self._sums for s in n.src) and any(_constant(s) for s in n.src):
+            if op in (Ops.MUL, Ops.DIV) and any(s in self._sums for s in n.src) and any(is_constant(s) for s in n.src):
                 raise self._fail(n, "scales a sum over a bounded dim by a constant (a mean over the bound's count)")
             return self._merge(n, [(a, s.shape) for a, s in zip(src, n.src, strict=True)])
         a0 = src[0]
@@ -226,7 +226,7 @@ class DynamicAxes:
         return tuple(out)
 
 
-def _constant(n: UOp) -> bool:
+def is_constant(n: UOp) -> bool:
     while n.op in MOVEMENT:
         n = n.src[0]
     return n.op in (Ops.WEIGHT, Ops.CONST)

@@ -20,7 +20,7 @@ from svodc.ir.uop import UOp, pretty
 from svodc.options import CompileOptions
 from svodc.passes.contraction import pm_conv_to_matmul, pm_fold_into_conv
 from svodc.passes.decompose import decompose_matmul, pm_decompose
-from svodc.passes.dynamic import DynamicAxes
+from svodc.passes.dynamic import DynamicAxes, is_constant
 from svodc.passes.fold import is_folded_constant, pm_fold
 from svodc.passes.lower import lower_kernel
 from svodc.passes.lower_gemm import find_matmul, lower_gemm_kernel
@@ -52,15 +52,15 @@ def optimize(graph: ImportedGraph, options: CompileOptions, dyn: DynamicAxes | N
 
 
 def _generic_runtime_matmuls(dyn: DynamicAxes) -> PatternMatcher:
-    """MATMULs with a run-time N, K, inner batch axis or M of a multiple of a dim go to the generic path
+    """MATMULs with a run-time inner batch axis, or an axis of a multiple of a dim, go to the generic path
     (MUL + REDUCE, whose loops take run-time extents); the GEMM kernels take a run-time outermost batch
-    axis and M (lower_gemm.py)."""
+    axis, M, N and K (lower_gemm.py), K only with neither operand a constant (packed at compile time)."""
     def rule(n: UOp) -> UOp | None:
         *batch, m, cols = dyn.axes(n)
         k = dyn.axes(n.src[0])[-1]
         lead = batch[0] if batch else None
-        runtime = (cols is not None or k is not None or any(batch[1:])
-                   or any(a is not None and a.factor != 1 for a in (m, lead)))
+        runtime = (any(batch[1:]) or any(a is not None and a.factor != 1 for a in (m, cols, k, lead))
+                   or (k is not None and any(is_constant(s) for s in n.src)))
         return decompose_matmul(n, force=True) if runtime else None
 
     return PatternMatcher([(UPat(Ops.MATMUL, name="n"), rule)], name="runtime-matmul")
