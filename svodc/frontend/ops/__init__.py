@@ -4,6 +4,7 @@ from svodc.frontend.ops import (  # noqa: F401
     activations,
     attention,
     casts,
+    contrib_quant,
     control_flow,
     elementwise,
     grid_sample,

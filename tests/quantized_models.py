@@ -1,0 +1,83 @@
+"""Models rewritten by onnxruntime's own tools, generated on demand (tests cache them per session):
+static QOperator quantization of mobilenetv2_random, dynamic quantization of a small LSTM and of
+gpt2_small_random, and the transformer optimizer's fusion of gpt2_small_random."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from tests.test_models import MODELS
+
+MOBILENET = MODELS / "mobilenetv2_random" / "model.onnx"
+GPT2 = MODELS / "gpt2_small_random" / "model.onnx"
+# The zero point input of each op with a quantized output: the output has the zero point's type.
+ZERO_POINT_INPUT = {"QuantizeLinear": 2, "QLinearConv": 7, "QLinearMatMul": 7, "QLinearAdd": 7, "QLinearMul": 7,
+                    "QLinearGlobalAveragePool": 4, "QLinearSigmoid": 4, "QLinearConcat": 1, "QGemm": 8}
+# A smaller image than mobilenet's 224 x 224 (global pooling makes any size work): 12x less work.
+IMAGE = (1, 3, 64, 64)
+
+
+def quiet_onnxruntime_tools() -> None:
+    logging.getLogger().setLevel(logging.ERROR)  # the quantizer logs advice on every call
+
+
+def qoperator_mobilenet(folder: Path) -> tuple[Path, dict[str, np.ndarray]]:
+    """mobilenetv2_random quantized statically in QOperator format (uint8 activations, int8 weights,
+    calibrated on 2 random images), at IMAGE size; and an input. reduce_range (7-bit weights), which
+    onnxruntime recommends for x86 CPUs without VNNI: without it onnxruntime's u8s8 kernels there sum
+    pairs of products in saturating int16 and return integers off by up to ~40 (docs/architecture.md)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    quiet_onnxruntime_tools()
+    rng = np.random.default_rng(0)
+    images = [{"input": rng.standard_normal(IMAGE).astype(np.float32)} for _ in range(3)]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.it = iter(images[:2])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    model = onnx.load(MOBILENET)
+    for d, v in zip(model.graph.input[0].type.tensor_type.shape.dim, IMAGE, strict=True):
+        d.dim_value = v
+    src, out = folder / "mobilenet_float.onnx", folder / "mobilenet_qoperator.onnx"
+    onnx.save(model, src)
+    quantize_static(str(src), str(out), Reader(), quant_format=QuantFormat.QOperator, activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8, reduce_range=True)
+    return out, images[2]
+
+
+def expose_quantized_outputs(model: onnx.ModelProto) -> list[str]:
+    """Add every quantized node output as a graph output (typed as its zero point; a reshape of a
+    quantized tensor as that tensor); their names."""
+    types = {i.name: i.data_type for i in model.graph.initializer}
+    names = []
+    for n in model.graph.node:
+        if n.op_type in ZERO_POINT_INPUT:
+            types[n.output[0]] = types[n.input[ZERO_POINT_INPUT[n.op_type]]]
+        elif n.op_type in ("Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze") and n.input[0] in names:
+            types[n.output[0]] = types[n.input[0]]
+        else:
+            continue
+        model.graph.output.append(helper.make_tensor_value_info(n.output[0], types[n.output[0]], None))
+        names.append(n.output[0])
+    return names
+
+
+def ort_session(model: onnx.ModelProto | bytes, optimize: bool = False):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.intra_op_num_threads = 1
+    if not optimize:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    data = model if isinstance(model, bytes) else model.SerializeToString()
+    return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
