@@ -4,6 +4,8 @@ from svodc.frontend.ops import (  # noqa: F401
     activations,
     attention,
     casts,
+    contrib_attention,
+    contrib_nn,
     contrib_quant,
     control_flow,
     elementwise,

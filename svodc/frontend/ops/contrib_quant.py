@@ -17,6 +17,7 @@ import math
 
 from svodc.frontend.context import NodeContext, Unsupported
 from svodc.frontend.ops.activations import sigmoid
+from svodc.frontend.ops.contrib_nn import derived
 from svodc.frontend.ops.linalg import matmul
 from svodc.frontend.ops.quantize import (
     dequantize_linear,
@@ -216,9 +217,7 @@ def dynamic_quantize_lstm(ctx: NodeContext) -> list[UOp | None]:
     before its integer GEMMs; that rounding is an implementation detail (its outputs differ from a
     float LSTM with the same weights by about one activation quantization step), so the float
     activations are kept here."""
-    from svodc.frontend.context import NodeContext as Ctx
-
     w = _dequantized_gate_weights(ctx.input(1), ctx.input(8), ctx.input(9))
     r = _dequantized_gate_weights(ctx.input(2), ctx.input(10), ctx.input(11))
     inputs = [ctx.input(0), w, r] + [ctx.optional_input(i) for i in range(3, 8)]
-    return lstm(Ctx(ctx.node, inputs, 22, 22))
+    return lstm(derived(ctx, inputs, 22))
