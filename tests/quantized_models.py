@@ -81,3 +81,58 @@ def ort_session(model: onnx.ModelProto | bytes, optimize: bool = False):
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     data = model if isinstance(model, bytes) else model.SerializeToString()
     return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+
+
+def small_lstm(folder: Path) -> tuple[Path, dict[str, np.ndarray]]:
+    """A seeded float bidirectional LSTM (seq 3, batch 2, input 8, hidden 8) quantized by
+    quantize_dynamic (its LSTM becomes com.microsoft.DynamicQuantizeLSTM); and an input."""
+    from onnxruntime.quantization import quantize_dynamic
+
+    quiet_onnxruntime_tools()
+    r = np.random.default_rng(5)
+    d, h, i, seq = 2, 8, 8, 3
+    inits = {"W": r.standard_normal((d, 4 * h, i)) * 0.3, "R": r.standard_normal((d, 4 * h, h)) * 0.3,
+             "B": r.standard_normal((d, 8 * h)) * 0.1}
+    node = helper.make_node("LSTM", ["x", "W", "R", "B"], ["y", "y_h", "y_c"], hidden_size=h, direction="bidirectional")
+    g = helper.make_graph([node], "lstm", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [seq, 2, i])],
+                          [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in ("y", "y_h", "y_c")],
+                          [onnx.numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
+    src, out = folder / "lstm.onnx", folder / "lstm_dynamic.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
+    quantize_dynamic(str(src), str(out), reduce_range=True)
+    return out, {"x": r.standard_normal((seq, 2, i)).astype(np.float32)}
+
+
+def ort_fused(src: Path, out: Path) -> Path:
+    """The model as onnxruntime's graph optimizer (extended level) rewrites and saves it: it fuses
+    DynamicQuantizeLinear + MatMulInteger into DynamicQuantizeMatMul, MatMul + Transpose/Mul into
+    FusedMatMul, Add + LayerNormalization into SkipLayerNormalization."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    so.optimized_model_filepath = str(out)
+    ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
+    return out
+
+
+def gpt2_dynamic(folder: Path) -> Path:
+    """gpt2_small_random through quantize_dynamic (reduce_range: see qoperator_mobilenet), then
+    onnxruntime's graph optimizer."""
+    from onnxruntime.quantization import quantize_dynamic
+
+    quiet_onnxruntime_tools()
+    quantize_dynamic(str(GPT2), str(folder / "gpt2_dynamic.onnx"), reduce_range=True)
+    return ort_fused(folder / "gpt2_dynamic.onnx", folder / "gpt2_dynamic_fused.onnx")
+
+
+def gpt2_transformer_optimized(folder: Path) -> Path:
+    """gpt2_small_random through onnxruntime.transformers.optimizer (model_type gpt2; its own fusions
+    only, opt_level 0), then onnxruntime's graph optimizer."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    quiet_onnxruntime_tools()
+    optimize_model(str(GPT2), model_type="gpt2", num_heads=0, hidden_size=0, opt_level=0).save_model_to_file(
+        str(folder / "gpt2_optimized.onnx"))
+    return ort_fused(folder / "gpt2_optimized.onnx", folder / "gpt2_optimized_fused.onnx")
