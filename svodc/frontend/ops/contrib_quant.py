@@ -14,10 +14,10 @@ QuantizeLinear exactly: x / scale in float32, rounded half to even.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from svodc.frontend.context import NodeContext, Unsupported
 from svodc.frontend.ops.activations import sigmoid
-from svodc.frontend.ops.contrib_nn import derived
 from svodc.frontend.ops.linalg import matmul
 from svodc.frontend.ops.quantize import (
     dequantize_linear,
@@ -28,7 +28,7 @@ from svodc.frontend.ops.quantize import (
     saturate_int,
     un,
 )
-from svodc.frontend.ops.rnn import lstm
+from svodc.frontend.ops.rnn import LSTM_ACTIVATIONS, Layer, lstm_layers
 from svodc.frontend.registry import onnx_op
 from svodc.ir import tensor as T
 from svodc.ir.dtypes import DType, dtypes
@@ -201,23 +201,51 @@ def dynamic_quantize_matmul(ctx: NodeContext) -> UOp:
     return _float_matmul_of_integers(qa, a_z, b, b_z, scale, ctx.optional_input(4)).cast(a.dtype)
 
 
-def _dequantized_gate_weights(w: UOp, scale: UOp, zp: UOp) -> UOp:
-    """[dirs, in, 4h] quantized weights, per direction or per (direction, column), as ONNX LSTM's
-    float [dirs, 4h, in]."""
-    d = w.shape[0]
-    shape = (d, 1, 1) if math.prod(scale.shape) == d else (d, 1, w.shape[2])
-    real = T.alu(Ops.MUL, T.alu(Ops.SUB, w.cast(F32), T.reshape(zp, shape).cast(F32)),
-                 T.reshape(scale, shape).cast(F32))
-    return T.permute(real, (0, 2, 1))
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """One direction's quantized [in, 4h] weight with its per-tensor or per-column scale and zero point."""
+    q: UOp
+    scale: UOp
+    zp: UOp
+
+
+class QuantizedLayer(Layer):
+    """LSTM layer with weights W [dirs, in, 4h] and R [dirs, h, 4h] in int8/uint8. Each projection
+    quantizes its activations (all of X at once for the input projection, the batch's hidden state at
+    each step) to uint8 as DynamicQuantizeLinear does, multiplies exactly in int32 and scales by
+    a_scale * w_scale, as onnxruntime's kernel does."""
+
+    def __init__(self, ctx: NodeContext, scales: dict[str, tuple[UOp, UOp]]):
+        super().__init__(ctx, 4, LSTM_ACTIVATIONS)
+        self.scales = scales
+
+    def _direction(self, name: str, w: UOp, d: int) -> QuantizedWeight:
+        scale, zp = self.scales[name]
+        g = w.shape[2]
+
+        def per_dir(p: UOp) -> UOp:
+            if math.prod(p.shape) == w.shape[0]:
+                return T.reshape(T.shrink(T.reshape(p, (w.shape[0],)), [(d, d + 1)]), ())
+            return T.reshape(T.shrink(p, [(d, d + 1), (0, g)]), (g,))
+        return QuantizedWeight(T.reshape(T.shrink(w, [(d, d + 1), (0, w.shape[1]), (0, g)]), w.shape[1:]),
+                               per_dir(scale), per_dir(zp))
+
+    def weights(self, d: int):
+        g = self.gates * self.hidden
+        if self.b is None:
+            wb = rb = T.const(0.0, self.x.dtype, (g,))
+        else:
+            bd = T.reshape(T.shrink(self.b, [(d, d + 1), (0, 2 * g)]), (2 * g,))
+            wb, rb = T.shrink(bd, [(0, g)]), T.shrink(bd, [(g, 2 * g)])
+        return self._direction("W", self.w, d), self._direction("R", self.r, d), wb, rb
+
+    def project(self, a: UOp, weight: QuantizedWeight) -> UOp:
+        qa, a_s, a_z = dynamic_quantize(a)
+        scale = T.alu(Ops.MUL, a_s.cast(F32), weight.scale.cast(F32))
+        return _float_matmul_of_integers(qa, a_z, weight.q, weight.zp, scale, None).cast(a.dtype)
 
 
 @onnx_op("DynamicQuantizeLSTM", 1, domain=MS)
 def dynamic_quantize_lstm(ctx: NodeContext) -> list[UOp | None]:
-    """ONNX LSTM with W and R dequantized. onnxruntime also quantizes X and each hidden state to uint8
-    before its integer GEMMs; that rounding is an implementation detail (its outputs differ from a
-    float LSTM with the same weights by about one activation quantization step), so the float
-    activations are kept here."""
-    w = _dequantized_gate_weights(ctx.input(1), ctx.input(8), ctx.input(9))
-    r = _dequantized_gate_weights(ctx.input(2), ctx.input(10), ctx.input(11))
-    inputs = [ctx.input(0), w, r] + [ctx.optional_input(i) for i in range(3, 8)]
-    return lstm(derived(ctx, inputs, 22))
+    scales = {"W": (ctx.input(8), ctx.input(9)), "R": (ctx.input(10), ctx.input(11))}
+    return lstm_layers(ctx, QuantizedLayer(ctx, scales))
