@@ -14,7 +14,17 @@ import pytest
 import svodc
 import svodrt
 from svodc.options import CompileOptions
-from tests.quantized_models import GPT2, MODELS, gpt2_dynamic, gpt2_transformer_optimized, ort_session, small_lstm
+from tests.quantized_models import (
+    GPT2,
+    IMAGE,
+    MOBILENET,
+    MODELS,
+    gpt2_dynamic,
+    gpt2_transformer_optimized,
+    ort_fused,
+    ort_session,
+    small_lstm,
+)
 
 needs_gpt2 = pytest.mark.skipif(not GPT2.is_file(), reason=f"no {GPT2}")
 
@@ -71,3 +81,18 @@ def test_gpt2_transformer_optimizer(tmp_path):
     got = compile_run(model, feed)
     want, = ort_session(model).run(None, feed)
     _close(got["logits"], want, 1e-4)
+
+
+@pytest.mark.skipif(not MOBILENET.is_file(), reason=f"no {MOBILENET}")
+def test_mobilenet_fused_conv(tmp_path):
+    """onnxruntime's graph optimizer folds each Conv + Clip (ReLU6) of mobilenetv2 into FusedConv."""
+    model = onnx.load(MOBILENET)
+    for d, v in zip(model.graph.input[0].type.tensor_type.shape.dim, IMAGE, strict=True):
+        d.dim_value = v
+    onnx.save(model, tmp_path / "mobilenet.onnx")
+    fused = onnx.load(ort_fused(tmp_path / "mobilenet.onnx", tmp_path / "mobilenet_fused.onnx"))
+    assert contrib_ops(fused)["FusedConv"] > 0
+    feed = {"input": np.random.default_rng(0).standard_normal(IMAGE).astype(np.float32)}
+    got = compile_run(fused, feed)
+    want, = ort_session(fused).run(None, feed)
+    _close(got[fused.graph.output[0].name], want, 1e-4)
