@@ -76,7 +76,16 @@ CASES = {
                                           "b": R.integers(-2000, 2000, 6).astype(np.int32)},
                                          ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], [U],
                                          pads=[1, 1, 1, 1], group=2),
+    # full-range int8 weights: the reference's integers; onnxruntime's differ on x86 without VNNI
+    "QLinearConv_full_range_weights": case("QLinearConv", {"x": u8(1, 8, 6, 6)},
+                                           {"xs": f(0.02), "xz": np.uint8(0), "w": np.full((4, 8, 3, 3), 127, np.int8),
+                                            "ws": f(0.001), "wz": np.int8(0), "ys": f(0.5), "yz": np.uint8(0)},
+                                           ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], [U]),
 }
+# Cases onnxruntime cannot be compared on: its u8 x s8 kernels on x86 without VNNI add pairs of
+# products in saturating int16 (255 * 127 * 2 > 32767), so where this host lacks VNNI its integers
+# are wrong there (docs/architecture.md); the reference's are checked.
+NOT_VS_ONNXRUNTIME = ("QLinearConv_full_range_weights",)
 # Ops whose result onnxruntime rescales in float32 (one step off where a value is within an ulp of .5).
 RESCALED = ("QLinearMatMul", "QLinearConv")
 
@@ -92,6 +101,8 @@ def test_integers_match_reference_and_onnxruntime(name):
     for g, r, o in zip(got, ref, ort, strict=True):
         assert g.dtype == r.dtype == o.dtype and g.shape == r.shape
         np.testing.assert_array_equal(g, r)
+        if name in NOT_VS_ONNXRUNTIME:
+            continue
         if name.startswith(RESCALED):
             assert np.abs(g.astype(np.int64) - o.astype(np.int64)).max() <= 1
         else:
