@@ -217,7 +217,7 @@ def group_query_attention(ctx: NodeContext) -> list[UOp | None]:
     allowed = T.reshape(T.alu(Ops.CMPLT, arange(total, (1, total)), T.reshape(lens, (b, 1))), (b, 1, 1, total))
     diff = frontier_diff(s, total, past_len)
     allowed = T.alu(Ops.AND, allowed, T.alu(Ops.CMPLT, T.const(-1, I64, ()), diff))
-    window = int(ctx.attr("local_window_size", -1))
+    window = int(ctx.attr("local_window_size", -1))  # a query sees itself and the window - 1 keys before it
     if window >= 0:
         allowed = T.alu(Ops.AND, allowed, T.alu(Ops.CMPLT, diff, T.scalar_like(diff, window)))
     bias = additive(allowed, q.dtype)
