@@ -26,6 +26,15 @@ def quiet_onnxruntime_tools() -> None:
     logging.getLogger().setLevel(logging.ERROR)  # the quantizer logs advice on every call
 
 
+def mobilenet_at_image_size(folder: Path) -> Path:
+    """mobilenetv2_random with its input fixed to IMAGE, saved in folder."""
+    model = onnx.load(MOBILENET)
+    for d, v in zip(model.graph.input[0].type.tensor_type.shape.dim, IMAGE, strict=True):
+        d.dim_value = v
+    onnx.save(model, folder / "mobilenet_float.onnx")
+    return folder / "mobilenet_float.onnx"
+
+
 def qoperator_mobilenet(folder: Path) -> tuple[Path, dict[str, np.ndarray]]:
     """mobilenetv2_random quantized statically in QOperator format (uint8 activations, int8 weights,
     calibrated on 2 random images), at IMAGE size; and an input. reduce_range (7-bit weights), which
@@ -44,11 +53,7 @@ def qoperator_mobilenet(folder: Path) -> tuple[Path, dict[str, np.ndarray]]:
         def get_next(self):
             return next(self.it, None)
 
-    model = onnx.load(MOBILENET)
-    for d, v in zip(model.graph.input[0].type.tensor_type.shape.dim, IMAGE, strict=True):
-        d.dim_value = v
-    src, out = folder / "mobilenet_float.onnx", folder / "mobilenet_qoperator.onnx"
-    onnx.save(model, src)
+    src, out = mobilenet_at_image_size(folder), folder / "mobilenet_qoperator.onnx"
     quantize_static(str(src), str(out), Reader(), quant_format=QuantFormat.QOperator, activation_type=QuantType.QUInt8,
                     weight_type=QuantType.QInt8, reduce_range=True)
     return out, images[2]

@@ -21,6 +21,7 @@ from tests.quantized_models import (
     MODELS,
     gpt2_dynamic,
     gpt2_transformer_optimized,
+    mobilenet_at_image_size,
     ort_fused,
     ort_session,
     small_lstm,
@@ -55,8 +56,12 @@ def test_dynamic_quantize_lstm(tmp_path):
         np.testing.assert_allclose(got[out.name], w, rtol=1e-4, atol=1e-6)
 
 
-def _gpt2_feed() -> dict[str, np.ndarray]:
-    return dict(np.load(MODELS / "gpt2_small_random" / "inputs.npz"))
+def _gpt2_matches_onnxruntime(model: onnx.ModelProto, fused_ops: set[str], rel_to_max: float) -> None:
+    assert fused_ops <= set(contrib_ops(model))
+    feed = dict(np.load(MODELS / "gpt2_small_random" / "inputs.npz"))
+    got = compile_run(model, feed)
+    want, = ort_session(model).run(None, feed)
+    _close(got["logits"], want, rel_to_max)
 
 
 @needs_gpt2
@@ -64,33 +69,21 @@ def test_gpt2_dynamic_quantization(tmp_path):
     """DynamicQuantizeMatMul quantizes activations as DynamicQuantizeLinear defines (as onnxruntime
     does); its integer products are exact, so the logits differ from onnxruntime's only where an
     activation rounds the other way: within 1% of the largest logit."""
-    model = onnx.load(gpt2_dynamic(tmp_path))
-    assert {"DynamicQuantizeMatMul", "FusedMatMul", "SkipLayerNormalization"} <= set(contrib_ops(model))
-    feed = _gpt2_feed()
-    got = compile_run(model, feed)
-    want, = ort_session(model).run(None, feed)
-    _close(got["logits"], want, 1e-2)
+    _gpt2_matches_onnxruntime(onnx.load(gpt2_dynamic(tmp_path)),
+                              {"DynamicQuantizeMatMul", "FusedMatMul", "SkipLayerNormalization"}, 1e-2)
 
 
 @needs_gpt2
 def test_gpt2_transformer_optimizer(tmp_path):
     pytest.importorskip("sympy", reason="onnxruntime.transformers.optimizer needs sympy (in the dev extra)")
-    model = onnx.load(gpt2_transformer_optimized(tmp_path))
-    assert {"FastGelu", "FusedMatMul", "SkipLayerNormalization"} <= set(contrib_ops(model))
-    feed = _gpt2_feed()
-    got = compile_run(model, feed)
-    want, = ort_session(model).run(None, feed)
-    _close(got["logits"], want, 1e-4)
+    _gpt2_matches_onnxruntime(onnx.load(gpt2_transformer_optimized(tmp_path)),
+                              {"FastGelu", "FusedMatMul", "SkipLayerNormalization"}, 1e-4)
 
 
 @pytest.mark.skipif(not MOBILENET.is_file(), reason=f"no {MOBILENET}")
 def test_mobilenet_fused_conv(tmp_path):
     """onnxruntime's graph optimizer folds each Conv + Clip (ReLU6) of mobilenetv2 into FusedConv."""
-    model = onnx.load(MOBILENET)
-    for d, v in zip(model.graph.input[0].type.tensor_type.shape.dim, IMAGE, strict=True):
-        d.dim_value = v
-    onnx.save(model, tmp_path / "mobilenet.onnx")
-    fused = onnx.load(ort_fused(tmp_path / "mobilenet.onnx", tmp_path / "mobilenet_fused.onnx"))
+    fused = onnx.load(ort_fused(mobilenet_at_image_size(tmp_path), tmp_path / "mobilenet_fused.onnx"))
     assert contrib_ops(fused)["FusedConv"] > 0
     feed = {"input": np.random.default_rng(0).standard_normal(IMAGE).astype(np.float32)}
     got = compile_run(fused, feed)
