@@ -59,6 +59,40 @@ def qoperator_mobilenet(folder: Path) -> tuple[Path, dict[str, np.ndarray]]:
     return out, images[2]
 
 
+def qoperator_swish_cnn(folder: Path) -> tuple[Path, dict[str, np.ndarray]]:
+    """A seeded conv -> x * sigmoid(x) -> concat with a second conv -> global pool -> gemm model,
+    quantized by quantize_static in QOperator format (QLinearSigmoid, QLinearMul, QLinearConcat and
+    the ops of qoperator_mobilenet); and an input."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    quiet_onnxruntime_tools()
+    r = np.random.default_rng(9)
+    w = {"w1": r.standard_normal((8, 3, 3, 3)) * 0.3, "b1": r.standard_normal(8) * 0.1,
+         "w2": r.standard_normal((4, 3, 1, 1)) * 0.5, "fc": r.standard_normal((12, 5)) * 0.3}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["c1"], ["s"]), helper.make_node("Mul", ["c1", "s"], ["swish"]),
+             helper.make_node("Conv", ["x", "w2"], ["c2"]), helper.make_node("Concat", ["swish", "c2"], ["cat"], axis=1),
+             helper.make_node("GlobalAveragePool", ["cat"], ["p"]), helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("MatMul", ["f", "fc"], ["y"])]
+    g = helper.make_graph(nodes, "swish", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 12, 12])],
+                          [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 5])],
+                          [onnx.numpy_helper.from_array(v.astype(np.float32), k) for k, v in w.items()])
+    images = [{"x": r.standard_normal((1, 3, 12, 12)).astype(np.float32)} for _ in range(3)]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.it = iter(images[:2])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    src, out = folder / "swish.onnx", folder / "swish_qoperator.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
+    quantize_static(str(src), str(out), Reader(), quant_format=QuantFormat.QOperator, activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8, reduce_range=True)
+    return out, images[2]
+
+
 def expose_quantized_outputs(model: onnx.ModelProto) -> list[str]:
     """Add every quantized node output as a graph output (typed as its zero point; a reshape of a
     quantized tensor as that tensor); their names."""
