@@ -149,6 +149,8 @@ QUANT_CASES = {
     "QLinearConcat": ("QLinearConcat", {"a": u8(2, 3), "b": u8(2, 5)}, {"ys": s(0.1), "yz": z(100), "as": s(0.1),
                       "az": z(100), "bs": s(0.037), "bz": z(7)}, ["ys", "yz", "a", "as", "az", "b", "bs", "bz"],
                       [U8], {"axis": 1}),
+    "QLinearConcat_same_parameters": ("QLinearConcat", {"a": u8(2, 3), "b": u8(2, 5)}, {"ys": s(0.1), "yz": z(100)},
+                                      ["ys", "yz", "a", "ys", "yz", "b", "ys", "yz"], [U8], {"axis": -1}),
     "QLinearGlobalAveragePool": ("QLinearGlobalAveragePool", {"x": u8(2, 3, 5, 5)}, {"xs": s(0.1), "xz": z(10),
                                  "ys": s(0.07), "yz": z(20)}, ["x", "xs", "xz", "ys", "yz"], [U8], {}),
     "QGemm_quantized_out": ("QGemm", {"a": u8(3, 8)}, {"as": s(0.02), "az": z(128), "b": i7(5, 8),

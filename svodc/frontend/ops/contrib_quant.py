@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from svodc.frontend.context import NodeContext, Unsupported
+from svodc.frontend.context import NodeContext, Unsupported, constant_value, is_constant
 from svodc.frontend.ops.activations import sigmoid
 from svodc.frontend.ops.linalg import matmul
 from svodc.frontend.ops.quantize import (
@@ -105,8 +105,17 @@ def qlinear_global_average_pool(ctx: NodeContext) -> UOp:
     return requantize(acc, factor, y_z, _out_type(y_z, x), F64)
 
 
+def _same_constants(a: UOp | None, b: UOp | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return is_constant(a) and is_constant(b) and bool((constant_value(a) == constant_value(b)).all())
+
+
 def _requantize_to(x: UOp, x_s: UOp, x_z: UOp | None, y_s: UOp, y_z: UOp | None) -> UOp:
-    """x re-expressed with scale y_s and zero point y_z: QuantizeLinear(DequantizeLinear(x))."""
+    """x re-expressed with scale y_s and zero point y_z: QuantizeLinear(DequantizeLinear(x)); x itself
+    where both are already the output's (as onnxruntime copies such inputs)."""
+    if _same_constants(x_s, y_s) and _same_constants(x_z, y_z) and x.dtype == _out_type(y_z, x):
+        return x
     real = T.alu(Ops.MUL, _centered(x, x_z).cast(F32), x_s.cast(F32))
     return quantize_real(real, y_s, y_z, _out_type(y_z, x))
 
