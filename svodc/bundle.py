@@ -23,6 +23,7 @@ from svodc.ir.dtypes import dtypes, to_storage
 from svodc.program import Buffer, BufferKind, Program
 from svodc.target import Target
 from svodrt import features as feature_table
+from svodrt.abi import ENTRY
 from svodrt.bundle import parse_bundle
 from svodrt.errors import BundleFormatError
 from svodrt.format import (
@@ -125,7 +126,7 @@ def write_bundle_to(out: BinaryIO, program: Program, images: list[tuple[Target, 
             "features": list(target.features),
             "feature_bits": feature_table.to_bits(target.arch, target.features),
             "section": len(sections),
-            "entry": image.symbols["svod_entry"],
+            "entry": image.symbols[ENTRY],
             "kernels": [image.symbols[k.name] for k in program.kernels],
             "fixups": list(image.fixups),
         })

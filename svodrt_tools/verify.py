@@ -15,7 +15,8 @@ from svodrt.bundle import Bundle, TensorInfo, TestVector, check_section, parse_b
 from svodrt.errors import SvodError
 from svodrt.format import BITS_OF, DTYPES, FLOAT_FORMATS, STRING
 from svodrt.host import Host, detect_host
-from svodrt.model import Runner, select_variant, variant_problem
+from svodrt.model import select_variant, variant_problem
+from svodrt.runner import Runner
 from svodrt.strings import StringTable
 
 BIT_FLOATS = frozenset(BITS_OF.values())

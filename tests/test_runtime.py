@@ -51,7 +51,7 @@ MAPS = r"""
 import sys, numpy as np, svodrt
 m = svodrt.load(sys.argv[1], threads=2)
 m.run(dict(np.load(sys.argv[2])))
-code = m._maps[0].address
+code = m._code.address
 maps = [line.split() for line in open("/proc/self/maps")]
 mine = [mp for mp in maps if int(mp[0].split("-")[0], 16) <= code < int(mp[0].split("-")[1], 16)]
 assert mine and mine[0][1] == "r-xp", mine
