@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from svodrt import load
-from svodrt.bundle import Bundle, TensorInfo, TestVector, check_section, parse_bundle
+from svodrt.bundle import Bundle, Source, TensorInfo, TestVector, check_section, parse_bundle
 from svodrt.errors import SvodError
 from svodrt.format import BITS_OF, DTYPES, FLOAT_FORMATS, STRING
 from svodrt.host import Host, detect_host
 from svodrt.model import select_variant, variant_problem
 from svodrt.runner import Runner
 from svodrt.strings import StringTable
+from svodrt.trust import TrustSpec, check_signature, trusted_keys
 
 BIT_FLOATS = frozenset(BITS_OF.values())
 
@@ -97,7 +97,8 @@ def run_test_vector(model: Runner, tv: TestVector) -> list[tuple[str, float, flo
             for t, want, tol in zip(b.outputs, tv.outputs, tv.tolerance, strict=True)]
 
 
-def _check_variants(data: bytes, bundle: Bundle, host: Host, threads: int, report: Report, device: str) -> None:
+def _check_variants(data: bytes, bundle: Bundle, host: Host, threads: int, report: Report, device: str,
+                    trust: TrustSpec | None) -> None:
     runnable = 0
     for v in bundle.variants:
         label = f"variant {v.index} {v.describe()}"
@@ -108,7 +109,8 @@ def _check_variants(data: bytes, bundle: Bundle, host: Host, threads: int, repor
             continue
         runnable += 1
         try:
-            with load(data, threads=threads, host=host, verify_weights=True, variant=v.index, device=device) as m:
+            with load(data, threads=threads, host=host, verify_weights=True, variant=v.index, device=device,
+                      trust=trust) as m:
                 report.add("ok", f"{label}: loads on {'this host' if device == 'cpu' else device}")
                 for i, tv in enumerate(bundle.test_vectors):
                     for name, err, tol in run_test_vector(m, tv):
@@ -128,16 +130,36 @@ def _check_variants(data: bytes, bundle: Bundle, host: Host, threads: int, repor
         report.add("skip", "no test vectors in this bundle (compile with --test-vectors to embed them)")
 
 
+def _check_signer(bundle: Bundle, trust: TrustSpec | None, report: Report) -> None:
+    """Who signed the bundle; under a trust policy a FAIL unless a trusted key did."""
+    try:
+        signer = check_signature(bundle.manifest, None if trust is None else trusted_keys(trust))
+    except SvodError as e:
+        report.add("FAIL", f"signature: {e}")
+        return
+    policy = "a trusted key" if trust is not None else "no trust policy given (--trust)"
+    report.add("ok" if signer else "skip", f"signature: signed by {signer} (valid; {policy})" if signer
+               else "signature: the bundle is not signed (svodc compile --sign KEY)")
+
+
 def verify(source: str | os.PathLike | bytes, host: Host | None = None, threads: int = 1,
-           device: str = "cpu") -> Report:
+           device: str = "cpu", trust: TrustSpec | None = None) -> Report:
     """Run every check; never raises for a bad bundle (the report says what failed). device: run the
-    test vectors on that GPU's variants instead of the CPU's."""
-    data = bytes(source) if isinstance(source, (bytes, bytearray)) else Path(source).read_bytes()
+    test vectors on that GPU's variants instead of the CPU's. trust: a trust policy (svodrt.load's);
+    under one, nothing of a bundle no trusted key signed is run."""
     host = host or detect_host()
     report = Report()
     try:
+        if isinstance(source, (bytes, bytearray)):
+            data = bytes(source)
+        else:
+            src = Source.open(source)
+            try:
+                data = bytes(src.read(0, src.size))
+            finally:
+                src.close()
         bundle = parse_bundle(data)
-    except SvodError as e:
+    except (SvodError, OSError) as e:
         report.add("FAIL", str(e))
         return report
     h = bundle.header
@@ -149,6 +171,7 @@ def verify(source: str | os.PathLike | bytes, host: Host | None = None, threads:
             report.add("ok", f"section {s.name!r}: {s.length} bytes at offset {s.offset}, sha256 matches")
         except SvodError as e:
             report.add("FAIL", str(e))
+    _check_signer(bundle, trust, report)
     if report.ok:
-        _check_variants(data, bundle, host, threads, report, device)
+        _check_variants(data, bundle, host, threads, report, device, trust)
     return report
