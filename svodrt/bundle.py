@@ -182,7 +182,8 @@ def read_manifest(data: bytes | memoryview | Source, h: Header) -> dict:
     try:
         m = _unpack(raw, src.size)
     except Exception as e:  # msgpack raises several types for malformed input
-        raise _fail(f"manifest at offset {h.manifest_offset} is not valid msgpack: {type(e).__name__}: {e}") from None
+        why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__  # StackError says nothing more
+        raise _fail(f"manifest at offset {h.manifest_offset} is not valid msgpack: {why}") from None
     if not isinstance(m, dict):
         raise _fail(f"manifest at offset {h.manifest_offset} is not a map")
     return m
