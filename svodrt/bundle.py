@@ -2,13 +2,8 @@
 (inside the file and ending it, bounded, digest, msgpack map), the sections (inside, aligned, in
 order, distinct, zero padding, one weights section), then the plan (svodrt/plan.py). Section
 checksums are `check_section`'s. Each failure is a BundleFormatError naming field or section and offset.
-
-Bytes come from a Source: read by offset into private memory, never mapped from the file, so a file
-rewritten or truncated while (or after) it is read gives a short read or a checksum error, never
-SIGBUS, and nothing read can change afterwards. Parsing is bounded by the file's size: the manifest
-may expand at most MANIFEST_EXPANSION times (plus a floor), and msgpack may build at most
-OBJECTS_PER_BYTE objects per file byte (plus a floor), each list and map and string capped, all
-checked while unpacking, before the objects a bomb asks for exist."""
+Bytes come from a Source, read by offset into private memory (never mapped: no SIGBUS); parsing is
+bounded by the file's size (docs/architecture.md "Runtime", bounded parsing)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
-"""GpuModel: the CUDA and HIP executor, built on a Program (svodrt/program.py) like the CPU's; the
-two drivers mirror each other (svodrt/gpu_driver.py), so one executor serves both and only the
-image choice differs (cuda_image). Load: the first variant of the device's kind it can load (CUDA:
-the cubin for its architecture, else PTX), read as private bytes checked against their sha256;
-weights uploaded once from the Program's copy; arena and I/O buffers allocated; every launch
-resolved; the launch list captured as a graph unless graph=False. One set of device buffers per
-model, so concurrent run() calls take turns."""
+"""GpuModel: the CUDA and HIP executor, built on a Program like the CPU's (the drivers mirror each
+other, gpu_driver.py, so only the image choice differs: cuda_image). Load: the first variant of the
+device's kind it can load (CUDA: its architecture's cubin, else PTX), as checked private bytes;
+weights uploaded once; arena and I/O allocated; launches resolved and captured as a graph unless
+graph=False. One set of device buffers per model, so concurrent run() calls take turns."""
 
 from __future__ import annotations
 

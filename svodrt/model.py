@@ -1,15 +1,9 @@
-"""Model: the CPU executor (docs/architecture.md "Runtime"), built on a Program (svodrt/program.py).
-
-load() picks the first code variant this host can run, copies that code into fresh memory, checks
-its sha256 there and makes it read+execute (svodrt/memory.py), and takes the weights as the
-Program's private copy. run() validates every input before native code sees it (svodrt/runner.py),
-takes an arena from a small pool (one per concurrent call) and calls the entry once per thread; the
-entry hands out every kernel's parts to its callers (svodrt/abi.py). A model's threads-1 helper
-threads start with its first parallel call; one call at a time uses them, a call that finds them
-busy runs single-threaded, so concurrent calls are safe. A call returns only when every thread has
-left native code, even when a signal handler raises. A forked child gets a fresh pool and fresh
-locks (os.register_at_fork). close() waits for running calls, then unmaps.
-"""
+"""Model: the CPU executor, built on a Program (docs/architecture.md "Runtime"). load() maps the
+first variant this host runs (svodrt/memory.py) and takes the Program's weights. run() checks the
+inputs (runner.py), lends an arena (one per concurrent call) and calls the entry (abi.py) on each
+thread. The threads-1 helpers start with the first parallel call and serve one call at a time (a
+call finding them busy runs alone); a call returns only once every thread has left native code,
+even if a signal handler raises; a forked child gets fresh locks and pool. close() waits, unmaps."""
 
 from __future__ import annotations
 
@@ -80,6 +74,7 @@ def select_variant(bundle: Bundle, host: Host, index: int | None = None) -> Vari
     fallback = ":x86-64" if host.arch == "x86_64" else ""  # elsewhere the default CPU is the most portable
     raise UnsupportedHostError(f"{which} on this {host.arch} host: {'; '.join(reasons)}. Recompile with a "
                                f"variant for this machine, e.g. --target {host.arch}-linux-gnu{fallback}")
+
 
 class Model(Runner):
     def __init__(self, source: str | os.PathLike | bytes, threads: int | None = None, host: Host | None = None,

@@ -1,10 +1,7 @@
-"""Program: a bundle opened, verified and read, the one step every executor is built on (the
-ExecuTorch split of Program from Method; executors: svodrt/model.py for CPUs, svodrt/gpu_model.py
-for CUDA and HIP). It opens regular files only (O_NONBLOCK: a FIFO never blocks), parses and
-verifies the structure (bundle.py, plan.py), checks the signature under a trust policy (trust.py)
-before any code is read, and hands out sections as private, checksummed bytes and the weights as a
-private, aligned copy. Nothing stays mapped from the file and the file is closed when the executor
-is ready: rewriting or truncating it later changes nothing loaded (docs/architecture.md "Runtime")."""
+"""Program: a bundle opened (regular files only, O_NONBLOCK), verified (bundle.py, plan.py), its
+signature checked under a trust policy (trust.py) before any code is read, then read as private
+checked bytes; the step every executor (model.py: CPU, gpu_model.py: CUDA, HIP) starts with. Nothing
+stays mapped from the file: changing it after load changes nothing (docs/architecture.md "Runtime")."""
 
 from __future__ import annotations
 

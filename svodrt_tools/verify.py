@@ -16,7 +16,6 @@ from svodrt.format import BITS_OF, DTYPES, FLOAT_FORMATS, STRING
 from svodrt.host import Host, detect_host
 from svodrt.model import select_variant, variant_problem
 from svodrt.runner import Runner
-from svodrt.strings import StringTable
 from svodrt.trust import TrustSpec, check_signature, trusted_keys
 
 BIT_FLOATS = frozenset(BITS_OF.values())
@@ -84,14 +83,34 @@ def _values(t: TensorInfo, a: np.ndarray) -> np.ndarray:
     return float_values(a, t.dtype) if t.dtype in BIT_FLOATS else a
 
 
+def strings_for_ids(vocabulary: tuple[str, ...], ids: np.ndarray) -> np.ndarray:
+    """An object array of strings that intern to ids equivalent to `ids` (a test vector's stored
+    input; svodrt/strings.py): the vocabulary's string for an id in it, and for each other id (a
+    damaged vector may hold any) a string the vocabulary lacks, one per id."""
+    known, unseen = set(vocabulary), {}
+
+    def string(i: int) -> str:
+        if 0 <= i < len(vocabulary):
+            return vocabulary[i]
+        if i not in unseen:
+            s = f"<svod test string {i}>"
+            while s in known:
+                s += "'"
+            unseen[i] = s
+        return unseen[i]
+
+    out = np.empty(ids.shape, dtype=object)
+    out.reshape(-1)[:] = [string(int(i)) for i in ids.reshape(-1)]
+    return out
+
+
 def run_test_vector(model: Runner, tv: TestVector) -> list[tuple[str, float, float]]:
     """(output name, max error, tolerance) per output."""
     b = model.bundle
     feeds = {t.name: _array(t, x) for t, x in zip(b.inputs, tv.inputs, strict=True)}
-    strings = StringTable(b.vocabulary)
     for t in b.inputs:  # string inputs are stored as ids: run() takes strings (svodrt/strings.py)
         if t.dtype == STRING:
-            feeds[t.name] = strings.strings_for_ids(feeds[t.name])
+            feeds[t.name] = strings_for_ids(b.vocabulary, feeds[t.name])
     got = model.run(feeds)
     return [(t.name, max_error(_values(t, got[t.name]), _values(t, _array(t, want))), tol)
             for t, want, tol in zip(b.outputs, tv.outputs, tv.tolerance, strict=True)]
