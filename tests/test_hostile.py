@@ -270,6 +270,14 @@ def test_4_cli_trust_and_sign_flags(signed, keys, tmp_path, capsys, small_model)
     err = capsys.readouterr().err
     assert e.value.code == 1 and err.count("\n") == 1 and "does not trust" in err
     main(["run", str(theirs), "-i", str(tmp_path / "in.npz"), "--trust", str(keys["theirs"][1])])
+    from svodc.cli import main as svodc_main
+
+    src = tmp_path / "m.onnx"
+    src.write_bytes(small_model[0].SerializeToString())
+    svodc_main(["compile", str(src), "--sign", str(keys["ours"][0]), "-o", str(tmp_path / "s.svod"), "-q"],
+               standalone_mode=False)
+    main(["verify", str(tmp_path / "s.svod"), "--trust", str(keys["ours"][1])])
+    assert "signed by ed25519:" in capsys.readouterr().out
 
 
 # 5 ---------------------------------------------------------------- paths and inputs
