@@ -15,23 +15,9 @@ from dataclasses import dataclass, fields
 import msgpack
 import zstandard
 
+from svodrt import format as fmt
 from svodrt.errors import BundleFormatError, BundleVersionError
 from svodrt.features import BYTE_ORDER
-from svodrt.format import (
-    FLAG_MANIFEST_ZSTD,
-    FORMAT_MAJOR,
-    FORMAT_MINOR,
-    HEADER_SIZE,
-    MAGIC,
-    MAX_BYTES,
-    MAX_HEADER_SIZE,
-    MAX_ITEMS,
-    MAX_MANIFEST_RAW,
-    MAX_STRING,
-    Header,
-    section_align,
-    unpack_header,
-)
 from svodrt.plan import Plan, parse_plan
 from svodrt.schema import KernelInfo, Section, TensorInfo, TestVector, Variant, field, items, name, uint
 
@@ -95,7 +81,7 @@ def as_source(data: bytes | memoryview | Source) -> Source:
 class Bundle(Plan):
     """A verified bundle: the execution plan (svodrt/plan.py) and where it came from."""
 
-    header: Header
+    header: fmt.Header
     manifest: dict
     sections: list[Section]
     weights: Section
@@ -105,24 +91,23 @@ def _fail(msg: str) -> BundleFormatError:
     return BundleFormatError(msg)
 
 
-def read_header(data: bytes | memoryview | Source) -> Header:
+def read_header(data: bytes | memoryview | Source) -> fmt.Header:
     src = as_source(data)
     size = src.size
-    if size < HEADER_SIZE:
-        raise _fail(f"file is {size} bytes, shorter than the {HEADER_SIZE}-byte header: not a .svod bundle "
+    if size < fmt.HEADER_SIZE:
+        raise _fail(f"file is {size} bytes, shorter than the {fmt.HEADER_SIZE}-byte header: not a .svod bundle "
                     "or truncated")
-    magic, h = unpack_header(bytes(src.read(0, HEADER_SIZE)))
-    if magic != MAGIC:
+    magic, h = fmt.unpack_header(bytes(src.read(0, fmt.HEADER_SIZE)))
+    if magic != fmt.MAGIC:
         raise _fail(f"bad magic {magic!r} at offset 0: not a .svod bundle")
-    if h.major > FORMAT_MAJOR:
-        raise BundleVersionError(f"bundle format {h.major}.{h.minor} is newer than this runtime's "
-                                 f"{FORMAT_MAJOR}.{FORMAT_MINOR} (it reads {FORMAT_MAJOR}.x; header offset 8): "
-                                 "upgrade svodrt")
+    if h.major > fmt.FORMAT_MAJOR:
+        raise BundleVersionError(f"bundle format {h.major}.{h.minor} is newer than this runtime's {fmt.FORMAT_MAJOR}."
+                                 f"{fmt.FORMAT_MINOR} (it reads {fmt.FORMAT_MAJOR}.x; header offset 8): upgrade svodrt")
     if h.major < 1:
         raise _fail(f"bundle format major version {h.major} at offset 8 is invalid")
-    if not HEADER_SIZE <= h.header_size <= MAX_HEADER_SIZE:
-        raise _fail(f"header size {h.header_size} at offset 12 is outside [{HEADER_SIZE}, {MAX_HEADER_SIZE}]")
-    if h.flags & ~FLAG_MANIFEST_ZSTD or h.reserved:
+    if not fmt.HEADER_SIZE <= h.header_size <= fmt.MAX_HEADER_SIZE:
+        raise _fail(f"header size {h.header_size} at offset 12 is outside [{fmt.HEADER_SIZE}, {fmt.MAX_HEADER_SIZE}]")
+    if h.flags & ~fmt.FLAG_MANIFEST_ZSTD or h.reserved:
         raise _fail(f"header flags {h.flags:#x} / reserved {h.reserved:#x} at offset 16 hold unknown bits")
     if h.file_size != size:
         raise _fail(f"header (offset 24) says the file is {h.file_size} bytes, it is {size} bytes "
@@ -131,7 +116,7 @@ def read_header(data: bytes | memoryview | Source) -> Header:
     if h.manifest_offset < h.header_size or end != size or h.manifest_size == 0:
         raise _fail(f"manifest [{h.manifest_offset}, {end}) (header offsets 32, 40) must lie after the header "
                     f"and end the file ({size} bytes)")
-    limit = min(MAX_MANIFEST_RAW, MANIFEST_EXPANSION * h.manifest_size + MANIFEST_FLOOR)
+    limit = min(fmt.MAX_MANIFEST_RAW, MANIFEST_EXPANSION * h.manifest_size + MANIFEST_FLOOR)
     if h.manifest_raw_size > limit:
         raise _fail(f"manifest size {h.manifest_raw_size} (header offset 48) exceeds the limit {limit} for "
                     f"{h.manifest_size} stored bytes")
@@ -150,7 +135,7 @@ def _unpack(raw: bytes, file_size: int) -> object:
         return x
 
     u = msgpack.Unpacker(None, raw=False, strict_map_key=True, max_buffer_size=max(len(raw), 1),
-                         max_str_len=4 * MAX_STRING, max_bin_len=len(raw), max_array_len=MAX_ITEMS,
+                         max_str_len=4 * fmt.MAX_STRING, max_bin_len=len(raw), max_array_len=fmt.MAX_ITEMS,
                          max_map_len=MAX_MAP, max_ext_len=0, list_hook=count, object_hook=count)
     u.feed(raw)
     m = u.unpack()
@@ -159,10 +144,10 @@ def _unpack(raw: bytes, file_size: int) -> object:
     return m
 
 
-def read_manifest(data: bytes | memoryview | Source, h: Header) -> dict:
+def read_manifest(data: bytes | memoryview | Source, h: fmt.Header) -> dict:
     src = as_source(data)
     stored = src.read(h.manifest_offset, h.manifest_size)
-    if h.flags & FLAG_MANIFEST_ZSTD:
+    if h.flags & fmt.FLAG_MANIFEST_ZSTD:
         try:  # max_output_size bounds the memory a lying frame header can make us allocate
             raw = zstandard.ZstdDecompressor().decompress(stored, max_output_size=h.manifest_raw_size)
         except zstandard.ZstdError as e:
@@ -190,14 +175,14 @@ def _zero_gap(src: Source, start: int, end: int, where: str) -> None:
         raise _fail(f"padding [{start}, {end}) {where} is not zero: the file is damaged")
 
 
-def _sections(m: dict, h: Header, src: Source) -> list[Section]:
+def _sections(m: dict, h: fmt.Header, src: Source) -> list[Section]:
     out: list[Section] = []
     prev_end = h.header_size
     for i, s in enumerate(items(m, "sections", "manifest", 1024)):
         where = f"sections[{i}]"
-        sec = Section(i, name(s, "name", where), name(s, "kind", where), uint(s, "offset", where, MAX_BYTES),
-                      uint(s, "length", where, MAX_BYTES), field(s, "sha256", bytes, where))
-        align = section_align(sec.length)
+        sec = Section(i, name(s, "name", where), name(s, "kind", where), uint(s, "offset", where, fmt.MAX_BYTES),
+                      uint(s, "length", where, fmt.MAX_BYTES), field(s, "sha256", bytes, where))
+        align = fmt.section_align(sec.length)
         if sec.offset % align:
             raise _fail(f"section {sec.name!r} at offset {sec.offset} ({sec.length} bytes) is not {align}-aligned")
         if sec.offset < prev_end or sec.offset + sec.length > h.manifest_offset:
