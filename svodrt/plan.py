@@ -176,7 +176,7 @@ def _variant(m: dict, i: int, sections: list[Section], n_kernels: int) -> Varian
 
 
 def _gpu(v: dict, where: str, sections: list[Section], n_kernels: int) -> tuple[tuple[Launch, ...], Section | None]:
-    """A GPU variant's launch list and cubin section, bound to the rest by `fmt.gpu_binding`."""
+    """A GPU variant's launch list and cubin section, bound to the rest by `gpu_binding`."""
     launches = []
     for j, x in enumerate(sc.items(v, "launches", where)):
         w = f"{where}.launches[{j}]"
@@ -193,7 +193,7 @@ def _gpu(v: dict, where: str, sections: list[Section], n_kernels: int) -> tuple[
         if ci >= len(sections) or sections[ci].kind != "code":
             raise sc.fail(f"{where}.cubin", f"{ci} is not a code section")
         cubin = sections[ci]
-    if sc.field(v, "fmt.gpu_binding", bytes, where) != fmt.gpu_binding(v, cubin.sha256 if cubin else None):
+    if sc.field(v, "gpu_binding", bytes, where) != fmt.gpu_binding(v, cubin.sha256 if cubin else None):
         raise sc.fail(f"{where}.gpu_binding", "does not match the variant's launch list and code: the manifest is "
                    "damaged or was edited")
     return tuple(launches), cubin
