@@ -215,31 +215,7 @@ FORMAT_1_4_COMMIT = "581609a"  # main just before format 1.5: its svodrt is a fo
 def test_a_format_1_4_runtime_refuses_a_bundle_with_bounded_dims(cnn, tmp_path):
     """Compatibility promise of 1.5 (docs/bundle-format.md): an older runtime refuses the dim names in
     the input shapes before it maps anything, so it never runs code that needs `dims` without them."""
-    import subprocess
-    import sys
-    import tarfile
-    from io import BytesIO
-    from pathlib import Path
+    from tests.bundle_tools import old_runtime_load
 
-    root = Path(__file__).resolve().parent.parent
-    r = subprocess.run(["git", "-C", str(root), "archive", FORMAT_1_4_COMMIT, "svodrt"], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"the format 1.4 runtime (commit {FORMAT_1_4_COMMIT}) is not in this checkout's history: "
-                    f"{r.stderr.decode(errors='replace').strip()[:200]}")
-    with tarfile.open(fileobj=BytesIO(r.stdout)) as tar:
-        tar.extractall(tmp_path, filter="data")
-    (tmp_path / "d.svod").write_bytes(cnn[1])
-    script = """
-import svodrt, sys
-assert svodrt.__file__.startswith(sys.argv[1]), svodrt.__file__
-from svodrt.format import FORMAT_MINOR
-assert FORMAT_MINOR == 4
-try:
-    svodrt.load(sys.argv[1] + "/d.svod")
-except svodrt.BundleFormatError as e:
-    print(e)
-"""
-    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
-                         cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)}, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert "manifest field inputs[0].shape[0]: has type str, expected an integer" in out.stdout
+    out = old_runtime_load(FORMAT_1_4_COMMIT, 4, cnn[1], tmp_path)
+    assert "manifest field inputs[0].shape[0]: has type str, expected an integer" in out

@@ -38,6 +38,7 @@ from svodc.ir.ops import (
     WindowArg,
 )
 from svodc.ir.provenance import Provenance
+from svodc.ir.shapes import reshape_groups
 from svodc.ir.uop import UOp, toposort
 
 
@@ -195,23 +196,9 @@ class DynamicAxes:
         non-1 axis of its group, and then sizes the outermost non-1 axis of the output group."""
         src_shape, out_shape = n.src[0].shape, n.shape
         out: list[SymAxis | None] = [None] * len(out_shape)
-        i = j = 0
-        while i < len(out_shape) or j < len(src_shape):
-            gi, gj = [i], [j]
-            po = out_shape[i] if i < len(out_shape) else 1
-            ps = src_shape[j] if j < len(src_shape) else 1
-            i, j = i + 1, j + 1
-            while po != ps:
-                if po < ps:
-                    po *= out_shape[i]
-                    gi.append(i)
-                    i += 1
-                else:
-                    ps *= src_shape[j]
-                    gj.append(j)
-                    j += 1
-            gi = [a for a in gi if a < len(out_shape) and out_shape[a] != 1]
-            gj = [a for a in gj if a < len(src_shape) and src_shape[a] != 1]
+        for gi, gj in reshape_groups(out_shape, src_shape):
+            gi = [a for a in gi if out_shape[a] != 1]
+            gj = [a for a in gj if src_shape[a] != 1]
             dims = [(k, a0[a]) for k, a in enumerate(gj) if a0[a] is not None]
             if not dims:
                 continue

@@ -41,6 +41,7 @@ from svodc.ir.ops import (
     WindowArg,
 )
 from svodc.ir.rewrite import graph_rewrite
+from svodc.ir.shapes import reshape_groups
 from svodc.ir.symbolic import pm_symbolic
 from svodc.ir.uop import UOp
 from svodc.passes.dynamic import DynamicAxes
@@ -65,23 +66,7 @@ def reshape_index(idx: tuple[UOp, ...], out_shape: tuple[int, ...], src_shape: t
     Axes are grouped where the running products of both shapes agree, so div/mod only appears
     inside a group that really merges or splits axes."""
     src_idx: list[UOp] = []
-    i = j = 0
-    while i < len(out_shape) or j < len(src_shape):
-        gi, gj = [i], [j]
-        po = out_shape[i] if i < len(out_shape) else 1
-        ps = src_shape[j] if j < len(src_shape) else 1
-        i, j = i + 1, j + 1
-        while po != ps:
-            if po < ps:
-                po *= out_shape[i]
-                gi.append(i)
-                i += 1
-            else:
-                ps *= src_shape[j]
-                gj.append(j)
-                j += 1
-        gi = [a for a in gi if a < len(out_shape)]
-        gj = [a for a in gj if a < len(src_shape)]
+    for gi, gj in reshape_groups(out_shape, src_shape):
         flat = ic(0)
         for a in gi:
             flat = flat * out_shape[a] + idx[a]
