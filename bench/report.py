@@ -22,7 +22,9 @@ def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
-def write(out: Path, machine: dict, rows: list[dict], gemm_rows: list[dict], threads: list[int]) -> None:
+def write(out: Path, machine: dict, rows: list[dict], gemm_rows: list[dict], threads: list[int],
+          extra: list[str] = ()) -> None:
+    """extra: more report lines (sections of other benchmarks), before the chart."""
     out.mkdir(parents=True, exist_ok=True)
     ok = [r for r in rows if "error" not in r]
     lines = ["# Benchmarks", "",
@@ -63,7 +65,7 @@ def write(out: Path, machine: dict, rows: list[dict], gemm_rows: list[dict], thr
             cells = " | ".join(f"{g[f't{t}']['svod_gflops']:.1f} | {g[f't{t}']['numpy_gflops']:.1f} | "
                                f"{g[f't{t}']['ratio']:.2f}" for t in threads)
             lines.append(f"| {g['shape']} | {cells} |")
-    lines += ["", "![ratios](benchmarks.png)", ""]
+    lines += [*extra, "", "![ratios](benchmarks.png)", ""]
     (out / "benchmarks.md").write_text("\n".join(lines))
     _chart(out / "benchmarks.png", ok, threads)
 
