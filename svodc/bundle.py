@@ -38,6 +38,9 @@ from svodrt.format import (
 )
 
 ZSTD_LEVEL = 10
+# Informational manifest entries no runtime check depends on (docs/bundle-format.md "Optional entries"):
+# the compile options and the op type of every ONNX node kernels name in their provenance.
+EXTRA_KEYS = ("options", "node_ops")
 
 
 def _buffer_entry(b: Buffer) -> dict:
@@ -110,9 +113,11 @@ def _byte_order(images: list[tuple[Target, CodeImage]], gpu_images: list[GpuImag
 
 
 def write_bundle_to(out: BinaryIO, program: Program, images: list[tuple[Target, CodeImage]], model_digest: str,
-                    test_vectors: list[dict] | None = None, gpu_images: list[GpuImage] = ()) -> None:
+                    test_vectors: list[dict] | None = None, gpu_images: list[GpuImage] = (),
+                    extra: dict | None = None) -> None:
     """Write the bundle to a seekable binary file positioned at its start. test_vectors: manifest
-    entries from svodc.testvec (optional); gpu_images: GPU variants, after the CPU ones. Weights go
+    entries from svodc.testvec (optional); gpu_images: GPU variants, after the CPU ones; options: the
+    optional manifest entries (EXTRA_KEYS: svodc.api's recorded options and node op types). Weights go
     from their arrays straight to `out` (one copy: the write itself), hashed on the way."""
     sections: list[tuple[dict, bytes]] = []  # code sections; the weights section streams separately
     byte_order = _byte_order(images, gpu_images)
@@ -177,6 +182,10 @@ def write_bundle_to(out: BinaryIO, program: Program, images: list[tuple[Target, 
             v["gpu_binding"] = gpu_binding(v, table[v["cubin"]]["sha256"] if "cubin" in v else None)
     if test_vectors:
         manifest["test_vectors"] = test_vectors
+    for key, value in (extra or {}).items():
+        if key not in EXTRA_KEYS:
+            raise BundleError(f"manifest entry {key!r} is not one of {EXTRA_KEYS}")
+        manifest[key] = value
     raw = msgpack.packb(manifest, use_bin_type=True)
     # Single-threaded zstd at a fixed level: the same manifest always compresses to the same bytes.
     stored = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True, threads=0).compress(raw)
@@ -198,10 +207,11 @@ def check_bundle(data: bytes | memoryview) -> None:
 
 
 def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model_digest: str,
-                 test_vectors: list[dict] | None = None, gpu_images: list[GpuImage] = ()) -> bytes:
+                 test_vectors: list[dict] | None = None, gpu_images: list[GpuImage] = (),
+                 extra: dict | None = None) -> bytes:
     """The bundle's bytes (write_bundle_to into memory)."""
     buf = io.BytesIO()
-    write_bundle_to(buf, program, images, model_digest, test_vectors, gpu_images)
+    write_bundle_to(buf, program, images, model_digest, test_vectors, gpu_images, extra)
     data = buf.getvalue()
     check_bundle(data)
     return data

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from svodc.errors import SvodcError
+from svodrt_tools.launch import version_line
 
 
 def _pairs(values: tuple[str, ...], what: str) -> list[tuple[str, str]]:
@@ -62,12 +63,12 @@ class _Group(click.Group):
             msg = " ".join(f"{type(e).__name__}: {e}".split())[:300]
             click.echo(f"svodc: internal error: {msg} (a bug in svodc: rerun with --debug for the traceback "
                        "and please report it)", err=True)
-            sys.exit(2)
+            sys.exit(1)
 
 
 @click.group(cls=_Group)
 @click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
-@click.version_option(package_name="svod", prog_name="svodc")
+@click.version_option(version="", message=version_line("svodc"))
 @click.pass_context
 def main(ctx: click.Context, debug: bool) -> None:
     """Svod ahead-of-time compiler: ONNX model -> .svod bundle."""
@@ -110,16 +111,48 @@ def compile(model: str, output: str | None, target: str, dims: tuple[str, ...], 
     options = CompileOptions(dims=dim_map, input_shapes=shape_map, input_values=value_map, weights=tuple(weights),
                              opt_level=opt_level, jobs=jobs, test_vectors=test_vectors)
     t0 = time.perf_counter()
-
     show = not quiet and (verbose or sys.stderr.isatty())
 
-    def progress(stage: str) -> None:
+    def progress(line: str) -> None:
         if show:
-            click.echo(f"  {stage} ({time.perf_counter() - t0:.2f}s)", err=True)
+            click.echo(f"  {line}", err=True)
 
-    path = compile_to_file(model, out, target=target, options=options, progress=progress)
+    bar = _KernelBar() if not quiet and sys.stderr.isatty() else None
+    path = compile_to_file(model, out, target=target, options=options, progress=progress,
+                           kernels_done=bar.update if bar else None)
     if not quiet:
         click.echo(f"wrote {path} ({path.stat().st_size:,} bytes) in {time.perf_counter() - t0:.2f}s")
+        if "host" in target.split(","):
+            click.echo(host_note(path), err=True)
+
+
+class _KernelBar:
+    """click's progress bar over the LLVM modules of one target at a time (a TTY only)."""
+
+    def __init__(self) -> None:
+        self.bar = None
+
+    def update(self, done: int, total: int) -> None:
+        if self.bar is None:
+            self.bar = click.progressbar(length=total, label="  compiling kernels", file=sys.stderr)
+        self.bar.update(1)
+        if done == total:
+            self.bar.render_finish()
+            self.bar = None
+
+
+def host_note(path: Path) -> str:
+    """What a --target host bundle needs of a CPU, and how to make one that runs elsewhere."""
+    from svodrt.bundle import parse_bundle
+
+    cpu = [v for v in parse_bundle(path.read_bytes()).variants if v.kind == "cpu"]
+    needs = "; ".join(f"{v.arch}:{v.cpu} needs {len(v.features)} CPU features ({', '.join(v.features) or 'none'})"
+                      for v in cpu)
+    arch = cpu[0].arch if cpu else "x86_64"
+    # the default CPU of every other architecture is its most portable one (svodc/arches.py)
+    portable = "x86_64:x86-64-v3,x86-64 (a fat bundle: v3 where it runs, else baseline)" if arch == "x86_64" else arch
+    return (f"note: --target host compiles for this machine's CPU: {needs}; the bundle runs only where all of them "
+            f"are present. For one that runs on any {arch} machine: --target {portable}")
 
 
 @main.command()

@@ -77,6 +77,7 @@ class GraphImporter:
         self.weight_of_initializer = weight_of_initializer  # onnx.TensorProto -> UOp
         self.vocabulary = vocabulary  # the model's strings (frontend/strings.py)
         self.expanded: set[str] = set()  # op types imported through their function bodies
+        self.op_types: dict[str, str] = {}  # node name (as provenance names it) -> op type, for profiles
         self._ids = itertools.count()
 
     # ------------------------------------------------------------------ graphs
@@ -111,6 +112,7 @@ class GraphImporter:
         domain = "" if node.domain == "ai.onnx" else node.domain
         opset = opsets.get(domain)
         label = UnsupportedNode(node.name, node.op_type, domain, opset or 0, "")
+        self.op_types[node.name or node.output[0]] = f"{domain}.{node.op_type}" if domain else node.op_type
         if opset is None:
             problems.append(_with(label, f"the model imports no opset for domain {domain!r}"))
             return self._poison(node, scope)

@@ -29,6 +29,7 @@ from svodc.errors import (
 from svodc.frontend.boundary import graph_input, graph_output
 from svodc.frontend.dtypes import UnsupportedDType, onnx_to_dtype
 from svodc.frontend.graph_import import POISON, GraphImporter, Scope
+from svodc.frontend.option_check import check_options
 from svodc.frontend.strings import Vocabulary
 from svodc.frontend.weights import ExternalData, weight_files
 from svodc.ir.dtypes import dtypes
@@ -48,6 +49,7 @@ class ImportedGraph:
     producer: str  # "name version" of the tool that made the model, for the manifest
     expanded_ops: frozenset[str] = frozenset()  # ops imported through their ONNX function bodies
     vocabulary: tuple[str, ...] = ()  # the model's strings; string id i is vocabulary[i] (frontend/strings.py)
+    op_types: dict[str, str] | None = None  # node name -> op type (graph_import.GraphImporter.op_types)
 
 
 def load_model(source: ModelSource) -> onnx.ModelProto:
@@ -57,8 +59,12 @@ def load_model(source: ModelSource) -> onnx.ModelProto:
         if isinstance(source, bytes):
             return onnx.load_from_string(source)
         path = Path(source)
-        if not path.is_file():
+        if path.is_dir():
+            raise ModelLoadError(f"model path {str(path)!r} is a directory, not an .onnx file")
+        if not path.exists():
             raise ModelLoadError(f"model file {str(path)!r} does not exist")
+        if not path.is_file():
+            raise ModelLoadError(f"model path {str(path)!r} is not a regular file (a FIFO or device)")
         # external data stays where it is: frontend/weights.py maps it relative to the model's folder
         return onnx.load(str(path), load_external_data=False)
     except ModelLoadError:
@@ -94,6 +100,7 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
         raise UnsupportedModelError([UnsupportedNode(init.values.name, "sparse_initializer", "", opsets.get("", 0),
                                                      "sparse initializers are not supported")])
     names = {vi.name for vi in graph.input}
+    check_options(graph, options, {init.name for init in graph.initializer})
     unknown = {n for n in options.input_values if n not in names and n.split("[")[0] not in names}
     if unknown:
         raise InputShapeError(f"--input-value names {sorted(unknown)}, which are not inputs of the model")
@@ -128,7 +135,8 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
     if problems:
         raise UnsupportedModelError(problems)
     producer = f"{model.producer_name} {model.producer_version}".strip()
-    return ImportedGraph(inputs, outputs, prov, producer, frozenset(importer.expanded), vocabulary.strings)
+    return ImportedGraph(inputs, outputs, prov, producer, frozenset(importer.expanded), vocabulary.strings,
+                         importer.op_types)
 
 
 def _weight(init: onnx.TensorProto, external: ExternalData, vocabulary: Vocabulary) -> UOp:
