@@ -157,11 +157,18 @@ def host_note(path: Path) -> str:
 
 @main.command()
 @click.argument("bundle", type=click.Path(exists=True, dir_okay=False))
-def inspect(bundle: str) -> None:
+@click.option("--graph", "graph", type=click.Path(dir_okay=False), metavar="FILE.svg|FILE.dot",
+              help="Draw the kernel graph with each kernel's ONNX nodes (.dot text; .svg/.png need Graphviz).")
+def inspect(bundle: str, graph: str | None) -> None:
     """Describe a bundle: inputs, outputs, code variants, kernels, memory."""
     from svodrt_tools.describe import describe
 
     click.echo(describe(bundle, verbose=True))
+    if graph:
+        from svodc.graph_draw import write_graph
+        from svodrt.bundle import parse_bundle
+
+        write_graph(parse_bundle(Path(bundle).read_bytes()), graph)
 
 
 if __name__ == "__main__":
