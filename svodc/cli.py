@@ -114,7 +114,7 @@ def compile(model: str, output: str | None, target: str, dims: tuple[str, ...], 
     show = not quiet and (verbose or sys.stderr.isatty())
 
     def progress(line: str) -> None:
-        if show:
+        if show or (not quiet and line.startswith("warning:")):
             click.echo(f"  {line}", err=True)
 
     bar = _KernelBar() if not quiet and sys.stderr.isatty() else None

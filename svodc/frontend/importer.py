@@ -9,6 +9,7 @@ handled is collected, and all of them are reported at once.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +88,14 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
     opsets = {o.domain if o.domain != "ai.onnx" else "": o.version for o in model.opset_import}
     if not opsets:  # (a model may import only other domains: ai.onnx.ml alone, say)
         raise InvalidModelError("the model imports no opset")
+    for domain, version in opsets.items():
+        newest = newest_opset(domain)
+        if newest is not None and version > newest:
+            raise InvalidModelError(f"the model imports {domain or 'ai.onnx'} opset {version}, newer than the "
+                                    f"{newest} this onnx package ({onnx.__version__}) knows: upgrade onnx, or convert "
+                                    f"the model down with onnx.version_converter")
+    if not model.graph.output:
+        raise InvalidModelError("the model declares no graph outputs: there is nothing to compute")
     graph = model.graph
     prov = Provenance()
     scope = Scope()
@@ -137,6 +146,16 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
     producer = f"{model.producer_name} {model.producer_version}".strip()
     return ImportedGraph(inputs, outputs, prov, producer, frozenset(importer.expanded), vocabulary.strings,
                          importer.op_types)
+
+
+@functools.cache
+def newest_opset(domain: str) -> int | None:
+    """The newest opset of an ONNX domain that the installed onnx package has schemas for; None for
+    custom domains (their versions are the model's business)."""
+    if domain == "":
+        return onnx.defs.onnx_opset_version()
+    versions = [s.since_version for s in onnx.defs.get_all_schemas_with_history() if s.domain == domain]
+    return max(versions) if versions else None
 
 
 def _weight(init: onnx.TensorProto, external: ExternalData, vocabulary: Vocabulary) -> UOp:
