@@ -17,6 +17,7 @@ from svodrt.errors import (
 )
 from svodrt.host import Host, detect_host
 from svodrt.model import Model, Runner
+from svodrt.session import InferenceSession, NodeArg, SessionOptions
 
 __version__ = "0.1.0"
 
@@ -41,5 +42,6 @@ def load(source: str | os.PathLike | bytes, threads: int | None = None, host: Ho
     return Model(source, threads=threads, host=host, verify_weights=verify_weights, variant=variant)
 
 
-__all__ = ["BundleFormatError", "BundleVersionError", "DeviceError", "Host", "InputError", "Model", "ModelClosedError",
-           "Runner", "RuntimeFailure", "SvodError", "UnsupportedHostError", "detect_host", "load"]
+__all__ = ["BundleFormatError", "BundleVersionError", "DeviceError", "Host", "InferenceSession", "InputError", "Model",
+           "ModelClosedError", "NodeArg", "Runner", "RuntimeFailure", "SessionOptions", "SvodError",
+           "UnsupportedHostError", "detect_host", "load"]
