@@ -280,9 +280,8 @@ class Model(Runner):
         return [(k.name, float(np.median(t)), k.provenance) for k, t in zip(self.bundle.kernels, times, strict=True)]
 
     def _call(self, arrays: list[np.ndarray], run=None, outs: list[np.ndarray] | None = None) -> list[np.ndarray]:
-        """Outputs allocated (or given: checked arrays of the storage dtypes, svodrt/session.py), an arena
-        lent, the buffer table and sync block made, and run(table, sync) called (default: the entry, on as
-        many threads as pay off). The hot path of every inference."""
+        """Outputs allocated (or given, checked: svodrt/session.py), an arena lent, the buffer table and sync
+        block made, run(table, sync) called (default: the entry, on as many threads as pay off). The hot path."""
         self._begin()
         try:
             outs = outs if outs is not None else [np.empty(shape, dtype) for shape, dtype in self._output_specs]

@@ -87,7 +87,7 @@ def test_metadata_names_the_compiler_options_and_the_onnx_digest(paths):
 
 def test_preallocated_outputs_are_filled_in_place_without_allocating(tmp_path):
     model = make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": (np.float32, [256, 1024])}, ["y"])
-    sess = svodrt.InferenceSession(svodc.compile(model), sess_options=svodrt.SessionOptions(intra_op_num_threads=1))
+    sess = svodrt.InferenceSession(svodc.compile(model), sess_options=_one_thread())
     x = np.random.default_rng(0).standard_normal((256, 1024)).astype(np.float32)
     out = [np.empty((256, 1024), np.float32)]
     sess.run(None, {"x": x}, out=out)  # warm up: the arena pool
@@ -103,8 +103,14 @@ def test_preallocated_outputs_are_filled_in_place_without_allocating(tmp_path):
     assert by_name is out[0] and np.array_equal(by_name, np.maximum(-x, 0))
     with pytest.raises(InputError, match=r"out\['y'\] must be a writeable C-contiguous float32\[256, 1024\]"):
         sess.run(None, {"x": x}, out=[np.empty((256, 1023), np.float32)])
-    with pytest.raises(InputError, match=r"unknown output \['z'\]; the model's outputs are \['y'\]"):
+    with pytest.raises(InputError, match=r"unknown outputs \['z'\]; the model's outputs are \['y'\]"):
         sess.run(["z"], {"x": x})
+
+
+def _one_thread() -> svodrt.SessionOptions:
+    so = svodrt.SessionOptions()
+    so.intra_op_num_threads = 1
+    return so
 
 
 def _bf16_bundle() -> bytes:
