@@ -6,7 +6,7 @@ Exit codes for both: 0 success, 1 failure, 2 usage error."""
 from __future__ import annotations
 
 import difflib
-import importlib.util
+import importlib
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -47,7 +47,12 @@ def quiet_broken_pipe(main: Callable[[], object]) -> None:
 
 def svodc() -> None:
     """The `svodc` console script."""
-    missing = [m for m in COMPILER_MODULES if importlib.util.find_spec(m) is None]
+    missing = []
+    for name in COMPILER_MODULES:  # imported now: the compiler imports all of them anyway
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
     if missing:
         print(f"svodc: the compiler is not installed (missing {', '.join(missing)}): pip install 'svod[compiler]'",
               file=sys.stderr)
