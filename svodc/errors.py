@@ -28,6 +28,7 @@ class UnsupportedNode:
     # Graph inputs whose values this node needs at compile time (fixing them with
     # CompileOptions.input_values / --input-value would make it compile).
     needs_values: tuple[str, ...] = ()
+    shape_error: bool = False  # the node's input shapes do not fit it (e.g. after --input-shape)
 
     def __str__(self) -> str:
         dom = self.domain or "ai.onnx"

@@ -30,13 +30,13 @@ def run(tool: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([os.path.join(BIN, tool), *args], capture_output=True, text=True)
 
 
-def _cnn() -> onnx.ModelProto:
-    """x[N, 4] -> MatMul -> Relu -> Softmax: a symbolic dim and three named kernels' worth of nodes."""
+def _cnn(k: int | str = 4) -> onnx.ModelProto:
+    """x[N, k] -> MatMul -> Relu -> Softmax: a symbolic dim and three named kernels' worth of nodes."""
     w = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
     model = make_model([helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"),
                         helper.make_node("Relu", ["h"], ["r"], name="act"),
                         helper.make_node("Softmax", ["r"], ["y"], name="prob", axis=-1)],
-                       {"x": (np.float32, ["N", 4])}, ["y"], {"w": w})
+                       {"x": (np.float32, ["N", k])}, ["y"], {"w": w})
     return model
 
 
@@ -59,6 +59,10 @@ def test_option_names_the_model_lacks_are_errors_listing_what_it_has():
         svodc.compile(_cnn(), input_shapes={"nosuch": (1, 3)})
     with pytest.raises(InputShapeError, match=r"--input-shape x=2x5: dim 1 is 5, but the model fixes it to 4"):
         svodc.compile(_cnn(), input_shapes={"x": (2, 5)})
+    with pytest.raises(InputShapeError, match=r"with the shapes given \(--input-shape x=2x5 --dim K=5\) the model "
+                                              r"does not compute: fc \(ai.onnx::MatMul.*check them against the model's "
+                                              r"inputs x\['N', 'K'\]"):
+        svodc.compile(_cnn(k="K"), input_shapes={"x": (2, 5)}, dims={"K": 5})
     with pytest.raises(InputShapeError, match=r"dims\['N'\] = '1' \(str\): a dim must be an int >= 0"):
         svodc.compile(_cnn(), dims={"N": "1"})
     with pytest.raises(ModelLoadError, match="is a directory, not an .onnx file"):

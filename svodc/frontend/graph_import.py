@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 
@@ -157,7 +158,7 @@ class GraphImporter:
             problems.append(_with(label, str(e), e.inputs))
             return self._poison(node, scope)
         except (Unsupported, UnsupportedDType, ShapeError) as e:
-            problems.append(_with(label, str(e)))
+            problems.append(dataclasses.replace(_with(label, str(e)), shape_error=isinstance(e, ShapeError)))
             return self._poison(node, scope)
         outs += [None] * (len(node.output) - len(outs))
         for name, o in zip(node.output, outs, strict=False):

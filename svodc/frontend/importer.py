@@ -30,7 +30,7 @@ from svodc.errors import (
 from svodc.frontend.boundary import graph_input, graph_output
 from svodc.frontend.dtypes import UnsupportedDType, onnx_to_dtype
 from svodc.frontend.graph_import import POISON, GraphImporter, Scope
-from svodc.frontend.option_check import check_options
+from svodc.frontend.option_check import check_options, describe_inputs, fixes_unknown_dims
 from svodc.frontend.strings import Vocabulary
 from svodc.frontend.weights import ExternalData, weight_files
 from svodc.ir.dtypes import dtypes
@@ -141,6 +141,12 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
                 problems.append(UnsupportedNode(name, "graph output", "", 0, "string outputs are not supported "
                                                 "(string tensors can be inputs, compared and mapped to numbers)"))
             outputs.append((name, x))
+    if problems and all(p.shape_error for p in problems) and fixes_unknown_dims(graph, options):
+        given = " ".join([f"--input-shape {k}={'x'.join(map(str, v))}" for k, v in options.input_shapes.items()]
+                         + [f"--dim {k}={v}" for k, v in options.dims.items()])
+        inputs = describe_inputs(graph, {init.name for init in graph.initializer})
+        raise InputShapeError(f"with the shapes given ({given}) the model does not compute: {problems[0]}; check "
+                              f"them against the model's inputs {inputs}")
     if problems:
         raise UnsupportedModelError(problems)
     producer = f"{model.producer_name} {model.producer_version}".strip()

@@ -57,3 +57,13 @@ def check_options(graph: onnx.GraphProto, options: CompileOptions, initializers:
                 given, shown = "x".join(map(str, shape)), ["?" if d is None else d for d in declared]
                 raise InputShapeError(f"--input-shape {name}={given}: dim {i} is {got}, but the model fixes it to "
                                       f"{want} (the model declares {name}{shown})")
+
+
+def fixes_unknown_dims(graph: onnx.GraphProto, options: CompileOptions) -> bool:
+    """Whether the options decide a dim the model leaves open (a --dim, or an --input-shape over a symbolic
+    or unknown dim): then a node whose shapes do not fit is more likely the options' fault than svodc's."""
+    if options.dims:
+        return True
+    declared = {vi.name: _declared(vi) for vi in graph.input}
+    return any(name not in declared or declared[name] is None or any(not _is_int(d) for d in declared[name])
+               for name in options.input_shapes)
