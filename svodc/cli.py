@@ -50,8 +50,8 @@ class _Group(click.Group):
 
         try:
             return super().invoke(ctx)
-        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
-            raise  # click's own usage errors and exits
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, BrokenPipeError):
+            raise  # click's own usage errors and exits; a closed stdout ends quietly (svodrt_tools/launch.py)
         except (SvodcError, SvodError, OSError) as e:
             if ctx.obj and ctx.obj.get("debug"):
                 raise
