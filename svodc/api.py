@@ -61,9 +61,11 @@ class _Stages:
     def __init__(self, say: Progress):
         self.say, self.t = say, time.perf_counter()
 
-    def done(self, stage: str) -> None:
+    def done(self, stage: str | None) -> None:
+        """stage None: a stage that reported itself (skipped test vectors): only restart the clock."""
         now = time.perf_counter()
-        self.say(f"{stage} {now - self.t:.2f} s")
+        if stage is not None:
+            self.say(f"{stage} {now - self.t:.2f} s")
         self.t = now
 
 
@@ -82,8 +84,7 @@ def _compile_parts(model: ModelSource, target: str, options: CompileOptions | No
     program = build_program(graph, options)
     stages.done(f"optimize ({len(program.kernels)} kernels)")
     vectors = build_test_vectors(graph, program, options.test_vectors, say)
-    if vectors:
-        stages.done("test vectors")
+    stages.done("test vectors" if vectors else None)
     images = []
     gpus = [t for t in targets if isinstance(t, GpuTarget)]
     for t in targets:
