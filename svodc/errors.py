@@ -32,7 +32,8 @@ class UnsupportedNode:
 
     def __str__(self) -> str:
         dom = self.domain or "ai.onnx"
-        return f"{self.name or '<unnamed>'} ({dom}::{self.op_type}, opset {self.opset}): {self.reason}"
+        opset = f", opset {self.opset}" if self.opset else ""  # 0: the model imports no opset of the domain
+        return f"{self.name or '<unnamed>'} ({dom}::{self.op_type}{opset}): {self.reason}"
 
 
 class UnsupportedModelError(SvodcError):
