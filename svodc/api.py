@@ -23,7 +23,7 @@ import onnx
 from svodc.bundle import check_bundle, write_bundle, write_bundle_to
 from svodc.codegen.compile import compile_program
 from svodc.codegen.gpu_compile import compile_gpu_programs
-from svodc.errors import OutputWriteError
+from svodc.errors import BundleError, OutputWriteError
 from svodc.frontend.importer import ModelSource, import_model, load_model
 from svodc.gpu_target import GpuTarget, parse_targets
 from svodc.options import CompileOptions
@@ -72,7 +72,7 @@ class _Stages:
 def _compile_parts(model: ModelSource, target: str, options: CompileOptions | None, progress: Progress | None,
                    kernels_done: KernelProgress | None = None, **kw) -> tuple:
     """Everything a bundle is written from: (program, CPU images, model digest, test vectors, GPU images,
-    optional manifest entries)."""
+    signing key, optional manifest entries)."""
     options = options or CompileOptions(**kw)
     say = progress or (lambda _msg: None)
     stages = _Stages(say)
@@ -98,7 +98,7 @@ def _compile_parts(model: ModelSource, target: str, options: CompileOptions | No
     named = {n for k in program.kernels for n in k.provenance}
     extra = {"options": recorded_options(target, options),
              "node_ops": {n: t for n, t in sorted((graph.op_types or {}).items()) if n in named}}
-    return program, images, _model_digest(model, proto), vectors, gpu_images, extra
+    return program, images, _model_digest(model, proto), vectors, gpu_images, options.sign_key, extra
 
 
 def compile(model: ModelSource, target: str = "host", options: CompileOptions | None = None,
@@ -155,8 +155,14 @@ def check_output_path(path: Path, model: ModelSource) -> None:
 
 def _check_written(f) -> None:
     f.flush()
+    problem = None
     with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m, memoryview(m) as data:
-        check_bundle(data)
+        try:
+            check_bundle(data)
+        except BundleError as e:  # raised below, once its traceback (views of the mapping) is gone
+            problem = str(e)
+    if problem is not None:
+        raise BundleError(problem)
 
 
 class AtomicWriter:

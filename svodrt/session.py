@@ -4,7 +4,6 @@ run(..., out=...) fills preallocated outputs (list or dict by name): a serving l
 
 from __future__ import annotations
 
-import importlib
 import warnings
 from collections import namedtuple
 from collections.abc import Mapping, Sequence
@@ -13,7 +12,8 @@ import numpy as np
 
 from svodrt.errors import InputError
 from svodrt.format import BITS_OF, DTYPES
-from svodrt.model import NARROW_INTS, Model
+from svodrt.model import Model
+from svodrt.runner import NARROW_INTS
 
 _ORT_TYPE = {"float32": "float", "float64": "double"}  # onnxruntime's 'tensor(float)'; the rest by name
 _ML_NAME = {v: k for k, v in BITS_OF.items()} | {n: n for n in NARROW_INTS}  # bundle dtype -> ml_dtypes name
@@ -30,7 +30,9 @@ class SessionOptions:
 def _converter(dtype: str):
     """Makes an output of a type numpy lacks an ml_dtypes array; None: nothing to do, or no ml_dtypes."""
     try:
-        ml = np.dtype(getattr(importlib.import_module("ml_dtypes"), _ML_NAME[dtype]))
+        import ml_dtypes  # the svod[dtypes] extra
+
+        ml = np.dtype(getattr(ml_dtypes, _ML_NAME[dtype]))
     except (KeyError, ImportError, AttributeError):
         return None
     return (lambda a: a.astype(ml)) if dtype in NARROW_INTS else (lambda a: a.view(ml))

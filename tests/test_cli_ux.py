@@ -107,7 +107,7 @@ def test_svodrt_run_errors_are_one_line_before_anything_runs(bundle, capsys, tmp
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"PK\x03\x04 not really a zip")
     code, _, err = _svodrt(capsys, "run", str(bundle), "-i", str(bad))
-    assert code == 1 and "cannot read" in err and "as a .npz" in err and len(err.strip().splitlines()) == 1
+    assert code == 1 and f"input file {bad} is not a readable .npy/.npz" in err and len(err.strip().splitlines()) == 1
     code, out, err = _svodrt(capsys, "run", str(bundle), "-i", f"x={x}", "-o", str(tmp_path / "o.npz"))
     assert code == 0 and "y: float32[2, 8]" in out and sorted(p.name for p in tmp_path.iterdir()) == ["bad.npz", "o.npz"]
 
