@@ -83,7 +83,7 @@ def prepare_kernel(kernel: Kernel, target: Target | None = None) -> Kernel:
     emulate = pm_emulate_for(target is not None and target.native_f16)
     ast = graph_rewrite(kernel.ast, emulate + pm_transcendental)
     ast = graph_rewrite(ast, pm_symbolic)
-    return Kernel(kernel.name, ast, kernel.params, kernel.provenance)
+    return Kernel(kernel.name, ast, kernel.params, kernel.provenance, kernel.kind)
 
 
 # Kernels per LLVM module. The split depends only on the kernel count, never on the number of workers
