@@ -5,11 +5,7 @@ checksums are `check_section`'s. Each failure is a BundleFormatError naming fiel
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, fields
-
-import msgpack
-import zstandard
 
 from svodrt.errors import BundleFormatError, BundleVersionError
 from svodrt.features import BYTE_ORDER
@@ -78,7 +74,13 @@ def read_header(data: bytes | memoryview) -> Header:
 
 def read_manifest(data: bytes | memoryview, h: Header) -> dict:
     stored = bytes(data[h.manifest_offset: h.manifest_offset + h.manifest_size])
+    import hashlib  # these here, not at `import svodrt`: imports are most of a cold start
+
+    import msgpack
+
     if h.flags & FLAG_MANIFEST_ZSTD:
+        import zstandard
+
         try:  # max_output_size bounds the memory a lying frame header can make us allocate
             raw = zstandard.ZstdDecompressor().decompress(stored, max_output_size=h.manifest_raw_size)
         except zstandard.ZstdError as e:
@@ -131,6 +133,8 @@ def _sections(m: dict, h: Header, data: bytes | memoryview) -> list[Section]:
 
 def check_section(data: bytes | memoryview, sec: Section) -> None:
     """sha256 of one section; costs about 0.6 ms per MB."""
+    import hashlib
+
     if hashlib.sha256(data[sec.offset: sec.offset + sec.length]).digest() != sec.sha256:
         raise _fail(f"section {sec.name!r} at offset {sec.offset} ({sec.length} bytes) fails its sha256 "
                     "checksum: the file is damaged")

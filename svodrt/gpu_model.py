@@ -18,7 +18,7 @@ import numpy as np
 from svodrt.bundle import Section, Variant, check_section, parse_bundle
 from svodrt.errors import BundleFormatError, DeviceError, ModelClosedError, UnsupportedHostError
 from svodrt.gpu_driver import CAPTURE_THREAD_LOCAL, Device, parse_device
-from svodrt.model import WEIGHTS_CHECK_LIMIT, Runner
+from svodrt.model import Runner
 
 
 def cuda_image(v: Variant, capability: int) -> tuple[Section | None, str]:
@@ -84,7 +84,7 @@ class GpuModel(Runner):
         d, b = self.device, self.bundle
         self.variant, self.code_kind = self._choose(data, index)
         w = b.weights
-        if verify_weights or (verify_weights is None and w.length <= WEIGHTS_CHECK_LIMIT):
+        if verify_weights:
             check_section(data, w)
         self._stream = d.handle("stream", 0)
         for nbytes in (b.weights_size, b.arena_size, *(t.nbytes for t in (*b.inputs, *b.outputs))):

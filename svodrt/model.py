@@ -1,12 +1,13 @@
 """Model: a loaded bundle, ready to run (docs/architecture.md "Runtime").
 
 load() verifies the bundle's structure, picks the first code variant this host can run, copies that
-code into fresh memory, checks its sha256 there and makes it read+execute, checks the weights' sha256
-when they are small (WEIGHTS_CHECK_LIMIT) and maps them read-only. run() validates every input before
-native code sees it, takes an arena from a small pool (one per concurrent call) and calls the entry
-once per thread; the entry hands out every kernel's parts to its callers (svodc/codegen/module.py).
-A model owns threads-1 helper threads; one call at a time uses them, a call that finds them busy runs
-single-threaded, so concurrent calls are safe. close() waits for running calls, then unmaps.
+code into fresh memory, checks its sha256 there and makes it read+execute, and maps the weights
+read-only (their sha256 only when asked: verify_weights=True, or once by `svodrt verify`). run()
+validates every input before native code sees it, takes an arena from a small pool (one per
+concurrent call) and calls the entry once per thread; the entry hands out every kernel's parts to
+its callers (svodc/codegen/module.py). A model owns threads-1 helper threads; one call at a time
+uses them, a call that finds them busy runs single-threaded, so concurrent calls are safe. close()
+waits for running calls, then unmaps.
 """
 
 from __future__ import annotations
@@ -39,10 +40,6 @@ NARROW_INTS = frozenset({"int4", "uint4", "int2", "uint2"})
 ENTRY_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p)
 ALIGN = 64
 MAX_THREADS = 1024
-# Weights sections up to this size are checksummed at every load (sha256: ~10 ms for 16 MiB); larger
-# ones only when asked (load(verify_weights=True), svodrt verify). See docs/architecture.md.
-WEIGHTS_CHECK_LIMIT = 16 << 20
-
 
 def variant_problem(v: Variant, host: Host) -> str | None:
     """Why this host's CPU cannot run variant v, or None if it can."""
@@ -219,7 +216,7 @@ class Model(Runner):
             self._maps.append(map_code(data[sec.offset: sec.offset + sec.length], self.variant.fixups, sec.sha256,
                                        f"code section {sec.name!r} at offset {sec.offset}"))
             w = self.bundle.weights
-            if verify_weights or (verify_weights is None and w.length <= WEIGHTS_CHECK_LIMIT):
+            if verify_weights:  # else once, by svodrt verify (docs/architecture.md "Runtime")
                 check_section(data, w)
             self.weights_address = self._map_weights(fd, data)
         except BaseException:
