@@ -78,7 +78,7 @@ def contractions_off_the_gemm_path(model: onnx.ModelProto, kernels: list[dict], 
     that no GEMM kernel of the bundle's kernel list (manifest `kernels`: kind, provenance) computes,
     except those the generic path runs by design: depthwise convolutions (one input channel per
     group), and products whose splat weight leaves less than `min_macs` multiply-adds (one row sum
-    of the input per output row, broadcast: a classifier's Gemm of a 1 x K vector)."""
+    of the input per output row, broadcast: a classifier's Gemm or 1x1 Conv of a 1 x K vector)."""
     inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
               for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
@@ -92,7 +92,11 @@ def contractions_off_the_gemm_path(model: onnx.ModelProto, kernels: list[dict], 
         groups = next((a.i for a in node.attribute if a.name == "group"), 1)
         if node.op_type == "Conv" and groups > 1 and w[1] == 1:
             continue
-        if node.op_type != "Conv" and int(np.prod(x)) < min_macs:
+        # multiply-adds of the product with the weight's splat axis collapsed: a convolution sums
+        # N x C x kernel values per output position, a Gemm/MatMul K per row of its input
+        y = shapes[node.output[0]]
+        collapsed = int(np.prod(x[:2]) * np.prod(w[2:]) * np.prod(y[2:])) if node.op_type == "Conv" else int(np.prod(x))
+        if collapsed < min_macs:
             continue
         if name not in on_gemm:
             off.append(f"{name} ({node.op_type} {x} x {w})")
