@@ -30,10 +30,6 @@ MAX_TEST_VECTORS = 16
 MAX_STRING = 1 << 16  # characters in one vocabulary string
 MAX_STRING_ID = (1 << 31) - 1  # string ids are int32: the vocabulary plus one call's new strings stay below
 
-# The entry's `sync` block: zeroed by the caller, the host's yield function at offset 8, the rest the
-# code's (docs/bundle-format.md "The entry ABI"). One cache line: two calls' blocks never share one.
-SYNC_SIZE = 64
-
 
 @dataclass(frozen=True)
 class Header:
@@ -86,7 +82,6 @@ def variant_binding(variant: Mapping, code_sha256: bytes, manifest: Mapping) -> 
     import hashlib  # only when a bundle is read or written, not at `import svodrt`
 
     import msgpack
-
     return hashlib.sha256(msgpack.packb(fields, use_bin_type=True)).digest()
 
 
@@ -106,7 +101,6 @@ def gpu_binding(variant: Mapping, cubin_sha256: bytes | None) -> bytes:
     import hashlib  # only when a bundle is read or written, not at `import svodrt`
 
     import msgpack
-
     return hashlib.sha256(msgpack.packb(fields, use_bin_type=True)).digest()
 
 
