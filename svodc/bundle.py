@@ -197,8 +197,8 @@ def write_bundle_to(out: BinaryIO, program: Program, images: list[tuple[Target, 
         "sections": table,
         "variants": variants,
         "buffers": [_buffer_entry(b) for b in program.weights + program.scratch],
-        "kernels": [{"name": k.name, "params": [b.id for b in k.params], "provenance": k.provenance}
-                    for k in program.kernels],
+        "kernels": [{"name": k.name, "params": [b.id for b in k.params], "provenance": k.provenance,
+                     "kind": k.kind} for k in program.kernels],
     }
     if any(b.dtype is dtypes.string for b in program.inputs):  # format 1.4; the bindings cover it
         manifest["vocabulary"] = list(program.vocabulary)

@@ -144,7 +144,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         print(f"{name}: {_summary(a)}")
     per = (t4 - t2) / args.repeat if args.repeat > 1 else t3 - t2
     where = f"{model.threads} threads, " if args.device == "cpu" else f"{args.device}, "
-    unchecked = "" if model.weights_verified else "; weights over 16 MiB not checksummed: --verify-weights checks them"
+    unchecked = "" if model.weights_verified else "; weights not checksummed (svodrt verify, --verify-weights do)"
     print(f"load {1e3 * (t1 - t0):.2f} ms, run {1e3 * per:.2f} ms ({where}{model.variant.describe()}){unchecked}",
           file=sys.stderr)
 
@@ -192,7 +192,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--threads", type=int, default=None, help="threads per inference (default: all cores)")
     r.add_argument("--repeat", type=int, default=1, help="run this many times and report the mean time")
     r.add_argument("--verify-weights", action="store_true", default=None,
-                   help="check the weights' sha256 even when they are large")
+                   help="check the weights' sha256 too (svodrt verify checks everything)")
     r.set_defaults(fn=cmd_run)
     v = sub.add_parser("verify", help="check a bundle completely and run its test vectors on this machine")
     v.add_argument("bundle")
