@@ -139,11 +139,15 @@ class Model(Runner):
 
     def run(self, feeds: MappingT[str, object]) -> dict[str, np.ndarray]:
         """Run the model: {input name: array} -> {output name: array}. Safe to call from many threads."""
+        return dict(zip(self._output_names, self._outputs(feeds), strict=True))
+
+    def _outputs(self, feeds: MappingT[str, object]) -> list[np.ndarray]:
+        """Checked inputs in, outputs at their real shapes out (cut from the bound's: svodrt/dims.py)."""
         arrays, dims = self._prepare(feeds)
         outs = self._call(arrays, dims=dims)
-        if dims is not None:
-            outs = [real_output(t, o, dims, self._dim_slots) for t, o in zip(self.bundle.outputs, outs, strict=True)]
-        return dict(zip(self._output_names, outs, strict=True))
+        if dims is None:
+            return outs
+        return [real_output(t, o, dims, self._dim_slots) for t, o in zip(self.bundle.outputs, outs, strict=True)]
 
     def _prepare(self, feeds: MappingT[str, object]) -> tuple[list[np.ndarray], object]:
         """The checked inputs as the code reads them and the `dims` array (None: static; svodrt/dims.py)."""
@@ -168,17 +172,20 @@ class Model(Runner):
                         fn(table, dims, 0, 1)
                         times[i].append(time.thread_time() - t0)
 
-            self._call(*self._prepare(feeds), each_kernel)
+            arrays, dims = self._prepare(feeds)
+            self._call(arrays, each_kernel, dims=dims)
         finally:
             self._end()
         return [(k.name, float(np.median(t)), k.provenance) for k, t in zip(self.bundle.kernels, times, strict=True)]
 
-    def _call(self, arrays: list[np.ndarray], dims=None, run=None) -> list[np.ndarray]:
-        """Outputs allocated, an arena lent, the buffer table and sync block made (svodrt/abi.py), and
-        run(table, sync[, dims]) called (default: the entry, on as many threads as pay off). The hot path."""
+    def _call(self, arrays: list[np.ndarray], run=None, outs: list[np.ndarray] | None = None,
+              dims=None) -> list[np.ndarray]:
+        """Outputs allocated (or given, checked: svodrt/session.py), an arena lent, the buffer table and sync
+        block made (svodrt/abi.py), run(table, sync[, dims]) called (default: the entry, on as many threads
+        as pay off). dims: the bounded dims' values (svodrt/dims.py), None in a static bundle."""
         self._begin()
         try:
-            outs = [np.empty(shape, dtype) for shape, dtype in self._output_specs]
+            outs = outs if outs is not None else [np.empty(shape, dtype) for shape, dtype in self._output_specs]
             arena = self._arena()
             try:
                 table = self._table_type()
