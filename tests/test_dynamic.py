@@ -175,7 +175,7 @@ def test_unbounded_dims_are_one_error_with_flags_to_paste():
     ({"N": (0, 4)}, r"the range 0..4 needs 1 <= lo <= hi"),
     ({"N": (5, 4)}, r"the range 5..4 needs 1 <= lo <= hi"),
     ({"N": (1, 2, 3)}, r"a range is a pair of integers"),
-    ({"N": "4"}, r"a size is an integer >= 0 or a range"),
+    ({"N": "4"}, r"a dim must be an int >= 0 or a range \(lo, hi\)"),
 ])
 def test_bad_ranges_in_the_api(dims, message):
     model = make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": (np.float32, ["N", 2])}, ["y"])

@@ -64,7 +64,7 @@ class KernelEmitter:
         self.params: dict[int, str] = {}
         self.uses_intrinsics: set[str] = set()
         # Bounded dims read at run time (passes/dynamic.py): the body then takes the entry's `dims` array.
-        self.uses_dims = any(n.op is Ops.DEFINE_VAR or (n.op is Ops.GEMM and n.arg.runtime) for n in toposort([ast]))
+        self.uses_dims = reads_dims(ast)
         for n in toposort([ast]):
             if n.op is Ops.RANGE:
                 self.free[n] = frozenset({n})
@@ -249,6 +249,11 @@ def render_body(kernel: Kernel, target: Target) -> tuple[str, set[str], dict[str
     return em.render_body(len(kernel.params)), em.uses_intrinsics, em.shared_functions
 
 
+def reads_dims(ast: UOp) -> bool:
+    """Does the kernel read bounded dims (passes/dynamic.py)? Its body then takes the entry's `dims`."""
+    return any(n.op is Ops.DEFINE_VAR or (n.op is Ops.GEMM and n.arg.runtime) for n in toposort([ast]))
+
+
 def body_name(kernel: Kernel) -> str:
     return f"{kernel.name}.body"
 
@@ -267,7 +272,7 @@ def render_wrapper(kernel: Kernel, nin: int, body: str) -> str:
         lines.append(f"  %b{i} = load ptr, ptr %s{i}")
         lines.append(f"  %a{i} = getelementptr inbounds i8, ptr %b{i}, i64 {offset}")
         args.append(f"ptr %a{i}")
-    if em.uses_dims:
+    if reads_dims(kernel.ast):
         args.append("ptr %dims")
     lines.append(f"  call void @{body}({', '.join(args)}, i32 %part, i32 %nparts)")
     lines += ["  ret void", "}"]
