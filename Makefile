@@ -28,9 +28,11 @@ test-fast: $(STAMP)
 		--ignore=tests/test_gpu_light_models.py --ignore=tests/test_cross_emulated.py
 
 # All 9 light models for gfx942, gfx1100, sm_90 and sm_80, run on the stand-in driver with emulated
-# kernels (make test runs two of them). No GPU needed; scripts/gpu_check.py is the on-hardware check.
+# kernels (make test runs two of them); and gfx1100 machine code run by the RDNA3 emulator
+# (tests/gpu/rdna3/). No GPU needed; scripts/gpu_check.py is the on-hardware check.
 test-gpu: $(STAMP)
-	$(BIN)/python -m pytest -q tests/test_gpu_light_models.py tests/test_gpu_codegen.py tests/test_gpu_runtime.py
+	$(BIN)/python -m pytest -q tests/test_gpu_light_models.py tests/test_gpu_codegen.py tests/test_gpu_runtime.py \
+		tests/test_gpu_rdna3.py
 
 # Cross-compiled code (aarch64, riscv64, ppc64le, s390x) executed under qemu-user: about 15 minutes
 # on 2 idle cores (docs/architecture.md "Cross targets"), so not part of `make test`. Installs

@@ -1,0 +1,235 @@
+"""Loading a gfx11 code object and dispatching its kernels as the HSA runtime does, in the emulator.
+
+CodeObject reads the linked ELF (the bytes svodc puts in the bundle): the allocated sections at
+their virtual addresses, the symbol table (kernel entry `NAME`, descriptor `NAME.kd`), the AMDGPU
+metadata note (kernel arguments, hidden arguments) and the 64-byte kernel descriptor of each kernel
+(the ABI of LLVM's AMDGPUUsage, code object v5). Dispatch sets each wave up from the descriptor's
+bits, not from what our compiler happens to emit: the user SGPRs it enables (private segment buffer,
+dispatch pointer, queue pointer, kernarg pointer, dispatch id, flat scratch init, private segment
+size, in that order) from s0, USER_SGPR_COUNT of them; then the workgroup ids X/Y/Z it enables; the
+workitem ids packed into v0 (X in bits 0-9, Y 10-19, Z 20-29: gfx11's packed layout); EXEC the lanes
+the workgroup has. A workgroup's waves run one at a time, each until s_barrier or s_endpgm, then the
+next: what a barrier guarantees. Features our kernels never use (scratch, dispatch/queue pointers,
+GDS) are refused with an EmulationError naming the kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from tests.gpu.rdna3 import salu, valu, vmem
+from tests.gpu.rdna3.decode import Instr, UnknownInstruction, decode
+from tests.gpu.rdna3.wave import EXEC, LANES, EmulationError, Memory, MemoryFault, Wave
+
+SHT_SYMTAB, SHT_DYNSYM, SHF_ALLOC = 2, 11, 2
+KD_SIZE = 64
+MAX_STEPS_PER_WAVE = 50_000_000  # a runaway loop is a failure, not a hang
+# kernel_code_properties bits -> user SGPRs they take, in dispatch order
+USER_SGPRS = [("private_segment_buffer", 4), ("dispatch_ptr", 2), ("queue_ptr", 2), ("kernarg_segment_ptr", 2),
+              ("dispatch_id", 2), ("flat_scratch_init", 2), ("private_segment_size", 1)]
+WAVE32_BIT = 10
+LDS_FILL = 0xA5  # fresh LDS is not zero: code must not rely on it
+
+HANDLERS = dict(salu.HANDLERS, VOP1=valu.execute_valu, VOP2=valu.execute_valu, VOPC=valu.execute_valu,
+                VOP3=valu.execute_valu, VOPD=valu.execute_vopd, FLAT=vmem.execute_global, DS=vmem.execute_ds,
+                MUBUF=vmem.execute_mubuf)
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    group_segment_size: int
+    private_segment_size: int
+    kernarg_size: int
+    entry: int  # address of the first instruction
+    rsrc1: int
+    rsrc2: int
+    properties: int
+
+    @property
+    def user_sgpr_count(self) -> int:
+        return (self.rsrc2 >> 1) & 0x1F
+
+    @property
+    def workgroup_ids(self) -> list[bool]:
+        return [bool((self.rsrc2 >> b) & 1) for b in (7, 8, 9)]
+
+    @property
+    def vgprs(self) -> int:  # wave32 granule: 8 VGPRs
+        return ((self.rsrc1 & 0x3F) + 1) * 8
+
+    def enabled(self) -> list[tuple[str, int]]:
+        return [(name, n) for bit, (name, n) in enumerate(USER_SGPRS) if (self.properties >> bit) & 1]
+
+
+@dataclass
+class Kernel:
+    name: str
+    descriptor: Descriptor
+    args: list[dict]  # the metadata note's .args
+    decoded: dict[int, tuple[object, Instr]]
+
+
+class CodeObject:
+    def __init__(self, elf: bytes):
+        from svodc.codegen.gpu_tools import amd_metadata
+
+        self.metadata = amd_metadata(elf)["metadata"]
+        if not self.metadata["amdhsa.target"].endswith("gfx1100"):
+            raise EmulationError(f"RDNA3 emulator: code object for {self.metadata['amdhsa.target']}, not gfx1100")
+        self.image, symbols = self._load(elf)
+        self.kernels: dict[str, Kernel] = {}
+        for k in self.metadata["amdhsa.kernels"]:
+            if k.get(".wavefront_size") != LANES:
+                raise EmulationError(f"RDNA3 emulator: kernel {k['.name']} is not wave32")
+            kd = symbols[k[".symbol"]]
+            gs, ps, ks, _, entry_off = struct.unpack_from("<IIIIq", self.image, kd)
+            _rsrc3, rsrc1, rsrc2, props = struct.unpack_from("<IIIH", self.image, kd + 44)
+            d = Descriptor(gs, ps, ks, kd + entry_off, rsrc1, rsrc2, props)
+            if d.entry != symbols.get(k[".name"], d.entry):
+                raise EmulationError(f"RDNA3 emulator: {k['.name']}.kd does not point at {k['.name']}")
+            if not (props >> WAVE32_BIT) & 1:
+                raise EmulationError(f"RDNA3 emulator: {k['.name']}.kd does not enable wave32")
+            self.kernels[k[".name"]] = Kernel(k[".name"], d, k[".args"], {})
+
+    @staticmethod
+    def _load(elf: bytes) -> tuple[bytearray, dict[str, int]]:
+        shoff, = struct.unpack_from("<Q", elf, 0x28)
+        shentsize, shnum = struct.unpack_from("<HH", elf, 0x3A)
+        sections = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize) for i in range(shnum)]
+        end = max((s[3] + s[5] for s in sections if s[2] & SHF_ALLOC), default=0)
+        image = bytearray(end)
+        for _, typ, flags, addr, off, size, *_ in sections:
+            if flags & SHF_ALLOC and typ != 8:  # SHT_NOBITS stays zero
+                image[addr: addr + size] = elf[off: off + size]
+        symbols = {}
+        for _, typ, _, _, off, size, link, _, _, entsize in sections:
+            if typ not in (SHT_SYMTAB, SHT_DYNSYM):
+                continue
+            stroff = sections[link][4]
+            for p in range(off, off + size, entsize):
+                name_at, _, _, _, value, _ = struct.unpack_from("<IBBHQQ", elf, p)
+                name = elf[stroff + name_at: elf.index(b"\0", stroff + name_at)].decode()
+                if name:
+                    symbols[name] = value
+        return image, symbols
+
+
+def kernarg_segment(kernel: Kernel, explicit: list[bytes], grid: tuple[int, int, int],
+                    block: tuple[int, int, int]) -> np.ndarray:
+    """The kernarg segment a HIP dispatch builds: each explicit argument at its metadata offset, and
+    the hidden arguments of code object v5 the metadata lists (block counts, group sizes, remainders,
+    grid dimensions; every other hidden argument zero)."""
+    seg = np.zeros(max(kernel.descriptor.kernarg_size, 8), np.uint8)
+    values = {f"hidden_block_count_{a}": grid[i] for i, a in enumerate("xyz")}
+    values |= {f"hidden_group_size_{a}": block[i] for i, a in enumerate("xyz")}
+    values |= {f"hidden_remainder_{a}": 0 for a in "xyz"}
+    values["hidden_grid_dims"] = 1 + (grid[1] > 1 or block[1] > 1) + (grid[2] > 1 or block[2] > 1)
+    it = iter(explicit)
+    for a in kernel.args:
+        off, size, kind = a[".offset"], a[".size"], a[".value_kind"]
+        data = next(it) if not kind.startswith("hidden_") else values.get(kind, 0).to_bytes(size, "little")
+        seg[off: off + size] = np.frombuffer(data[:size], np.uint8)
+    return seg
+
+
+class Emulator:
+    def __init__(self, code: CodeObject):
+        self.code = code
+        self.instructions = 0
+
+    def _instr(self, k: Kernel, pc: int) -> tuple[object, Instr]:
+        got = k.decoded.get(pc)
+        if got is None:
+            ins = decode(self.code.image, pc)
+            if ins.enc not in HANDLERS:
+                raise UnknownInstruction(f"RDNA3 emulator: {ins.where()} has no implementation")
+            got = k.decoded[pc] = (HANDLERS[ins.enc], ins)
+        return got
+
+    def _run_wave(self, k: Kernel, w: Wave) -> None:
+        """Until the wave ends or reaches a barrier."""
+        pc, steps = w.pc, 0
+        try:
+            while not w.done:
+                handler, ins = self._instr(k, pc)
+                w.pc = pc + ins.size
+                steps += 1
+                try:
+                    handler(w, ins)
+                except salu.Barrier:
+                    return
+                pc = w.pc
+                if steps > MAX_STEPS_PER_WAVE:
+                    raise EmulationError(f"RDNA3 emulator: {k.name} ran {steps} instructions in one wave")
+        except (UnknownInstruction, EmulationError, MemoryFault):
+            raise
+        except Exception as e:
+            raise EmulationError(f"RDNA3 emulator: {k.name}: {ins.where()} failed: {e!r}") from e
+        finally:
+            self.instructions += steps
+
+    def _wave(self, k: Kernel, memory: Memory, lds: np.ndarray, kernarg: int, wg: tuple[int, int, int],
+              block: tuple[int, int, int], first: int) -> Wave:
+        d = k.descriptor
+        w = Wave(d.vgprs, memory, lds, self.code.image)
+        s = 0
+        for name, n in d.enabled():
+            if name != "kernarg_segment_ptr":
+                raise EmulationError(f"RDNA3 emulator: {k.name} asks for the {name} user SGPRs (not provided)")
+            w.s[s], w.s[s + 1] = kernarg & 0xFFFFFFFF, kernarg >> 32
+            s += n
+        s = d.user_sgpr_count
+        for enabled, gid in zip(d.workgroup_ids, wg, strict=True):
+            if enabled:
+                w.s[s] = gid
+                s += 1
+        if (d.rsrc2 & 1) or (d.rsrc2 >> 10) & 1:
+            raise EmulationError(f"RDNA3 emulator: {k.name} enables the private segment / workgroup info SGPRs")
+        flat = np.arange(first, first + LANES)
+        bx, by, bz = block
+        tid = (flat % bx) | (((flat // bx) % by) << 10) | ((flat // (bx * by)) << 20)
+        w.v[0] = tid.astype(np.uint32)
+        w.s[EXEC] = int(((flat < bx * by * bz) * (1 << np.arange(LANES, dtype=np.uint64))).sum())
+        w.pc = d.entry
+        return w
+
+    def dispatch(self, name: str, grid: tuple[int, int, int], block: tuple[int, int, int], explicit: list[bytes],
+                 memory: Memory) -> None:
+        k = self.code.kernels[name]
+        d = k.descriptor
+        if d.private_segment_size:
+            raise EmulationError(f"RDNA3 emulator: {name} uses {d.private_segment_size} bytes of scratch")
+        seg = kernarg_segment(k, explicit, grid, block)
+        kernarg = memory.add(seg)
+        threads = block[0] * block[1] * block[2]
+        with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are what the hardware computes too
+            self._workgroups(k, grid, block, threads, memory, kernarg)
+
+    def _workgroups(self, k: Kernel, grid: tuple[int, int, int], block: tuple[int, int, int], threads: int,
+                    memory: Memory, kernarg: int) -> None:
+        d = k.descriptor
+        for gz in range(grid[2]):
+            for gy in range(grid[1]):
+                for gx in range(grid[0]):
+                    lds = np.full(max(d.group_segment_size, 4), LDS_FILL, np.uint8)
+                    waves = [self._wave(k, memory, lds, kernarg, (gx, gy, gz), block, first)
+                             for first in range(0, threads, LANES)]
+                    while waves:
+                        for w in waves:
+                            self._run_wave(k, w)
+                        waves = [w for w in waves if not w.done]
+
+
+def stub_memory(lib: ctypes.CDLL) -> Memory:
+    """Every live allocation of the stand-in driver, addressable by the emulator."""
+    lib.svod_stub_allocation.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t)]
+    memory = Memory()
+    p, n = ctypes.c_uint64(), ctypes.c_size_t()
+    for i in range(lib.svod_stub_live_allocations()):
+        lib.svod_stub_allocation(i, ctypes.byref(p), ctypes.byref(n))
+        memory.add(np.ctypeslib.as_array((ctypes.c_uint8 * n.value).from_address(p.value)))
+    return memory
