@@ -70,7 +70,7 @@ class Kernel:
     name: str
     descriptor: Descriptor
     args: list[dict]  # the metadata note's .args
-    decoded: dict[int, tuple[object, Instr]]
+    decoded: dict[int, tuple[object, Instr, int]]
 
 
 class CodeObject:
@@ -141,13 +141,19 @@ class Emulator:
         self.code = code
         self.instructions = 0
 
-    def _instr(self, k: Kernel, pc: int) -> tuple[object, Instr]:
+    def _instr(self, k: Kernel, pc: int) -> tuple[object, Instr, int]:
+        """(handler, instruction, address of the next one) of the first instruction with an effect at
+        or after pc: scheduling hints and waits (salu.NO_EFFECT) are skipped once, when decoded."""
         got = k.decoded.get(pc)
         if got is None:
-            ins = decode(self.code.image, pc)
+            at = pc
+            ins = decode(self.code.image, at)
+            while ins.enc == "SOPP" and ins.name in salu.NO_EFFECT:
+                at += ins.size
+                ins = decode(self.code.image, at)
             if ins.enc not in HANDLERS:
                 raise UnknownInstruction(f"RDNA3 emulator: {ins.where()} has no implementation")
-            got = k.decoded[pc] = (HANDLERS[ins.enc], ins)
+            got = k.decoded[pc] = (HANDLERS[ins.enc], ins, at + ins.size)
         return got
 
     def _run_wave(self, k: Kernel, w: Wave) -> None:
@@ -155,8 +161,7 @@ class Emulator:
         pc, steps = w.pc, 0
         try:
             while not w.done:
-                handler, ins = self._instr(k, pc)
-                w.pc = pc + ins.size
+                handler, ins, w.pc = self._instr(k, pc)
                 steps += 1
                 try:
                     handler(w, ins)

@@ -91,12 +91,12 @@ class Barrier(Exception):
     """Raised by s_barrier: the runner switches to the next wave of the workgroup."""
 
 
-_NO_EFFECT = {"s_nop", "s_set_inst_prefetch_distance", "s_clause", "s_delay_alu", "s_waitcnt_depctr", "s_waitcnt"}
+NO_EFFECT = {"s_nop", "s_set_inst_prefetch_distance", "s_clause", "s_delay_alu", "s_waitcnt_depctr", "s_waitcnt"}
 
 
 def _sopp(w: Wave, ins: Instr) -> None:
     name = ins.name
-    if name in _NO_EFFECT:  # scheduling hints and waits: every access completes at once here
+    if name in NO_EFFECT:  # scheduling hints and waits: every access completes at once here
         return
     if name == "s_endpgm":
         w.done = True

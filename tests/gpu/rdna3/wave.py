@@ -149,6 +149,9 @@ class Wave:
 
     def vwrite(self, reg: int, value: np.ndarray, mask: np.ndarray | None = None) -> None:
         """Write a uint32 result to VGPR `reg` in the lanes of `mask` (default: EXEC)."""
+        if mask is None and self.s[EXEC] == MASK32:
+            self.v[reg] = value
+            return
         m = self.exec_mask() if mask is None else mask
         np.copyto(self.v[reg], value.astype(np.uint32, copy=False), where=m)
 
