@@ -8,9 +8,12 @@ bits, not from what our compiler happens to emit: the user SGPRs it enables (pri
 dispatch pointer, queue pointer, kernarg pointer, dispatch id, flat scratch init, private segment
 size, in that order) from s0, USER_SGPR_COUNT of them; then the workgroup ids X/Y/Z it enables; the
 workitem ids packed into v0 (X in bits 0-9, Y 10-19, Z 20-29: gfx11's packed layout); EXEC the lanes
-the workgroup has. A workgroup's waves run one at a time, each until s_barrier or s_endpgm, then the
-next: what a barrier guarantees. Features our kernels never use (scratch, dispatch/queue pointers,
-GDS) are refused with an EmulationError naming the kernel.
+the workgroup has. Waves run in lockstep batches (wave.py): the waves of up to WORKGROUPS_PER_BATCH
+workgroups execute each instruction together; a scalar branch they disagree on splits the batch, the
+lowest-PC batch runs first and batches meeting at a PC merge again; a batch at s_barrier waits
+until every live wave of those workgroups is at one. That is one legal schedule of the waves (a GPU may
+run them in any order between barriers), so a race-free kernel computes what it computes on
+hardware. Features our kernels never use (scratch, dispatch/queue pointers, GDS) are refused with an EmulationError naming the kernel.
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ import numpy as np
 
 from tests.gpu.rdna3 import salu, valu, vmem
 from tests.gpu.rdna3.decode import Instr, UnknownInstruction, decode
-from tests.gpu.rdna3.wave import EXEC, LANES, EmulationError, Memory, MemoryFault, Wave
+from tests.gpu.rdna3.wave import EXEC, LANES, EmulationError, Memory, MemoryFault, Waves
 
 SHT_SYMTAB, SHT_DYNSYM, SHF_ALLOC = 2, 11, 2
 KD_SIZE = 64
-MAX_STEPS_PER_WAVE = 50_000_000  # a runaway loop is a failure, not a hang
+MAX_STEPS = 20_000_000  # instructions of one batch between switches: a runaway loop fails, not hangs
+WORKGROUPS_PER_BATCH = 64  # waves of this many workgroups run in lockstep (bounds the register arrays)
 # kernel_code_properties bits -> user SGPRs they take, in dispatch order
 USER_SGPRS = [("private_segment_buffer", 4), ("dispatch_ptr", 2), ("queue_ptr", 2), ("kernarg_segment_ptr", 2),
               ("dispatch_id", 2), ("flat_scratch_init", 2), ("private_segment_size", 1)]
@@ -156,31 +160,72 @@ class Emulator:
             got = k.decoded[pc] = (HANDLERS[ins.enc], ins, at + ins.size)
         return got
 
-    def _run_wave(self, k: Kernel, w: Wave) -> None:
-        """Until the wave ends or reaches a barrier."""
+    def _run(self, k: Kernel, w: Waves, stop: int | None) -> str:
+        """Run a batch until it ends ("done"), reaches a barrier ("barrier"), disagrees on a branch
+        ("split") or reaches the PC `stop` of another ready batch or beyond ("yield")."""
         pc, steps = w.pc, 0
         try:
-            while not w.done:
+            while True:
                 handler, ins, w.pc = self._instr(k, pc)
                 steps += 1
                 try:
                     handler(w, ins)
                 except salu.Barrier:
-                    return
+                    return "barrier"
+                if w.done:
+                    return "done"
+                if w.split is not None:
+                    return "split"
                 pc = w.pc
-                if steps > MAX_STEPS_PER_WAVE:
-                    raise EmulationError(f"RDNA3 emulator: {k.name} ran {steps} instructions in one wave")
+                if stop is not None and pc >= stop:
+                    return "yield"
+                if steps > MAX_STEPS:
+                    raise EmulationError(f"RDNA3 emulator: {k.name} ran {steps} instructions without ending")
         except (UnknownInstruction, EmulationError, MemoryFault):
             raise
         except Exception as e:
             raise EmulationError(f"RDNA3 emulator: {k.name}: {ins.where()} failed: {e!r}") from e
         finally:
-            self.instructions += steps
+            self.instructions += steps * w.n
 
-    def _wave(self, k: Kernel, memory: Memory, lds: np.ndarray, kernarg: int, wg: tuple[int, int, int],
-              block: tuple[int, int, int], first: int) -> Wave:
+    def _schedule(self, k: Kernel, first: Waves) -> None:
+        """Every batch to the end. The ready batch with the lowest PC runs first and batches meeting at
+        one PC merge (so waves split by a branch reconverge); barriers release when every live wave
+        waits at one."""
+        ready, parked = [first], []
+        while ready or parked:
+            if not ready:
+                ready, parked = parked, []
+            ready.sort(key=lambda b: b.pc)
+            merged: list[Waves] = []
+            for b in ready:
+                if merged and merged[-1].pc == b.pc:
+                    merged[-1] = Waves.merge([merged[-1], b])
+                else:
+                    merged.append(b)
+            w, ready = merged[0], merged[1:]
+            status = self._run(k, w, ready[0].pc if ready else None)
+            if status == "barrier":
+                parked.append(w)
+            elif status == "yield":
+                ready.append(w)
+            elif status == "split":
+                taken, target = w.split, w.target
+                w.split = None
+                jumped = w.select(taken)
+                jumped.pc = target
+                ready += [w.select(~taken), jumped]
+
+    def _batch(self, k: Kernel, memory: Memory, kernarg: int, groups: list[tuple[int, int, int]],
+               block: tuple[int, int, int]) -> Waves:
+        """The waves of some workgroups, set up as the dispatcher does from the kernel descriptor."""
         d = k.descriptor
-        w = Wave(d.vgprs, memory, lds, self.code.image)
+        threads = block[0] * block[1] * block[2]
+        per_group = -(-threads // LANES)
+        lds_size = max(d.group_segment_size, 4)
+        lds = np.full(len(groups) * lds_size, LDS_FILL, np.uint8)
+        lds_base = np.repeat(np.arange(len(groups), dtype=np.int64) * lds_size, per_group * LANES)
+        w = Waves(d.vgprs, len(groups) * per_group, memory, lds, lds_size, lds_base)
         s = 0
         for name, n in d.enabled():
             if name != "kernarg_segment_ptr":
@@ -188,17 +233,17 @@ class Emulator:
             w.s[s], w.s[s + 1] = kernarg & 0xFFFFFFFF, kernarg >> 32
             s += n
         s = d.user_sgpr_count
-        for enabled, gid in zip(d.workgroup_ids, wg, strict=True):
+        ids = np.array(groups, np.uint64).reshape(-1, 3)
+        for axis, enabled in enumerate(d.workgroup_ids):
             if enabled:
-                w.s[s] = gid
+                w.s[s] = np.repeat(ids[:, axis], per_group)
                 s += 1
         if (d.rsrc2 & 1) or (d.rsrc2 >> 10) & 1:
             raise EmulationError(f"RDNA3 emulator: {k.name} enables the private segment / workgroup info SGPRs")
-        flat = np.arange(first, first + LANES)
-        bx, by, bz = block
-        tid = (flat % bx) | (((flat // bx) % by) << 10) | ((flat // (bx * by)) << 20)
-        w.v[0] = tid.astype(np.uint32)
-        w.s[EXEC] = int(((flat < bx * by * bz) * (1 << np.arange(LANES, dtype=np.uint64))).sum())
+        flat = np.tile(np.arange(per_group * LANES), len(groups))
+        bx, by, _ = block
+        w.v[0] = ((flat % bx) | (((flat // bx) % by) << 10) | ((flat // (bx * by)) << 20)).astype(np.uint32)
+        w.s[EXEC] = w.to_bits(flat < threads)
         w.pc = d.entry
         return w
 
@@ -208,25 +253,11 @@ class Emulator:
         d = k.descriptor
         if d.private_segment_size:
             raise EmulationError(f"RDNA3 emulator: {name} uses {d.private_segment_size} bytes of scratch")
-        seg = kernarg_segment(k, explicit, grid, block)
-        kernarg = memory.add(seg)
-        threads = block[0] * block[1] * block[2]
+        kernarg = memory.add(kernarg_segment(k, explicit, grid, block))
+        groups = [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
         with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are what the hardware computes too
-            self._workgroups(k, grid, block, threads, memory, kernarg)
-
-    def _workgroups(self, k: Kernel, grid: tuple[int, int, int], block: tuple[int, int, int], threads: int,
-                    memory: Memory, kernarg: int) -> None:
-        d = k.descriptor
-        for gz in range(grid[2]):
-            for gy in range(grid[1]):
-                for gx in range(grid[0]):
-                    lds = np.full(max(d.group_segment_size, 4), LDS_FILL, np.uint8)
-                    waves = [self._wave(k, memory, lds, kernarg, (gx, gy, gz), block, first)
-                             for first in range(0, threads, LANES)]
-                    while waves:
-                        for w in waves:
-                            self._run_wave(k, w)
-                        waves = [w for w in waves if not w.done]
+            for i in range(0, len(groups), WORKGROUPS_PER_BATCH):
+                self._schedule(k, self._batch(k, memory, kernarg, groups[i: i + WORKGROUPS_PER_BATCH], block))
 
 
 def stub_memory(lib: ctypes.CDLL) -> Memory:

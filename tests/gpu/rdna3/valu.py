@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from tests.gpu.rdna3.decode import VOP3SD, Instr
-from tests.gpu.rdna3.wave import EXEC, LANES, MASK32, VCC, EmulationError, Wave
+from tests.gpu.rdna3.wave import EXEC, LANES, MASK32, VCC, EmulationError, Waves
 
 U32, U64, F32, F64 = np.uint32, np.uint64, np.float32, np.float64
 M16 = U32(0xFFFF)
@@ -147,7 +147,7 @@ def _half(x: np.ndarray, hi: int) -> np.ndarray:
     return (x >> U32(16)) if hi else (x & M16)
 
 
-def _sources(w: Wave, ins: Instr, widths: tuple[int, ...]) -> list[np.ndarray]:
+def _sources(w: Waves, ins: Instr, widths: tuple[int, ...]) -> list[np.ndarray]:
     """The sources of a VOP1/VOP2/VOPC/VOP3 instruction, modifiers applied."""
     fl = ins.f
     if ins.enc == "VOP3":
@@ -176,18 +176,18 @@ def _sources(w: Wave, ins: Instr, widths: tuple[int, ...]) -> list[np.ndarray]:
     return out
 
 
-def _mask_operand(w: Wave, ins: Instr) -> np.ndarray:
+def _mask_operand(w: Waves, ins: Instr) -> np.ndarray:
     """The lane mask a v_cndmask / v_add_co_ci reads: VCC in 32-bit encodings, the src2 SGPR in VOP3."""
     return w.lane_mask(w.sread(ins.f["src2"], ins.literal) if ins.enc == "VOP3" else w.s[VCC])
 
 
-def _write_mask(w: Wave, ins: Instr, mask: np.ndarray, field: str = "vdst") -> None:
+def _write_mask(w: Waves, ins: Instr, mask: np.ndarray, field: str = "vdst") -> None:
     """A per-lane result bit (inactive lanes 0) to VCC (32-bit encodings) or the SGPR of `field` (VOP3)."""
     value = w.to_bits(mask & w.exec_mask())
     w.swrite(ins.f[field] if ins.enc == "VOP3" else VCC, value)
 
 
-def _carry_ops(w: Wave, ins: Instr) -> None:
+def _carry_ops(w: Waves, ins: Instr) -> None:
     name, fl = ins.name, ins.f
     if name == "v_add_co_u32":
         a, b = _sources(w, ins, (32, 32))
@@ -205,13 +205,13 @@ def _carry_ops(w: Wave, ins: Instr) -> None:
     else:  # v_div_scale_f32: no rescaling (see the module docstring)
         a, _, _ = _sources(w, ins, (32, 32, 32))
         w.vwrite(fl["vdst"], a)
-        _write_mask(w, ins, np.zeros(LANES, bool), "sdst")
+        _write_mask(w, ins, np.zeros(w.n * LANES, bool), "sdst")
         return
     w.vwrite(fl["vdst"], (r & U64(MASK32)).astype(U32))
     _write_mask(w, ins, (r >> U64(32)) != 0, "sdst")
 
 
-def execute_valu(w: Wave, ins: Instr) -> None:
+def execute_valu(w: Waves, ins: Instr) -> None:
     name, fl = ins.name, ins.f
     if ins.enc == "VOP3" and (fl["clamp"] or (fl["omod"] and name not in VOP3SD)):
         raise EmulationError(f"RDNA3 emulator: clamp/omod on {ins.where()} is not implemented")
@@ -222,7 +222,7 @@ def execute_valu(w: Wave, ins: Instr) -> None:
         a, b = _sources(w, ins, (32, 32))
         w.vwrite(fl["vdst"], np.where(_mask_operand(w, ins), b, a))
         return
-    if name == "v_div_fmas_f32" and w.s[VCC] & w.s[EXEC]:
+    if name == "v_div_fmas_f32" and (w.s[VCC] & w.s[EXEC]).any():
         raise EmulationError(f"RDNA3 emulator: {ins.where()} with VCC set (a rescaled division)")
     widths, fn, kind = OPS[name]
     srcs = _sources(w, ins, widths)
@@ -237,17 +237,16 @@ def execute_valu(w: Wave, ins: Instr) -> None:
         old = w.v[reg]
         r = r.astype(U32) & M16
         w.vwrite(reg, (old & U32(0xFFFF)) | (r << U32(16)) if hi else (old & U32(0xFFFF0000)) | r)
-    elif kind == "s":
-        e = w.s[EXEC]
-        lane = (e & -e).bit_length() - 1 if e else 0
-        w.swrite(fl["vdst"], int(r[lane]))
+    elif kind == "s":  # the first active lane of each wave (lane 0 if none is)
+        lane = w.exec_mask().reshape(w.n, LANES).argmax(1)
+        w.swrite(fl["vdst"], r.reshape(w.n, LANES)[np.arange(w.n), lane])
     elif name.startswith("v_cmpx"):
         w.s[EXEC] = w.to_bits(r & w.exec_mask())
     else:
         _write_mask(w, ins, r)
 
 
-def execute_vopd(w: Wave, ins: Instr) -> None:
+def execute_vopd(w: Waves, ins: Instr) -> None:
     """Two independent operations; both read their sources before either writes."""
     fl = ins.f
     names = ins.name.split("::")
@@ -263,9 +262,9 @@ def execute_vopd(w: Wave, ins: Instr) -> None:
         elif name == "v_fmac_f32":
             r = _fma(a, b, w.v[vdst])
         elif name == "v_fmaak_f32":
-            r = _fma(a, b, np.full(LANES, ins.literal, U32))
+            r = _fma(a, b, np.full(w.n * LANES, ins.literal, U32))
         elif name == "v_fmamk_f32":
-            r = _fma(a, np.full(LANES, ins.literal, U32), b)
+            r = _fma(a, np.full(w.n * LANES, ins.literal, U32), b)
         else:
             r = OPS[name][1](a, b)
         results.append((vdst, r))

@@ -7,24 +7,24 @@ from __future__ import annotations
 import numpy as np
 
 from tests.gpu.rdna3.decode import Instr
-from tests.gpu.rdna3.wave import NULL, MemoryFault, Wave
+from tests.gpu.rdna3.wave import LANES, NULL, MemoryFault, Waves
 
 U32, U64 = np.uint32, np.uint64
 _LOADS = {"global_load_b32": 1, "global_load_b64": 2, "global_load_b96": 3, "global_load_b128": 4}
 
 
-def _addresses(w: Wave, ins: Instr, m: np.ndarray) -> np.ndarray:
+def _addresses(w: Waves, ins: Instr, m: np.ndarray) -> np.ndarray:
     """Per active lane: a 64-bit VGPR address, or (saddr) an SGPR-pair base plus a 32-bit VGPR offset."""
     fl = ins.f
     if fl["saddr"] == NULL:
         a = w.v[fl["addr"]][m].astype(U64) | (w.v[fl["addr"] + 1][m].astype(U64) << U64(32))
     else:
-        base = w.s[fl["saddr"]] | (w.s[fl["saddr"] + 1] << 32)
-        a = U64(base) + w.v[fl["addr"]][m].astype(U64)
+        base = np.repeat(w.s[fl["saddr"]] | (w.s[fl["saddr"] + 1] << U64(32)), LANES)
+        a = base[m] + w.v[fl["addr"]][m].astype(U64)
     return a + U64(fl["offset"]) if fl["offset"] >= 0 else a - U64(-fl["offset"])
 
 
-def execute_global(w: Wave, ins: Instr) -> None:
+def execute_global(w: Waves, ins: Instr) -> None:
     m = w.exec_mask()
     addr = _addresses(w, ins, m)
     fl, name = ins.f, ins.name
@@ -40,29 +40,30 @@ def execute_global(w: Wave, ins: Instr) -> None:
         w.memory.scatter(addr, w.v[fl["data"]][m].view(np.uint8).reshape(-1, 4), ins.where())
 
 
-def _lds_index(w: Wave, ins: Instr, addr: np.ndarray, nbytes: int) -> np.ndarray:
-    if addr.size and (int(addr.max()) + nbytes > w.lds.size):
+def _lds_index(w: Waves, ins: Instr, addr: np.ndarray, base: np.ndarray, nbytes: int) -> np.ndarray:
+    """Byte indices into the batch's LDS array of each active lane's access (`base`: its workgroup's)."""
+    if addr.size and (int(addr.max()) + nbytes > w.lds_size):
         raise MemoryFault(f"RDNA3 emulator: LDS access at {int(addr.max()):#x} + {nbytes} by {ins.where()} is "
-                          f"outside the workgroup's {w.lds.size} bytes")
-    return addr.astype(np.int64)[:, None] + np.arange(nbytes)
+                          f"outside the workgroup's {w.lds_size} bytes")
+    return (base + addr.astype(np.int64))[:, None] + np.arange(nbytes)
 
 
-def execute_ds(w: Wave, ins: Instr) -> None:
+def execute_ds(w: Waves, ins: Instr) -> None:
     fl, name = ins.f, ins.name
     if fl["gds"]:
         raise MemoryFault(f"RDNA3 emulator: GDS access by {ins.where()}")
     m = w.exec_mask()
-    base = w.v[fl["addr"]][m]
+    addr, base = w.v[fl["addr"]][m], w.lds_base[m]
     if name == "ds_store_2addr_stride64_b32":
         for off, src in ((fl["offset0"], fl["data0"]), (fl["offset1"], fl["data1"])):
-            w.lds[_lds_index(w, ins, base + U32(off * 256), 4)] = w.v[src][m].view(np.uint8).reshape(-1, 4)
+            w.lds[_lds_index(w, ins, addr + U32(off * 256), base, 4)] = w.v[src][m].view(np.uint8).reshape(-1, 4)
         return
     size, stride = (4, 4) if name == "ds_load_2addr_b32" else (8, 512)
     for k, off in enumerate((fl["offset0"], fl["offset1"])):
-        data = w.lds[_lds_index(w, ins, base + U32(off * stride), size)].view(U32).reshape(-1, size // 4)
+        data = w.lds[_lds_index(w, ins, addr + U32(off * stride), base, size)].view(U32).reshape(-1, size // 4)
         for i in range(size // 4):
             w.v[fl["vdst"] + k * (size // 4) + i][m] = data[:, i]
 
 
-def execute_mubuf(w: Wave, ins: Instr) -> None:  # buffer_gl0_inv: caches are not modelled
+def execute_mubuf(w: Waves, ins: Instr) -> None:  # buffer_gl0_inv: caches are not modelled
     return
