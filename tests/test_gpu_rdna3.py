@@ -1,10 +1,11 @@
 """AMD code executed on its own ISA: svodrt's HIP path runs the gfx1100 code object in the bundle,
 each kernel interpreted instruction by instruction by the RDNA3 emulator (tests/gpu/rdna3/), over
-the stand-in driver's device memory, against onnxruntime. Also: the emulator's decoder agrees with
-llvm-objdump on every instruction of our code objects, and unknown instructions fail loudly.
+the stand-in driver's device memory, against onnxruntime. Also: the WMMA float16 GEMM kernel
+(svodc/codegen/gpu_wmma.py) against NumPy, the emulator's decoder against llvm-objdump on every
+instruction of our code objects, and unknown instructions failing loudly.
 
-`make test` runs the small CNN (seconds); `make test-gpu` runs squeezenet, shufflenet and
-gpt2_small_random (minutes each, see docs/architecture.md "GPU targets")."""
+`make test` runs the small CNN and the WMMA GEMM (seconds); `make test-gpu` also runs squeezenet,
+shufflenet and gpt2_small_random (about a minute each here)."""
 
 from __future__ import annotations
 
@@ -15,21 +16,30 @@ import numpy as np
 import pytest
 
 from svodc.codegen.gpu_compile import compile_gpu_programs
-from svodc.gpu_target import parse_targets
+from svodc.codegen.gpu_wmma import SYMBOL, WmmaGemm, compile_wmma_gemm
+from svodc.errors import CodegenError
+from svodc.gpu_target import GpuTarget, parse_targets
 from svodc.options import CompileOptions
 from tests.gpu.harness import assert_close, gpu_bundle, lower
 from tests.gpu.rdna3.decode import UnknownInstruction, decode
 from tests.gpu.rdna3.objdump import find_objdump, mismatches
 from tests.gpu.rdna3.on_stub import run_in_emulator
+from tests.gpu.rdna3.runner import CodeObject, Emulator
+from tests.gpu.rdna3.wave import Memory
 from tests.light_models import dummy_inputs, random_weight_variant
 from tests.onnx_util import reference
 
 GPT2 = Path(__file__).resolve().parents[2] / "shared" / "models" / "gpt2_small_random"
-GPT2_SEQ = 8  # tokens: the emulator runs about 10^5 instructions a second
+GPT2_SEQ = 8  # tokens: emulating the gfx1100 code of 8 takes about a minute here
+OBJDUMP = pytest.mark.skipif(find_objdump() is None, reason="llvm-objdump (LLVM 17+) is not installed: the oracle")
 
 
 def _gfx1100(program, options=None):
-    return compile_gpu_programs(program, parse_targets("gfx1100"), options or CompileOptions())[0]
+    """The program's gfx1100 image; its decoding checked against llvm-objdump where that is installed."""
+    image = compile_gpu_programs(program, parse_targets("gfx1100"), options or CompileOptions())[0]
+    if find_objdump() is not None:
+        assert mismatches(image.code) == []
+    return image
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +61,36 @@ def test_small_model_runs_in_the_emulator(emulated_hip, small_gfx1100):
     assert_close(got, reference(model, feeds))
 
 
-@pytest.mark.skipif(find_objdump() is None, reason="llvm-objdump (LLVM 17+) is not installed: the oracle")
-def test_decoder_agrees_with_llvm_objdump(small_gfx1100):
-    assert mismatches(small_gfx1100[3].code) == []
+@OBJDUMP
+def test_decoder_agrees_with_llvm_objdump(wmma_code):
+    assert mismatches(wmma_code[1]) == []  # and every model's code object, in _gfx1100
+
+
+@pytest.fixture(scope="module")
+def wmma_code():
+    g = WmmaGemm(32, 48, 64)
+    return g, compile_wmma_gemm(g, GpuTarget("gfx1100"))
+
+
+def test_wmma_gemm_matches_numpy(wmma_code):
+    g, code = wmma_code
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((g.m, g.k)).astype(np.float16)
+    b = rng.standard_normal((g.k, g.n)).astype(np.float16)
+    c = np.full((g.m, g.n), np.nan, np.float32)  # every element must be written
+    memory = Memory()
+    pointers = [struct.pack("<Q", memory.add(x.reshape(-1).view(np.uint8))) for x in (a, b, c)]
+    emulator = Emulator(CodeObject(code))
+    emulator.dispatch(SYMBOL, (g.grid, 1, 1), (g.block, 1, 1), pointers, memory)
+    np.testing.assert_allclose(c, a.astype(np.float32) @ b.astype(np.float32), rtol=1e-3, atol=1e-4)
+    assert "v_wmma_f32_16x16x16_f16" in {ins.name for _, ins, _ in emulator.code.kernels[SYMBOL].decoded.values()}
+
+
+def test_wmma_gemm_refuses_what_it_cannot_do():
+    with pytest.raises(CodegenError, match="multiple of 16"):
+        compile_wmma_gemm(WmmaGemm(20, 16, 16), GpuTarget("gfx1100"))
+    with pytest.raises(CodegenError, match="gfx942 has no gfx11 WMMA"):
+        compile_wmma_gemm(WmmaGemm(16, 16, 16), GpuTarget("gfx942"))
 
 
 def test_unknown_instruction_fails_loudly():

@@ -52,7 +52,8 @@ VOPD = {0x0: "v_fmac_f32", 0x1: "v_fmaak_f32", 0x2: "v_fmamk_f32", 0x3: "v_mul_f
         0x12: "v_and_b32"}
 DS = {0xf: "ds_store_2addr_stride64_b32", 0x37: "ds_load_2addr_b32", 0x78: "ds_load_2addr_stride64_b64"}
 GLOBAL = {0x14: "global_load_b32", 0x15: "global_load_b64", 0x16: "global_load_b96", 0x17: "global_load_b128",
-          0x1a: "global_store_b32", 0x1e: "global_load_d16_u8"}
+          0x1a: "global_store_b32", 0x1e: "global_load_d16_u8", 0x20: "global_load_d16_b16",
+          0x23: "global_load_d16_hi_b16"}
 MUBUF = {0x2b: "buffer_gl0_inv"}
 FLAT_SEGMENT_GLOBAL = 2
 
@@ -117,27 +118,32 @@ def _classify(w: int) -> tuple[str, int]:
     return enc, _bits(w, hi, lo)
 
 
+# field: (dword, high bit, low bit), for the encodings whose fields are plain bit ranges
+_LAYOUTS = {
+    "SOP1": {"sdst": (0, 22, 16), "ssrc0": (0, 7, 0)},
+    "SOP2": {"sdst": (0, 22, 16), "ssrc1": (0, 15, 8), "ssrc0": (0, 7, 0)},
+    "SOPC": {"ssrc1": (0, 15, 8), "ssrc0": (0, 7, 0)},
+    "SOPK": {"sdst": (0, 22, 16), "simm16": (0, 15, 0)},
+    "SOPP": {"simm16": (0, 15, 0)},
+    "VOP1": {"vdst": (0, 24, 17), "src0": (0, 8, 0)},
+    "VOP2": {"vdst": (0, 24, 17), "vsrc1": (0, 16, 9), "src0": (0, 8, 0)},
+    "VOPC": {"vsrc1": (0, 16, 9), "src0": (0, 8, 0)},
+    "DS": {"offset0": (0, 7, 0), "offset1": (0, 15, 8), "gds": (0, 17, 17), "addr": (1, 7, 0), "data0": (1, 15, 8),
+           "data1": (1, 23, 16), "vdst": (1, 31, 24)},
+}
+
+
 def _fields(enc: str, w: int, w1: int) -> dict[str, int]:
-    if enc == "SOP1":
-        return {"sdst": _bits(w, 22, 16), "ssrc0": _bits(w, 7, 0)}
-    if enc == "SOP2":
-        return {"sdst": _bits(w, 22, 16), "ssrc1": _bits(w, 15, 8), "ssrc0": _bits(w, 7, 0)}
-    if enc == "SOPC":
-        return {"ssrc1": _bits(w, 15, 8), "ssrc0": _bits(w, 7, 0)}
-    if enc in ("SOPK", "SOPP"):
-        return {"sdst": _bits(w, 22, 16), "simm16": _bits(w, 15, 0)}
+    if enc in _LAYOUTS:
+        words = (w, w1)
+        return {name: _bits(words[i], hi, lo) for name, (i, hi, lo) in _LAYOUTS[enc].items()}
     if enc == "SMEM":
         off = _bits(w1, 20, 0)
         return {"sdata": _bits(w, 12, 6), "sbase": _bits(w, 5, 0) * 2, "offset": off - (1 << 21) * (off >> 20),
                 "soffset": _bits(w1, 31, 25)}
-    if enc == "VOP1":
-        return {"vdst": _bits(w, 24, 17), "src0": _bits(w, 8, 0)}
-    if enc == "VOP2":
-        return {"vdst": _bits(w, 24, 17), "vsrc1": _bits(w, 16, 9), "src0": _bits(w, 8, 0)}
-    if enc == "VOPC":
-        return {"vsrc1": _bits(w, 16, 9), "src0": _bits(w, 8, 0)}
-    if enc in ("VOP3", "VOP3P"):
-        return {"vdst": _bits(w, 7, 0), "abs": _bits(w, 10, 8), "sdst": _bits(w, 14, 8), "opsel": _bits(w, 14, 11),
+    if enc in ("VOP3", "VOP3P"):  # VOP3P: op_sel is bits 13:11, bit 14 the third op_sel_hi bit
+        return {"vdst": _bits(w, 7, 0), "abs": _bits(w, 10, 8), "sdst": _bits(w, 14, 8),
+                "opsel": _bits(w, 14 if enc == "VOP3" else 13, 11),
                 "clamp": _bits(w, 15, 15), "src0": _bits(w1, 8, 0), "src1": _bits(w1, 17, 9),
                 "src2": _bits(w1, 26, 18), "omod": _bits(w1, 28, 27), "neg": _bits(w1, 31, 29),
                 "opsel_hi": _bits(w1, 28, 27) | (_bits(w, 14, 14) << 2), "neg_hi": _bits(w, 10, 8)}
@@ -146,9 +152,6 @@ def _fields(enc: str, w: int, w1: int) -> dict[str, int]:
         return {"opx": _bits(w, 25, 22), "opy": _bits(w, 21, 17), "vsrcx1": _bits(w, 16, 9), "src0x": _bits(w, 8, 0),
                 "vdstx": vdstx, "vdsty": (_bits(w1, 23, 17) << 1) | ((vdstx & 1) ^ 1), "vsrcy1": _bits(w1, 16, 9),
                 "src0y": _bits(w1, 8, 0)}
-    if enc == "DS":
-        return {"offset0": _bits(w, 7, 0), "offset1": _bits(w, 15, 8), "gds": _bits(w, 17, 17),
-                "addr": _bits(w1, 7, 0), "data0": _bits(w1, 15, 8), "data1": _bits(w1, 23, 16), "vdst": _bits(w1, 31, 24)}
     if enc == "FLAT":
         off = _bits(w, 12, 0)
         return {"seg": _bits(w, 17, 16), "offset": off - (1 << 13) * (off >> 12), "addr": _bits(w1, 7, 0),
@@ -156,8 +159,8 @@ def _fields(enc: str, w: int, w1: int) -> dict[str, int]:
     return {}
 
 
-_TABLES = {"SOP1": SOP1, "SOP2": SOP2, "SOPC": SOPC, "SOPK": SOPK, "SOPP": SOPP, "SMEM": SMEM, "VOP3P": VOP3P,
-           "DS": DS, "MUBUF": MUBUF}
+_TABLES = {"SOP1": SOP1, "SOP2": SOP2, "SOPC": SOPC, "SOPK": SOPK, "SOPP": SOPP, "SMEM": SMEM, "VOP1": VOP1,
+           "VOP2": VOP2, "VOPC": VOPC, "VOP3": VALU, "VOP3P": VOP3P, "DS": DS, "MUBUF": MUBUF}
 _LONG = {"SMEM", "VOP3", "VOP3P", "VOPD", "DS", "FLAT", "MUBUF"}
 _SRC_FIELDS = {"SOP1": ("ssrc0",), "SOP2": ("ssrc0", "ssrc1"), "SOPC": ("ssrc0", "ssrc1"), "VOP1": ("src0",),
                "VOP2": ("src0",), "VOPC": ("src0",), "VOP3": ("src0", "src1", "src2"),
@@ -166,14 +169,6 @@ DPP_OR_SDWA = {233, 234, 249, 250}
 
 
 def _name(enc: str, op: int, f: dict[str, int]) -> str | None:
-    if enc == "VOP1":
-        return VOP1.get(op)
-    if enc == "VOP2":
-        return VOP2.get(op)
-    if enc == "VOPC":
-        return VOPC.get(op)
-    if enc == "VOP3":
-        return VALU.get(op)
     if enc == "VOPD":
         x, y = VOPD.get(f["opx"]), VOPD.get(f["opy"])
         return f"{x}::{y}" if x and y else None

@@ -36,6 +36,11 @@ def execute_global(w: Waves, ins: Instr) -> None:
     elif name == "global_load_d16_u8":  # the byte, zero-extended, into the low half; the high half kept
         data = w.memory.gather(addr, 1, ins.where())[:, 0].astype(U32)
         w.v[fl["vdst"]][m] = (w.v[fl["vdst"]][m] & U32(0xFFFF0000)) | data
+    elif name in ("global_load_d16_b16", "global_load_d16_hi_b16"):  # one half loaded, the other kept
+        data = w.memory.gather(addr, 2, ins.where()).view("<u2")[:, 0].astype(U32)
+        old = w.v[fl["vdst"]][m]
+        w.v[fl["vdst"]][m] = (old & U32(0xFFFF)) | (data << U32(16)) if name.endswith("hi_b16") else \
+            (old & U32(0xFFFF0000)) | data
     elif name == "global_store_b32":
         w.memory.scatter(addr, w.v[fl["data"]][m].view(np.uint8).reshape(-1, 4), ins.where())
 
