@@ -25,7 +25,7 @@ from tests.gpu.rdna3.decode import UnknownInstruction, decode
 from tests.gpu.rdna3.objdump import find_objdump, mismatches
 from tests.gpu.rdna3.on_stub import run_in_emulator
 from tests.gpu.rdna3.runner import CodeObject, Emulator
-from tests.gpu.rdna3.wave import Memory
+from tests.gpu.rdna3.wave import Memory, MemoryFault
 from tests.light_models import dummy_inputs, random_weight_variant
 from tests.onnx_util import reference
 
@@ -72,18 +72,31 @@ def wmma_code():
     return g, compile_wmma_gemm(g, GpuTarget("gfx1100"))
 
 
+def _run_wmma(g: WmmaGemm, code: bytes, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Emulator:
+    memory = Memory()
+    pointers = [struct.pack("<Q", memory.add(x.reshape(-1).view(np.uint8))) for x in (a, b, c)]
+    emulator = Emulator(CodeObject(code))
+    emulator.dispatch(SYMBOL, (g.grid, 1, 1), (g.block, 1, 1), pointers, memory)
+    return emulator
+
+
 def test_wmma_gemm_matches_numpy(wmma_code):
     g, code = wmma_code
     rng = np.random.default_rng(0)
     a = rng.standard_normal((g.m, g.k)).astype(np.float16)
     b = rng.standard_normal((g.k, g.n)).astype(np.float16)
     c = np.full((g.m, g.n), np.nan, np.float32)  # every element must be written
-    memory = Memory()
-    pointers = [struct.pack("<Q", memory.add(x.reshape(-1).view(np.uint8))) for x in (a, b, c)]
-    emulator = Emulator(CodeObject(code))
-    emulator.dispatch(SYMBOL, (g.grid, 1, 1), (g.block, 1, 1), pointers, memory)
+    emulator = _run_wmma(g, code, a, b, c)
     np.testing.assert_allclose(c, a.astype(np.float32) @ b.astype(np.float32), rtol=1e-3, atol=1e-4)
     assert "v_wmma_f32_16x16x16_f16" in {ins.name for _, ins, _ in emulator.code.kernels[SYMBOL].decoded.values()}
+
+
+def test_access_outside_device_memory_fails_loudly(wmma_code):
+    g, code = wmma_code
+    a, b = np.zeros((g.m, g.k), np.float16), np.zeros((g.k, g.n), np.float16)
+    too_small = np.zeros(g.m * g.n - 1, np.float32)
+    with pytest.raises(MemoryFault, match=r"by global_store_b32 .* at PC 0x[0-9a-f]+ is outside device memory"):
+        _run_wmma(g, code, a, b, too_small)
 
 
 def test_wmma_gemm_refuses_what_it_cannot_do():
