@@ -29,7 +29,6 @@ from tests.gpu.rdna3.decode import Instr, UnknownInstruction, decode
 from tests.gpu.rdna3.wave import EXEC, LANES, EmulationError, Memory, MemoryFault, Waves
 
 SHT_SYMTAB, SHT_DYNSYM, SHF_ALLOC = 2, 11, 2
-KD_SIZE = 64
 MAX_STEPS = 20_000_000  # instructions of one batch between switches: a runaway loop fails, not hangs
 WORKGROUPS_PER_BATCH = 64  # waves of this many workgroups run in lockstep (bounds the register arrays)
 # kernel_code_properties bits -> user SGPRs they take, in dispatch order

@@ -56,7 +56,6 @@ def _div_fixup(q, d, n):
     return bits(np.where(special, nf / np.where(special, df, F32(1)), np.where(sign, -np.abs(qf), np.abs(qf))))
 
 
-_CLASS_BITS = np.arange(10, dtype=U32)
 
 
 def _class(a, m):
