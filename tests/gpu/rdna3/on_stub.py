@@ -14,9 +14,9 @@ from tests.gpu.rdna3.runner import CodeObject, Emulator, stub_memory
 
 
 class RDNA3Launcher:
-    def __init__(self, stub, code_object: bytes):
+    def __init__(self, stub, code_object: bytes, lockstep: bool = True):
         self.stub = stub
-        self.emulator = Emulator(CodeObject(code_object))
+        self.emulator = Emulator(CodeObject(code_object), lockstep)
         self.errors: list[str] = []  # exceptions cannot cross the C callback: collected, checked by run()
         self.launched: list[str] = []
 
@@ -34,11 +34,13 @@ class RDNA3Launcher:
             self.errors.append(f"{name}: {e}")
 
 
-def run_in_emulator(stub, bundle: bytes, code_object: bytes, feeds: dict) -> dict[str, np.ndarray]:
-    """Load a gfx1100 bundle on the stand-in driver (device hip:0) and run it, its kernels emulated."""
+def run_in_emulator(stub, bundle: bytes, code_object: bytes, feeds: dict, lockstep: bool = True
+                    ) -> dict[str, np.ndarray]:
+    """Load a gfx1100 bundle on the stand-in driver (device hip:0) and run it, its kernels emulated
+    (lockstep: see runner.Emulator)."""
     import svodrt
 
-    launcher = RDNA3Launcher(stub, code_object)
+    launcher = RDNA3Launcher(stub, code_object, lockstep)
     stub.set_launcher(launcher)
     with svodrt.load(bundle, device="hip:0", graph=False) as m:
         out = m.run(feeds)

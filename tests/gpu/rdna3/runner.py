@@ -140,8 +140,12 @@ def kernarg_segment(kernel: Kernel, explicit: list[bytes], grid: tuple[int, int,
 
 
 class Emulator:
-    def __init__(self, code: CodeObject):
+    """lockstep=False: the reference schedule instead of batches -- each workgroup's waves one at a time,
+    each to its next barrier or its end, in order (slow: tests compare the two on small models)."""
+
+    def __init__(self, code: CodeObject, lockstep: bool = True):
         self.code = code
+        self.lockstep = lockstep
         self.instructions = 0
 
     def _instr(self, k: Kernel, pc: int) -> tuple[object, Instr, int]:
@@ -191,6 +195,9 @@ class Emulator:
         """Every batch to the end. The ready batch with the lowest PC runs first and batches meeting at
         one PC merge (so waves split by a branch reconverge); barriers release when every live wave
         waits at one."""
+        if not self.lockstep:
+            self._one_at_a_time(k, first)
+            return
         ready, parked = [first], []
         while ready or parked:
             if not ready:
@@ -214,6 +221,13 @@ class Emulator:
                 jumped = w.select(taken)
                 jumped.pc = target
                 ready += [w.select(~taken), jumped]
+
+    def _one_at_a_time(self, k: Kernel, batch: Waves) -> None:
+        waves = [batch.select(np.arange(batch.n) == i) for i in range(batch.n)]
+        while waves:
+            for w in waves:
+                self._run(k, w, None)  # a batch of one wave never splits
+            waves = [w for w in waves if not w.done]
 
     def _batch(self, k: Kernel, memory: Memory, kernarg: int, groups: list[tuple[int, int, int]],
                block: tuple[int, int, int]) -> Waves:
@@ -255,8 +269,9 @@ class Emulator:
         kernarg = memory.add(kernarg_segment(k, explicit, grid, block))
         groups = [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
         with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are what the hardware computes too
-            for i in range(0, len(groups), WORKGROUPS_PER_BATCH):
-                self._schedule(k, self._batch(k, memory, kernarg, groups[i: i + WORKGROUPS_PER_BATCH], block))
+            step = WORKGROUPS_PER_BATCH if self.lockstep else 1
+            for i in range(0, len(groups), step):
+                self._schedule(k, self._batch(k, memory, kernarg, groups[i: i + step], block))
 
 
 def stub_memory(lib: ctypes.CDLL) -> Memory:
