@@ -1,4 +1,4 @@
-"""Vector ALU instructions (VOP1, VOP2, VOPC, VOP3, VOP3SD, VOPD), vectorized over the 32 lanes.
+"""Vector ALU instructions (VOP1, VOP2, VOPC, VOP3, VOP3SD, VOPD), vectorized over every lane of a batch.
 
 OPS maps each opcode name to (source widths, function, result kind). Functions take uint32 (uint64
 for 64-bit operands) lane arrays and return lane arrays; floats are handled as float32 views of the
