@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test test-fast test-models test-gpu test-cross cross-tools lint bench clean onnx-coverage fuzz
+.PHONY: setup demo test test-fast test-models test-gpu test-cross cross-tools lint bench bench-serve clean onnx-coverage fuzz
 BENCH_STAMP := $(VENV)/.bench-stamp
 
 $(STAMP): pyproject.toml
@@ -62,6 +62,11 @@ $(BENCH_STAMP): $(STAMP)
 # Not a test: svod vs onnxruntime side by side; writes docs/benchmarks.md and docs/benchmarks.png.
 bench: $(BENCH_STAMP)
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
+# Not a test: `svodrt serve` under 8 concurrent clients x 250 requests (squeezenet, gpt2_small_random at seq 32),
+# REST and gRPC, next to the in-process rate; writes docs/serving-bench.md (docs/serving.md).
+bench-serve: $(STAMP)
+	$(BIN)/python bench/serve.py $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check svodc svodrt svodrt_tools tests scripts bench

@@ -29,6 +29,10 @@ import svodrt
 from svodrt.errors import InputError, SvodError
 from svodrt_serve.tensors import BadTensor, decode_input, describe, input_table, transport_note, v2_datatype, v2_shape
 
+# Inferences in flight per model: one per core (a call that finds the runtime's helper threads busy runs
+# on one thread, so more would only queue inside the runtime).
+INFERENCE_WORKERS = max(2, os.cpu_count() or 1)
+
 
 class BundleCheckError(SvodError):
     """A bundle failed `svodrt verify`'s check at server start."""
@@ -50,6 +54,9 @@ def _field(obj: object, key: str) -> object:
 
 
 class SvodModel(MLModel):
+    _runner: svodrt.Runner | None = None
+    _pool: ThreadPoolExecutor | None = None
+
     async def load(self) -> bool:
         extra = (self.settings.parameters.extra if self.settings.parameters else None) or {}
         path = self.settings.parameters.uri
@@ -61,7 +68,7 @@ class SvodModel(MLModel):
             if not report.ok:
                 raise BundleCheckError(f"{path} failed verification: {report.failures[0]}")
         self._runner = await loop.run_in_executor(None, lambda: svodrt.load(path, threads=extra.get("threads")))
-        self._pool = ThreadPoolExecutor(max(2, os.cpu_count() or 1), thread_name_prefix=f"svod-{self.name}")
+        self._pool = ThreadPoolExecutor(INFERENCE_WORKERS, thread_name_prefix=f"svod-{self.name}")
         self._inputs = {t.name: t for t in self._runner.inputs}
         self._outputs = {t.name: t for t in self._runner.outputs}
         self.inputs = _metadata(self._runner.inputs)
@@ -69,8 +76,11 @@ class SvodModel(MLModel):
         return True
 
     async def unload(self) -> bool:
-        self._pool.shutdown(wait=True)
-        self._runner.close()
+        """Wait for running inferences, then unmap the bundle (MLServer unloads a model that failed too)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        if self._runner is not None:
+            self._runner.close()
         return True
 
     async def metadata(self) -> MetadataModelResponse:

@@ -66,10 +66,14 @@ class SvodRESTServer(RESTServer):
         return config
 
     async def start(self):
-        await super().start()
-        if not self._server.started:  # uvicorn logs the bind error and returns
-            raise OSError(f"HTTP cannot listen on {self._settings.host}:{self._settings.http_port} (port in use?): "
-                          "choose another with --http-port")
+        where = f"HTTP cannot listen on {self._settings.host}:{self._settings.http_port} (port in use?): " \
+                "choose another with --http-port"
+        try:
+            await super().start()
+        except SystemExit:  # uvicorn logs the bind error, then exits the process
+            raise OSError(where) from None
+        if not self._server.started:
+            raise OSError(where)
 
 
 class SvodServer(MLServer):

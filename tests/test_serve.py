@@ -4,10 +4,13 @@ and a versioned int64/bool model); outputs must equal svodrt.load(...).run(...) 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import http.client
 import itertools
 import json
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -27,6 +30,7 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 
 import svodc  # noqa: E402
 import svodrt  # noqa: E402
+from tests.bundle_tools import manifest_of, repack  # noqa: E402
 from tests.onnx_util import make_model, small_cnn  # noqa: E402
 from tests.serve_util import ROOT, start_server  # noqa: E402
 
@@ -274,3 +278,41 @@ def test_serve_without_the_extra_names_it(tmp_path):
     code = "import sys; sys.modules['mlserver'] = None; from svodrt_tools.cli import main; main(['serve', '.'])"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "pip install 'svod[serve]'" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_never_ready_when_a_test_vector_fails_unless_no_verify(small_bundle, tmp_path):
+    data = small_bundle[0].read_bytes()
+    m = manifest_of(data)
+    want = bytearray(m["test_vectors"][0]["outputs"][0])
+    want[0:4] = struct.pack("<f", struct.unpack("<f", want[0:4])[0] + 0.5)
+    m["test_vectors"][0]["outputs"][0] = bytes(want)
+    (tmp_path / "tampered.svod").write_bytes(repack(data, m))
+    server = start_server(tmp_path / "tampered.svod", tmp_path / "verify.log")
+    ready_seen = False
+    try:
+        deadline = time.monotonic() + 120
+        while server.proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                ready_seen |= server.get("/v2/health/ready") == 200
+            time.sleep(0.05)
+    finally:
+        rc = server.stop()
+    log = server.log.read_text()
+    assert rc == 1 and not ready_seen, log[-3000:]
+    assert "failed verification: test vector 0" in log.splitlines()[-1], log[-3000:]
+    unchecked = start_server(tmp_path / "tampered.svod", tmp_path / "no-verify.log", "--no-verify")
+    try:
+        unchecked.wait_ready()
+    finally:
+        assert unchecked.stop() == 0
+
+
+def test_port_in_use_is_one_line_and_exit_1(repo, tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        server = start_server(repo[0] / "cnn.svod", tmp_path / "busy.log", "--http-port", str(port))
+        rc = server.proc.wait(120)
+    last = server.log.read_text().strip().splitlines()[-1]
+    assert rc == 1 and last.startswith("svodrt: error:") and f"HTTP cannot listen on 127.0.0.1:{port}" in last, last
