@@ -4,11 +4,11 @@ Per model (squeezenet with random weights; gpt2_small_random at seq 32) and tran
 tensors via tritonclient, gRPC raw tensors via MLServer's stubs): CLIENTS client processes send
 REQUESTS requests each, as fast as answers come; every answer is checked bit for bit against
 svodrt.load(...).run(...), and anything else counts as an error. Reported: throughput, p50 and p99
-latency; the in-process rate of the same CLIENTS x REQUESTS runs at the server's own concurrency (as many
-threads calling run() on one loaded model as the server's inference pool has), measured just before each
-served pass; their ratio (the server's overhead); the server's RSS after the first 100 requests and after
-the run. Writes docs/serving-bench.md. A benchmark, not a test: it asserts nothing
-about time; it exits non-zero on an error or an RSS growth over 5 %."""
+latency; the in-process run rate (as many runs of the bundle, loaded as the server loads it, called in
+a loop), half just before and half just after each served pass; their ratio (the server's overhead);
+the server's RSS after the first 100 requests and after the run. Writes docs/serving-bench.md. A
+benchmark, not a test: it asserts nothing about time; it exits non-zero on an error or an RSS growth
+over 5 %."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -29,20 +28,19 @@ sys.path.insert(0, str(ROOT))
 
 from bench.models import load  # noqa: E402
 from bench.run import machine  # noqa: E402
-from svodrt_serve.model import INFERENCE_WORKERS  # noqa: E402
 from tests.serve_util import start_server  # noqa: E402
 
 GPT2_SEQ = 32
 RSS_TOLERANCE = 0.05
 
 
-def compile_models(folder: Path) -> dict[str, dict[str, np.ndarray]]:
+def compile_models(folder: Path, names: list[str]) -> dict[str, dict[str, np.ndarray]]:
     """Bundles into folder (one per model, named by file); returns each model's feeds."""
     import svodc
     from svodc.options import CompileOptions
 
     feeds = {}
-    for name in ("squeezenet", "gpt2_small_random"):
+    for name in names:
         m = load(name)
         if name == "gpt2_small_random":
             feeds[name] = {"input_ids": m.feeds["input_ids"][:, :GPT2_SEQ]}
@@ -56,8 +54,9 @@ def compile_models(folder: Path) -> dict[str, dict[str, np.ndarray]]:
     return feeds
 
 
-def in_process(path: Path, feeds: dict, runs: int) -> tuple[dict, dict[str, np.ndarray]]:
-    """`runs` runs on INFERENCE_WORKERS threads: what the server's pool does with the same requests."""
+def in_process(path: Path, feeds: dict, runs: int) -> tuple[list[float], float, dict[str, np.ndarray]]:
+    """`runs` runs, one after another, of the bundle loaded as the server loads it (its threads: all
+    cores): (latencies, wall seconds, outputs). One caller: the bundle's plain run rate."""
     import svodrt
 
     with svodrt.load(path) as m:
@@ -65,20 +64,25 @@ def in_process(path: Path, feeds: dict, runs: int) -> tuple[dict, dict[str, np.n
         for _ in range(5):
             m.run(feeds)
 
-        def one_thread(n: int) -> list[float]:
-            times = []
-            for _ in range(n):
-                t0 = time.perf_counter()
-                m.run(feeds)
-                times.append(time.perf_counter() - t0)
-            return times
-
+        lat = []
         t0 = time.perf_counter()
-        share = [runs // INFERENCE_WORKERS + (i < runs % INFERENCE_WORKERS) for i in range(INFERENCE_WORKERS)]
-        with ThreadPoolExecutor(INFERENCE_WORKERS) as pool:
-            lat = np.concatenate([np.array(t) for t in pool.map(one_thread, share)])
+        for _ in range(runs):
+            t1 = time.perf_counter()
+            m.run(feeds)
+            lat.append(time.perf_counter() - t1)
         wall = time.perf_counter() - t0
-    return {"rate": lat.size / wall, "p50": float(np.median(lat)), "p99": float(np.percentile(lat, 99))}, want
+    return lat, wall, want
+
+
+def bracketed(path: Path, feeds: dict, runs: int, served):
+    """The in-process runs, half just before and half just after served() (so both see about the same
+    machine): ({rate, p50, p99} of the in-process runs, served()'s result, outputs)."""
+    lat1, wall1, want = in_process(path, feeds, runs // 2)
+    result = served(want)
+    lat2, wall2, _ = in_process(path, feeds, runs - runs // 2)
+    lat = np.array(lat1 + lat2)
+    return {"rate": lat.size / (wall1 + wall2), "p50": float(np.median(lat)), "p99": float(np.percentile(lat, 99))}, \
+        result
 
 
 _shared: dict = {}  # in a client process: the start barrier and the answered-requests counter
@@ -223,10 +227,13 @@ def report(rows: list[dict], clients: int, requests: int, info: dict) -> str:
         "",
         f"{clients} client processes x {requests} requests per model and transport, on the same machine as the "
         "server (clients and server share the cores). Every answer is compared bit for bit with "
-        "`svodrt.load(...).run(...)`. In-process: the same bundle and number of runs, on as many threads as "
-        f"the server's inference pool has ({INFERENCE_WORKERS}), just before each served pass (the server idle). "
+        "`svodrt.load(...).run(...)`. In-process: the same bundle and number of runs, `run()` called in a loop "
+        "by one caller, half just before and half just after each "
+        "served pass (the server idle). "
         "Overhead = in-process rate / served rate. "
-        f"RSS: the server process after the first 100 requests and after the run (limit +{RSS_TOLERANCE:.0%}).",
+        f"RSS: the server process after the first 100 requests and after the run (limit +{RSS_TOLERANCE:.0%}). "
+        f"Served p50/p99 include the wait behind the other {clients - 1} clients' requests ({clients} in flight, "
+        f"{os.cpu_count()} cores).",
         "",
         "| model | transport | requests | errors | req/s | p50 ms | p99 ms | in-process req/s | in-process p50 ms "
         "| overhead | RSS after 100 | RSS after run | RSS change |",
@@ -249,26 +256,28 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--requests", type=int, default=250)
     p.add_argument("--transports", default="rest,grpc")
+    p.add_argument("--models", default="squeezenet,gpt2_small_random")
     p.add_argument("-o", "--output", default=str(ROOT / "docs" / "serving-bench.md"))
     args = p.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="svod-bench-serve-") as tmp:
         folder = Path(tmp) / "models"
         folder.mkdir()
-        all_feeds = compile_models(folder)
+        all_feeds = compile_models(folder, args.models.split(","))
         server = start_server(folder, Path(tmp) / "server.log")
         try:
             server.wait_ready()
             for name, feeds in all_feeds.items():
                 for transport in args.transports.split(","):
-                    # In-process right before each served pass (the server idle): both see the same machine.
-                    local, want = in_process(folder / f"{name}.svod", feeds, args.clients * args.requests)
-                    np.savez(Path(tmp) / f"{name}-feeds.npz", **feeds)
-                    np.savez(Path(tmp) / f"{name}-want.npz", **want)
-                    served = load_test(server, transport, name, Path(tmp) / f"{name}-feeds.npz",
-                                       Path(tmp) / f"{name}-want.npz", args.clients, args.requests)
-                    rows.append({"model": name, "transport": transport, "served": served, "local": local})
-                    print(f"{name} {transport}: served {served['rate']:.1f} req/s ({served['errors']} errors), "
+                    def served(want, name=name, feeds=feeds, transport=transport):
+                        np.savez(Path(tmp) / f"{name}-feeds.npz", **feeds)
+                        np.savez(Path(tmp) / f"{name}-want.npz", **want)
+                        return load_test(server, transport, name, Path(tmp) / f"{name}-feeds.npz",
+                                         Path(tmp) / f"{name}-want.npz", args.clients, args.requests)
+
+                    local, result = bracketed(folder / f"{name}.svod", feeds, args.clients * args.requests, served)
+                    rows.append({"model": name, "transport": transport, "served": result, "local": local})
+                    print(f"{name} {transport}: served {result['rate']:.1f} req/s ({result['errors']} errors), "
                           f"in-process {local['rate']:.1f} req/s", file=sys.stderr)
         finally:
             rc = server.stop()

@@ -8,6 +8,9 @@ connections refused), running requests finish (up to GRACE_S), the models are cl
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
+import platform
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +26,7 @@ from svodrt_serve.model import SvodModel
 from svodrt_serve.repository import BundleEntry, find_bundles
 from svodrt_serve.rest import RestFront
 
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 GRACE_S = 30.0  # how long SIGTERM waits for running requests before closing their connections
 
 
@@ -137,6 +141,18 @@ async def _serve(path: Path, options: ServeOptions) -> str | None:
     return server.failure
 
 
+def _fixed_mmap_threshold(nbytes: int = 256 << 10) -> None:
+    """glibc: allocations of nbytes and more (request bodies, tensors) always get their own mapping,
+    unmapped when freed. By default glibc raises that threshold after the first such free, and then
+    large buffers of concurrent requests fragment the heap: RSS drifts up under load instead of
+    following the requests in flight. Elsewhere (musl, macOS) nothing to do."""
+    if platform.libc_ver()[0] != "glibc":
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, nbytes)
+
+
 def serve(path: str | Path, options: ServeOptions) -> str | None:
     """Serve until SIGTERM/SIGINT; None after a clean shutdown, else why the server stopped."""
+    _fixed_mmap_threshold()
     return asyncio.run(_serve(Path(path), options))
