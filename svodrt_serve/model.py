@@ -60,14 +60,16 @@ class SvodModel(MLModel):
     async def load(self) -> bool:
         extra = (self.settings.parameters.extra if self.settings.parameters else None) or {}
         path = self.settings.parameters.uri
+        trust = extra.get("trust") or None  # a signature policy: refused bundles never load
         loop = asyncio.get_running_loop()
         if extra.get("verify", True):
             from svodrt_tools.verify import verify
 
-            report = await loop.run_in_executor(None, verify, path)
+            report = await loop.run_in_executor(None, lambda: verify(path, trust=trust))
             if not report.ok:
                 raise BundleCheckError(f"{path} failed verification: {report.failures[0]}")
-        self._runner = await loop.run_in_executor(None, lambda: svodrt.load(path, threads=extra.get("threads")))
+        self._runner = await loop.run_in_executor(None, lambda: svodrt.load(path, threads=extra.get("threads"),
+                                                                            trust=trust))
         self._pool = ThreadPoolExecutor(INFERENCE_WORKERS, thread_name_prefix=f"svod-{self.name}")
         self._inputs = {t.name: t for t in self._runner.inputs}
         self._outputs = {t.name: t for t in self._runner.outputs}

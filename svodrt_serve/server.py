@@ -39,6 +39,7 @@ class ServeOptions:
     threads: int | None = None  # threads per inference (svodrt.load); None: the host's cores
     verify: bool = True
     max_request_bytes: int = 64 << 20
+    trust: tuple[str, ...] = ()  # Ed25519 public keys (PEM paths): serve only bundles they signed
 
 
 class GatedDataPlane:
@@ -125,7 +126,8 @@ class SvodServer(MLServer):
 def model_settings(entry: BundleEntry, options: ServeOptions) -> ModelSettings:
     return ModelSettings(name=entry.name, implementation=SvodModel, platform="svod",
                          parameters=ModelParameters(uri=str(entry.path), version=entry.version,
-                                                    extra={"threads": options.threads, "verify": options.verify}))
+                                                    extra={"threads": options.threads, "verify": options.verify,
+                                                           "trust": list(options.trust)}))
 
 
 async def _serve(path: Path, options: ServeOptions) -> str | None:

@@ -316,3 +316,16 @@ def test_port_in_use_is_one_line_and_exit_1(repo, tmp_path):
         rc = server.proc.wait(120)
     last = server.log.read_text().strip().splitlines()[-1]
     assert rc == 1 and last.startswith("svodrt: error:") and f"HTTP cannot listen on 127.0.0.1:{port}" in last, last
+
+
+def test_trust_policy_refuses_an_unsigned_bundle(repo, tmp_path):
+    serialization = pytest.importorskip("cryptography.hazmat.primitives.serialization", reason="svod[sign]")
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate().public_key()
+    (tmp_path / "pub.pem").write_bytes(key.public_bytes(serialization.Encoding.PEM,
+                                                        serialization.PublicFormat.SubjectPublicKeyInfo))
+    server = start_server(repo[0] / "cnn.svod", tmp_path / "trust.log", "--trust", str(tmp_path / "pub.pem"))
+    rc = server.proc.wait(120)
+    last = server.log.read_text().strip().splitlines()[-1]
+    assert rc == 1 and "the bundle is not signed" in last, last

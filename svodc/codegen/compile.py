@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from svodc.codegen.elf import read_object
 from svodc.codegen.emulate import pm_emulate_for
 from svodc.codegen.link import CodeImage, link
-from svodc.codegen.module import ENTRY, entry_module, kernel_module, parallel_parts
+from svodc.codegen.module import entry_module, kernel_modules, parallel_parts
 from svodc.codegen.transcendental import pm_transcendental
 from svodc.errors import CodegenError
 from svodc.ir.rewrite import debug_level, graph_rewrite
@@ -22,6 +23,7 @@ from svodc.ir.symbolic import pm_symbolic
 from svodc.options import CompileOptions
 from svodc.program import Kernel, Program
 from svodc.target import Target
+from svodrt.abi import ENTRY
 
 
 @dataclass(frozen=True)
@@ -83,31 +85,28 @@ def prepare_kernel(kernel: Kernel, target: Target | None = None) -> Kernel:
     emulate = pm_emulate_for(target is not None and target.native_f16)
     ast = graph_rewrite(kernel.ast, emulate + pm_transcendental)
     ast = graph_rewrite(ast, pm_symbolic)
-    return Kernel(kernel.name, ast, kernel.params, kernel.provenance)
+    return Kernel(kernel.name, ast, kernel.params, kernel.provenance, kernel.kind)
 
 
-# Kernels per LLVM module. The split depends only on the kernel count, never on the number of workers
+# Distinct kernel bodies per LLVM module (kernels with identical code share one body, compiled once:
+# module.kernel_modules). The split depends only on the program, never on the number of workers
 # (-j, cores): module boundaries change the code layout, and the same model with the same options
 # must give the same bytes on every build machine.
 KERNELS_PER_MODULE = 4
 
 
-def _chunks(items: list, n: int) -> list[list]:
-    n = max(1, min(n, len(items)))
-    return [items[i::n] for i in range(n)]
-
-
-def compile_program(program: Program, target: Target, options: CompileOptions) -> CodeImage:
+def compile_program(program: Program, target: Target, options: CompileOptions,
+                    jobs_done: Callable[[int, int], None] | None = None) -> CodeImage:
+    """The program's code image for one CPU target. jobs_done(done, total): after each LLVM module."""
     kernels = [prepare_kernel(k, target) for k in program.kernels]
     nin = len(program.inputs)
     jobs_n = options.jobs or os.cpu_count() or 1
     dbg = debug_level()
     jobs = []
-    for i, chunk in enumerate(_chunks(kernels, -(-len(kernels) // KERNELS_PER_MODULE))):
+    for chunk, ir in kernel_modules(kernels, nin, target, KERNELS_PER_MODULE):
         jobs.append(LLVMJob(f"kernels[{', '.join(k.name for k in chunk[:4])}{'...' if len(chunk) > 4 else ''}]",
-                            kernel_module(chunk, nin, target, f"chunk{i}"), target.triple, target.llvm_cpu,
-                            target.llvm_features, options.opt_level, target.codemodel, dbg >= 4,
-                        abiname=target.abiname))
+                            ir, target.triple, target.llvm_cpu, target.llvm_features, options.opt_level,
+                            target.codemodel, dbg >= 4, abiname=target.abiname))
     entry = entry_module([(k.name, parallel_parts(k, target)) for k in kernels], target)
     jobs.append(LLVMJob("entry", entry, target.triple, target.llvm_cpu,
                         target.llvm_features, options.opt_level, target.codemodel, dbg >= 4,
@@ -115,7 +114,7 @@ def compile_program(program: Program, target: Target, options: CompileOptions) -
     if dbg >= 3:
         for j in jobs:
             print(f"===== LLVM IR {j.name} =====\n{j.ir}", file=sys.stderr)
-    results = run_jobs(jobs, jobs_n)
+    results = run_jobs(jobs, jobs_n, jobs_done)
     if dbg >= 4:
         for j, (_, asm) in zip(jobs, results, strict=True):
             print(f"===== assembly {j.name} =====\n{asm}", file=sys.stderr)
@@ -123,7 +122,8 @@ def compile_program(program: Program, target: Target, options: CompileOptions) -
     return link(objects, [ENTRY, *(k.name for k in kernels)])
 
 
-def run_jobs(jobs: list[LLVMJob], workers: int) -> list[tuple[bytes, str]]:
+def run_jobs(jobs: list[LLVMJob], workers: int,
+             jobs_done: Callable[[int, int], None] | None = None) -> list[tuple[bytes, str]]:
     """Compile jobs on the worker pool; results in job order."""
     from svodc.codegen.worker import pool
 
@@ -131,7 +131,7 @@ def run_jobs(jobs: list[LLVMJob], workers: int) -> list[tuple[bytes, str]]:
         return CodegenError(f"LLVM crashed while compiling {job.name}: {message}; rerun with SVOD_DEBUG=3 to see "
                             "the IR, and please report it")
 
-    replies = pool(workers).run(jobs, crashed)
+    replies = pool(workers).run(jobs, crashed, jobs_done)
     out = []
     for job, reply in zip(jobs, replies, strict=True):
         if reply[0] == "error":
