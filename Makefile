@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
 test: $(STAMP)
-	$(BIN)/ruff check svodc svodrt svodrt_tools tests scripts bench
+	$(BIN)/ruff check svodc svodrt svodrt_tools svodrt_serve tests scripts bench
 	$(BIN)/python -m pytest -q -m "not gpu_sweep" --ignore=tests/test_cross_emulated.py
 
 # Everything but the end-to-end model tests and the conformance suite.
@@ -76,7 +76,7 @@ test-install:
 	bash scripts/test_install.sh $(PY)
 
 lint: $(STAMP)
-	$(BIN)/ruff check svodc svodrt svodrt_tools tests scripts bench
+	$(BIN)/ruff check svodc svodrt svodrt_tools svodrt_serve tests scripts bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

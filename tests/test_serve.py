@@ -10,7 +10,6 @@ import http.client
 import itertools
 import json
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -30,7 +29,7 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 
 import svodc  # noqa: E402
 import svodrt  # noqa: E402
-from tests.bundle_tools import manifest_of, repack  # noqa: E402
+from tests.bundle_tools import with_wrong_test_vector  # noqa: E402
 from tests.onnx_util import make_model, small_cnn  # noqa: E402
 from tests.serve_util import ROOT, start_server  # noqa: E402
 
@@ -281,12 +280,7 @@ def test_serve_without_the_extra_names_it(tmp_path):
 
 
 def test_never_ready_when_a_test_vector_fails_unless_no_verify(small_bundle, tmp_path):
-    data = small_bundle[0].read_bytes()
-    m = manifest_of(data)
-    want = bytearray(m["test_vectors"][0]["outputs"][0])
-    want[0:4] = struct.pack("<f", struct.unpack("<f", want[0:4])[0] + 0.5)
-    m["test_vectors"][0]["outputs"][0] = bytes(want)
-    (tmp_path / "tampered.svod").write_bytes(repack(data, m))
+    (tmp_path / "tampered.svod").write_bytes(with_wrong_test_vector(small_bundle[0].read_bytes()))
     server = start_server(tmp_path / "tampered.svod", tmp_path / "verify.log")
     ready_seen = False
     try:
