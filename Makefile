@@ -4,8 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test test-fast test-models test-gpu test-cross cross-tools lint bench clean onnx-coverage fuzz \
-	test-install
+.PHONY: setup demo test test-fast test-models test-gpu test-cross cross-tools lint bench bench-serve clean onnx-coverage \
+	fuzz test-install
 BENCH_STAMP := $(VENV)/.bench-stamp
 
 # constraints.txt pins every version (pyproject.toml has the ranges users get), so runs are reproducible.
@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
 test: $(STAMP)
-	$(BIN)/ruff check svodc svodrt svodrt_tools tests scripts bench
+	$(BIN)/ruff check svodc svodrt svodrt_tools svodrt_serve tests scripts bench
 	$(BIN)/python -m pytest -q -m "not gpu_sweep" --ignore=tests/test_cross_emulated.py
 
 # Everything but the end-to-end model tests and the conformance suite.
@@ -67,13 +67,18 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP)
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
+# Not a test: `svodrt serve` under 8 concurrent clients x 250 requests (squeezenet, gpt2_small_random at seq 32),
+# REST and gRPC, next to the in-process rate; writes docs/serving-bench.md (docs/serving.md).
+bench-serve: $(STAMP)
+	$(BIN)/python bench/serve.py $(BENCH_ARGS)
+
 # The installs a user makes, each in a fresh venv (pip's cache or index; a few minutes, so not in `make
 # test`): `pip install .` runs a bundle and its svodc names the extra; `pip install '.[compiler]'` compiles.
 test-install:
 	bash scripts/test_install.sh $(PY)
 
 lint: $(STAMP)
-	$(BIN)/ruff check svodc svodrt svodrt_tools tests scripts bench
+	$(BIN)/ruff check svodc svodrt svodrt_tools svodrt_serve tests scripts bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
