@@ -38,8 +38,9 @@ def v2_datatype(t: TensorInfo) -> str:
 
 
 def v2_shape(t: TensorInfo) -> list[int]:
-    """The metadata shape: -1 for a dim the bundle leaves variable (a dim that is not a fixed int)."""
-    return [d if isinstance(d, int) and d >= 0 else -1 for d in t.shape]
+    """The metadata shape: -1 for a dim the bundle leaves variable (a bounded dim, format 1.5)."""
+    bounded = {axis for axis, _, _ in t.dims}
+    return [-1 if i in bounded else d for i, d in enumerate(t.shape)]
 
 
 def describe(t: TensorInfo) -> str:

@@ -219,3 +219,12 @@ def test_a_format_1_4_runtime_refuses_a_bundle_with_bounded_dims(cnn, tmp_path):
 
     out = old_runtime_load(FORMAT_1_4_COMMIT, 4, cnn[1], tmp_path)
     assert "manifest field inputs[0].shape[0]: has type str, expected an integer" in out
+
+
+def test_served_metadata_shows_bounded_dims_as_variable(cnn):
+    """KServe v2 metadata (svodrt serve): -1 on the axes a bounded dim sizes."""
+    pytest.importorskip("mlserver", reason="the serve extra (svod[serve]) is not installed")
+    from svodrt_serve.tensors import v2_shape
+
+    with svodrt.load(cnn[1], threads=1) as m:
+        assert [v2_shape(t) for t in m.inputs] == [[-1, 3, 16, 16], [-1, 10]]
