@@ -1,19 +1,7 @@
-"""The compiler/runtime contract of bundle format 1: how native code is called. Defined once, here:
-svodc's code generators (codegen/module.py, llvm_ir.py) and svodrt's executors import these names,
-and tests/test_abi.py fails when either side writes one of these numbers itself.
-
-Versioned as if it were a schema: every value is fixed for format major 1 (svodrt/format.py). A change
-old code or an old runtime would misread needs a new major version; giving meaning to bytes that were
-reserved (zero, unread), a new minor version. Invariants the code relies on are stated beside each.
-
-CPU entry, one per code variant, at the variant's `entry` offset:
-    void svod_entry(void **bufs, const int64_t *dims, int32_t thread, int32_t nthreads, uint8_t *sync)
-every thread of a call calls it at once with its own `thread` in [0, nthreads) and the same bufs,
-dims and sync; the call is over when all have returned. Kernels, at the variant's `kernels` offsets:
-    void kernel(void **bufs, const int64_t *dims, int32_t part, int32_t nparts)
-computes part `part` of `nparts` (0 of 1: all of it). GPU kernels take one pointer per parameter of
-the plan's kernel, in `params` order (no table).
-"""
+"""The compiler/runtime contract of bundle format 1 (docs/bundle-format.md "The entry ABI": the entry and kernel
+signatures, buffer table, `dims`, `sync`), defined once here: svodc's code generators and svodrt's executors import
+these names, tests/test_abi.py fails when either side writes one of these numbers itself. Every value is fixed for
+format major 1 (a change old code would misread needs a new major; docs/bundle-format.md "Compatibility")."""
 
 from __future__ import annotations
 
@@ -40,7 +28,7 @@ def table_slots(n_inputs: int, n_outputs: int) -> int:
 
 
 # dims: the values of the bounded dims, DIM_SIZE bytes (int64) each, in the manifest's `dims` order
-# (format 1.5; svodrt/dims.py checks each against its range first). A bundle without `dims` never
+# (format 1.5; svodrt/runner.py checks each against its range first). A bundle without `dims` never
 # reads it (callers pass NULL); in one with them, every input and output buffer has the layout of
 # its shape at the bounds and the code touches only the elements inside the real shapes.
 DIM_SIZE = 8

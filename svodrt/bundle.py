@@ -1,9 +1,7 @@
-"""Reading and verifying a bundle before anything of it is mapped or run: the header, the manifest
-(inside the file and ending it, bounded, digest, msgpack map), the sections (inside, aligned, in
-order, distinct, zero padding, one weights section), then the plan (svodrt/plan.py). Section
-checksums are `check_section`'s. Each failure is a BundleFormatError naming field or section and offset.
-Bytes come from a Source, read by offset into private memory (never mapped: no SIGBUS); parsing is
-bounded by the file's size (docs/architecture.md "Runtime", bounded parsing)."""
+"""Reading and verifying a bundle before anything of it is mapped or run (docs/bundle-format.md "Verification",
+steps 1-4; the plan: svodrt/plan.py), each failure a BundleFormatError naming field or section and offset. Bytes are
+read by offset into private memory, never mapped (docs/architecture.md "Runtime": stable bytes, bounded parsing);
+then Program: the step every executor starts with."""
 
 from __future__ import annotations
 
@@ -11,14 +9,18 @@ import os
 import stat
 from dataclasses import dataclass, fields
 
+import numpy as np
+
 from svodrt import format as fmt
-from svodrt.errors import BundleFormatError, BundleVersionError
+from svodrt.abi import BUFFER_ALIGN
+from svodrt.errors import BundleFormatError, BundleVersionError, RuntimeFailure
 from svodrt.features import BYTE_ORDER
 from svodrt.plan import Plan, parse_plan
 from svodrt.schema import KernelInfo, Section, TensorInfo, TestVector, Variant, field, items, name, uint
+from svodrt.trust import TrustSpec, check_signature, trusted_keys
 
-__all__ = ["Bundle", "KernelInfo", "Section", "Source", "TensorInfo", "TestVector", "Variant", "check_section",
-           "parse_bundle"]
+__all__ = ["Bundle", "KernelInfo", "Program", "Section", "Source", "TensorInfo", "TestVector", "Variant",
+           "check_section", "parse_bundle"]
 
 MANIFEST_EXPANSION, MANIFEST_FLOOR = 64, 4 << 20  # raw manifest <= 64 x stored + 4 MiB
 OBJECTS_PER_BYTE, OBJECTS_FLOOR = 1, 1 << 16  # real bundles: < 0.1 msgpack objects per file byte
@@ -83,8 +85,7 @@ class Bundle(Plan):
     weights: Section
 
 
-def _fail(msg: str) -> BundleFormatError:
-    return BundleFormatError(msg)
+_fail = BundleFormatError
 
 
 def read_header(data: bytes | memoryview | Source) -> fmt.Header:
@@ -235,3 +236,59 @@ def parse_bundle(data: bytes | memoryview | Source) -> Bundle:
     return Bundle(**{f.name: getattr(plan, f.name) for f in fields(plan)}, header=h, manifest=m, sections=sections,
                   weights=weights[0])
 
+
+def aligned_empty(nbytes: int, what: str) -> tuple[np.ndarray, int]:
+    """A BUFFER_ALIGN-aligned buffer of nbytes (and its address); RuntimeFailure if the host cannot give it."""
+    try:
+        raw = np.empty(nbytes + BUFFER_ALIGN, dtype=np.uint8)
+    except MemoryError:
+        raise RuntimeFailure(f"cannot allocate the {what} ({nbytes} bytes): this host has not that much memory "
+                             "free") from None
+    return raw, raw.ctypes.data + (-raw.ctypes.data) % BUFFER_ALIGN
+
+
+def host_memory() -> int:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+class Program:
+    """A bundle opened, verified, its signer checked under a trust policy before any code is read; close() closes
+    its source (the executor's job)."""
+
+    def __init__(self, source: str | os.PathLike | bytes, verify_weights: bool | None = None,
+                 trust: TrustSpec | None = None, variant: int | None = None):
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            self.source = Source(bytes(source))
+        else:
+            self.source = Source.open(source)
+        try:
+            self.bundle: Bundle = parse_bundle(self.source)
+            self.signer = check_signature(self.bundle.manifest, None if trust is None else trusted_keys(trust))
+            n = len(self.bundle.variants)
+            if variant is not None and not 0 <= variant < n:
+                raise ValueError(f"variant {variant} does not exist (the bundle has {n})")
+            # The weights are checked once (svodrt verify), not at every load, unless asked or under a
+            # trust policy (docs/architecture.md "Runtime": at 0.6 ms/MB, more than the whole load).
+            self.check_weights = trust is not None or bool(verify_weights)
+        except BaseException:
+            self.close()
+            raise
+
+    def image(self, sec: Section) -> bytes | memoryview:
+        """A section's bytes, private and checked against its sha256."""
+        data = self.source.read(sec.offset, sec.length)
+        check_section(self.source, sec, data)
+        return data
+
+    def weights(self) -> tuple[np.ndarray, int]:
+        """The weights section in private, aligned memory, checked if check_weights."""
+        w = self.bundle.weights
+        buf, addr = aligned_empty(w.length, "weights")
+        view = memoryview(buf)[addr - buf.ctypes.data:][: w.length]
+        self.source.readinto(w.offset, view)
+        if self.check_weights:
+            check_section(self.source, w, view)
+        return buf, addr
+
+    def close(self) -> None:
+        self.source.close()

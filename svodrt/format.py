@@ -1,8 +1,5 @@
-"""The .svod bundle format: constants, the header and the binding digests, defined once, here (svodc
-imports them). docs/bundle-format.md is the specification: a 64-byte header (magic, version, sizes,
-the manifest's place and digest), sections stored uncompressed and aligned so they can be mapped,
-then the zstd-compressed msgpack manifest ending the file.
-"""
+"""The .svod bundle format's constants, header and binding digests, defined once here (svodc imports them);
+docs/bundle-format.md is the specification."""
 
 from __future__ import annotations
 
@@ -81,10 +78,15 @@ def variant_binding(variant: Mapping, code_sha256: bytes, manifest: Mapping) -> 
         fields.append(list(manifest.get("vocabulary", ())))
     if "dims" in manifest:
         fields.append(manifest["dims"])
+    return msgpack_sha256(fields)
+
+
+def msgpack_sha256(obj: object) -> bytes:
+    """sha256 of obj's msgpack encoding (the bindings, trust.signed_message)."""
     import hashlib  # only when a bundle is read or written, not at `import svodrt`
 
     import msgpack
-    return hashlib.sha256(msgpack.packb(fields, use_bin_type=True)).digest()
+    return hashlib.sha256(msgpack.packb(obj, use_bin_type=True)).digest()
 
 
 # GPU variants (format 1.2). Older runtimes read a GPU variant as a CPU variant of an architecture no
@@ -99,11 +101,7 @@ def gpu_binding(variant: Mapping, cubin_sha256: bytes | None) -> bytes:
     binding (which covers the code object and the plan). sha256 of the msgpack array
     [binding, kind, cubin sha256 or empty, [[kernel, symbol, grid, block] per launch]]."""
     launches = [[x["kernel"], x["symbol"], list(x["grid"]), list(x["block"])] for x in variant["launches"]]
-    fields = [bytes(variant["binding"]), variant["kind"], bytes(cubin_sha256 or b""), launches]
-    import hashlib  # only when a bundle is read or written, not at `import svodrt`
-
-    import msgpack
-    return hashlib.sha256(msgpack.packb(fields, use_bin_type=True)).digest()
+    return msgpack_sha256([bytes(variant["binding"]), variant["kind"], bytes(cubin_sha256 or b""), launches])
 
 
 # dtype names a bundle may use -> (the numpy dtype an element travels as, bytes per element). Types

@@ -13,10 +13,9 @@ from collections.abc import Mapping as MappingT
 
 import numpy as np
 
-from svodrt.bundle import Section, Variant
+from svodrt.bundle import Program, Section, Variant
 from svodrt.errors import DeviceError, ModelClosedError, UnsupportedHostError
 from svodrt.gpu_driver import CAPTURE_THREAD_LOCAL, Device, parse_device
-from svodrt.program import Program
 from svodrt.runner import Runner
 from svodrt.trust import TrustSpec
 

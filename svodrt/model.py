@@ -18,15 +18,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from svodrt.abi import ARENA_SLOT, FIRST_IO_SLOT, SYNC_SIZE, SYNC_YIELD, WEIGHTS_SLOT, table_slots
-from svodrt.bundle import Bundle, Variant
-from svodrt.dims import at_bound, dim_values, real_output
+from svodrt.bundle import Bundle, Program, Variant, aligned_empty, host_memory
 from svodrt.errors import ModelClosedError, RuntimeFailure, UnsupportedHostError
 from svodrt.features import feature_names
 from svodrt.format import GPU_KINDS
 from svodrt.host import Host, detect_host
 from svodrt.memory import YIELD_FN, map_code
-from svodrt.program import Program, aligned_empty, host_memory
-from svodrt.runner import Runner, check_input  # noqa: F401 (check_input: part of this module's API)
+from svodrt.runner import Runner, at_bound, check_input, dim_values, real_output  # noqa: F401 (check_input: API)
 from svodrt.trust import TrustSpec
 
 if TYPE_CHECKING:
@@ -142,7 +140,7 @@ class Model(Runner):
         return dict(zip(self._output_names, self._outputs(feeds), strict=True))
 
     def _outputs(self, feeds: MappingT[str, object]) -> list[np.ndarray]:
-        """Checked inputs in, outputs at their real shapes out (cut from the bound's: svodrt/dims.py)."""
+        """Checked inputs in, outputs at their real shapes out (cut from the bound's: svodrt/runner.py)."""
         arrays, dims = self._prepare(feeds)
         outs = self._call(arrays, dims=dims)
         if dims is None:
@@ -150,7 +148,7 @@ class Model(Runner):
         return [real_output(t, o, dims, self._dim_slots) for t, o in zip(self.bundle.outputs, outs, strict=True)]
 
     def _prepare(self, feeds: MappingT[str, object]) -> tuple[list[np.ndarray], object]:
-        """The checked inputs as the code reads them and the `dims` array (None: static; svodrt/dims.py)."""
+        """The checked inputs as the code reads them and the `dims` array (None: static; svodrt/runner.py)."""
         arrays, ins = self.check_inputs(feeds), self.bundle.inputs
         if not self.bundle.dims:
             return arrays, None
@@ -182,7 +180,7 @@ class Model(Runner):
               dims=None) -> list[np.ndarray]:
         """Outputs allocated (or given, checked: svodrt/session.py), an arena lent, the buffer table and sync
         block made (svodrt/abi.py), run(table, sync[, dims]) called (default: the entry, on as many threads
-        as pay off). dims: the bounded dims' values (svodrt/dims.py), None in a static bundle."""
+        as pay off). dims: the bounded dims' values (svodrt/runner.py), None in a static bundle."""
         self._begin()
         try:
             outs = outs if outs is not None else [np.empty(shape, dtype) for shape, dtype in self._output_specs]

@@ -1,8 +1,5 @@
-"""Signed bundles (docs/bundle-format.md "Trust model"). Checksums find damage; a signature names the
-origin. A signed manifest holds `signature`: {"key": a 32-byte Ed25519 public key, "ed25519": 64 bytes}
-over signed_message(). Under a trust policy (load(trust=...)) a bundle needs a valid signature by a
-trusted key, else UntrustedBundleError before any code is read. `cryptography` (the svod[sign]
-extra) is imported only to check a signature."""
+"""Signed bundles (docs/bundle-format.md "Trust model": the signature, what it covers, the policy). `cryptography`
+(the svod[sign] extra) is imported only to check a signature."""
 
 from __future__ import annotations
 
@@ -11,6 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from svodrt.errors import BundleFormatError, UntrustedBundleError
+from svodrt.format import msgpack_sha256
 
 TrustSpec = str | os.PathLike | bytes | Iterable[str | os.PathLike | bytes]
 
@@ -18,12 +16,8 @@ TrustSpec = str | os.PathLike | bytes | Iterable[str | os.PathLike | bytes]
 def signed_message(manifest: dict) -> bytes:
     """A domain tag, the sha256 of the manifest without its signature (one canonical msgpack
     re-encoding of the parsed objects: signer and verifier hash the same objects), every section's sha256."""
-    import hashlib  # here, not at `import svodrt`
-
-    import msgpack
-    unsigned = msgpack.packb({k: v for k, v in manifest.items() if k != "signature"}, use_bin_type=True)
-    return (b"svod bundle signature v1\x00" + hashlib.sha256(unsigned).digest()
-            + b"".join(bytes(s["sha256"]) for s in manifest["sections"]))
+    unsigned = msgpack_sha256({k: v for k, v in manifest.items() if k != "signature"})
+    return b"svod bundle signature v1\x00" + unsigned + b"".join(bytes(s["sha256"]) for s in manifest["sections"])
 
 
 def fingerprint(key: bytes) -> str:

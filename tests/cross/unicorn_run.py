@@ -6,7 +6,7 @@ What svodrt does, in an emulated address space: svodrt's parser and variant sele
 image at a 4 KiB-aligned base with every fixup word (bundle byte order) plus that base, the weights
 section as stored, the buffer table [arena, weights, inputs..., outputs...], a zeroed sync block,
 and one call svod_entry(bufs, dims, 0, 1, sync) per the platform's C calling convention (dims: NULL,
-or the values of a bundle's bounded dims, with inputs and outputs at the bounds, as svodrt/dims.py), returning
+or the values of a bundle's bounded dims, with inputs and outputs at the bounds, as svodrt/runner.py), returning
 to an address where emulation stops. One thread: unicorn runs one CPU (the barrier returns at once
 for nthreads = 1; the qemu tier runs two threads).
 """
@@ -18,10 +18,10 @@ import struct
 import numpy as np
 
 from svodrt.bundle import check_section, parse_bundle
-from svodrt.dims import at_bound, dim_values, real_output
 from svodrt.format import DTYPES
 from svodrt.host import Host
 from svodrt.model import check_input, select_variant
+from svodrt.runner import at_bound, dim_values, real_output
 
 PAGE = 4096
 CODE, DATA, STACK, STACK_SIZE = 0x1000_0000, 0x4000_0000, 0x7000_0000, 1 << 20
