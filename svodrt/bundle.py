@@ -1,5 +1,5 @@
 """Reading and verifying a bundle before anything of it is mapped or run (docs/bundle-format.md "Verification",
-steps 1-4; the plan: svodrt/plan.py), each failure a BundleFormatError naming field or section and offset. Bytes are
+steps 1-4; the plan: svodrt/schema.py), each failure a BundleFormatError naming field or section and offset. Bytes are
 read by offset into private memory, never mapped (docs/architecture.md "Runtime": stable bytes, bounded parsing);
 then Program: the step every executor starts with."""
 
@@ -12,11 +12,11 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from svodrt import format as fmt
+from svodrt import schema as sc
 from svodrt.abi import BUFFER_ALIGN
 from svodrt.errors import BundleFormatError, BundleVersionError, RuntimeFailure
 from svodrt.features import BYTE_ORDER
-from svodrt.plan import Plan, parse_plan
-from svodrt.schema import KernelInfo, Section, TensorInfo, TestVector, Variant, field, items, name, uint
+from svodrt.schema import KernelInfo, Section, TensorInfo, TestVector, Variant
 from svodrt.trust import TrustSpec, check_signature, trusted_keys
 
 __all__ = ["Bundle", "KernelInfo", "Program", "Section", "Source", "TensorInfo", "TestVector", "Variant",
@@ -76,8 +76,8 @@ def as_source(data: bytes | memoryview | Source) -> Source:
 
 
 @dataclass(frozen=True)
-class Bundle(Plan):
-    """A verified bundle: the execution plan (svodrt/plan.py) and where it came from."""
+class Bundle(sc.Plan):
+    """A verified bundle: the execution plan (svodrt/schema.py) and where it came from."""
 
     header: fmt.Header
     manifest: dict
@@ -178,10 +178,10 @@ def _zero_gap(src: Source, start: int, end: int, where: str) -> None:
 def _sections(m: dict, h: fmt.Header, src: Source) -> list[Section]:
     out: list[Section] = []
     prev_end = h.header_size
-    for i, s in enumerate(items(m, "sections", "manifest", 1024)):
+    for i, s in enumerate(sc.items(m, "sections", "manifest", 1024)):
         where = f"sections[{i}]"
-        sec = Section(i, name(s, "name", where), name(s, "kind", where), uint(s, "offset", where, fmt.MAX_BYTES),
-                      uint(s, "length", where, fmt.MAX_BYTES), field(s, "sha256", bytes, where))
+        sec = Section(i, sc.name(s, "name", where), sc.name(s, "kind", where), sc.uint(s, "offset", where),
+                      sc.uint(s, "length", where), sc.field(s, "sha256", bytes, where))
         align = fmt.section_align(sec.length)
         if sec.offset % align:
             raise _fail(f"section {sec.name!r} at offset {sec.offset} ({sec.length} bytes) is not {align}-aligned")
@@ -215,18 +215,18 @@ def parse_bundle(data: bytes | memoryview | Source) -> Bundle:
     h = read_header(src)
     m = read_manifest(src, h)
     try:
-        fmt = field(m, "format", list, "manifest")
+        fmt = sc.field(m, "format", list, "manifest")
         if fmt != [h.major, h.minor]:
             raise _fail(f"manifest format {fmt!r} disagrees with the header version {h.major}.{h.minor}")
         # [cross] format 1.1: "big" for s390x; all variants share the bundle's byte order
-        byte_order = field(m, "byte_order", str, "manifest")
+        byte_order = sc.field(m, "byte_order", str, "manifest")
         if byte_order not in ("little", "big"):
             raise _fail(f"manifest byte_order {byte_order[:20]!r} must be 'little' or 'big'")
         sections = _sections(m, h, src)
         weights = [s for s in sections if s.kind == "weights"]
         if len(weights) != 1:
             raise _fail(f"manifest sections: expected one weights section, found {len(weights)}")
-        plan = parse_plan(m, sections, weights[0])
+        plan = sc.parse_plan(m, sections, weights[0])
         for i, v in enumerate(plan.variants):
             if BYTE_ORDER.get(v.arch, byte_order) != byte_order:
                 raise _fail(f"manifest variants[{i}] is for {v.arch}, whose data is {BYTE_ORDER[v.arch]}-endian, "
