@@ -1,7 +1,5 @@
-"""The CPU feature table: named feature bits per architecture, defined once, here, and frozen (a feature
-keeps its bit forever; new ones are appended). Each names the feature as LLVM spells it (what svodc
-enables) and as Linux reports it (what svodrt/host.py detects). Features are named per architecture,
-never by CPU model (ambiguous on arm and riscv); on ppc64le and s390x an ISA level is one feature."""
+"""The CPU feature table, defined once here and frozen (a feature keeps its bit forever; new ones are appended):
+each feature as LLVM spells it (svodc) and as Linux reports it (host.py), per architecture, never per CPU model."""
 
 from __future__ import annotations
 

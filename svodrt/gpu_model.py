@@ -1,8 +1,5 @@
-"""GpuModel: the CUDA and HIP executor, built on a Program like the CPU's (the drivers mirror each
-other, gpu_driver.py, so only the image choice differs: cuda_image). Load: the first variant of the
-device's kind it can load (CUDA: its architecture's cubin, else PTX), as checked private bytes;
-weights uploaded once; arena and I/O allocated; launches resolved and captured as a graph unless
-graph=False. One set of device buffers per model, so concurrent run() calls take turns."""
+"""GpuModel: the CUDA and HIP executor, built on a Program like the CPU's (the drivers mirror each other,
+gpu_driver.py, so only the image choice differs: cuda_image); docs/architecture.md "GPU targets", Runtime."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""What this machine is: its architecture and its CPU features, named as in features.py. x86_64: the
-/proc/cpuinfo flags (only what the OS enabled); aarch64, ppc64le, s390x: HWCAP/HWCAP2 via getauxval;
-riscv64: the `isa` lines of /proc/cpuinfo, a feature counting only when every hart has it (AT_HWCAP's
-letters without /proc). A source that cannot be read means no optional feature: unknown is "no"."""
+"""What this machine is: its architecture and CPU features, named as in features.py (sources per architecture:
+docs/architecture.md "Cross targets"). A source that cannot be read means no optional feature: unknown is "no"."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Model: the CPU executor, built on a Program (docs/architecture.md "Runtime"). load() maps the
-first variant this host runs (svodrt/memory.py) and takes the Program's weights. run() checks the
-inputs (runner.py), lends an arena (one per concurrent call) and calls the entry (abi.py) on each
-thread. The threads-1 helpers start with the first parallel call and serve one call at a time (a
-call finding them busy runs alone); a call returns only once every thread has left native code,
-even if a signal handler raises; a forked child gets fresh locks and pool. close() waits, unmaps."""
+"""Model: the CPU executor, built on a Program: maps the first variant this host runs (memory.py), runs the
+entry (abi.py) on up to `threads` threads; its invariants: docs/architecture.md "Runtime" (threads, fork, close)."""
 
 from __future__ import annotations
 
