@@ -295,35 +295,30 @@ def check_arena_liveness(kernels: list[KernelInfo], buffers: dict[int, _Buffer])
     """No two scratch buffers may share arena bytes while both are live (from the first kernel that
     uses one to the last). Sweep over kernels keeping the live byte ranges sorted and disjoint:
     O(n log n) comparisons whatever the manifest says."""
-    first: dict[int, int] = {}
-    last: dict[int, int] = {}
+    span: dict[int, list[int]] = {}  # buffer -> [first kernel, last kernel], in order of first use
     for k, kernel in enumerate(kernels):
         for p in kernel.params:
             if buffers[p].kind == "scratch" and buffers[p].info.nbytes:
-                first.setdefault(p, k)
-                last[p] = k
-    starting: dict[int, list[int]] = {}
-    ending: dict[int, list[int]] = {}
-    for b in first:
-        starting.setdefault(first[b], []).append(b)
-        ending.setdefault(last[b], []).append(b)
+                span.setdefault(p, [k, k])[1] = k
+    # At each kernel, its new buffers (in order of first use) start before the buffers it ends are dropped.
+    events = sorted([(f, 0, b) for b, (f, _) in span.items()] + [(la, 1, b) for b, (_, la) in span.items()],
+                    key=lambda e: e[:2])
     starts: list[int] = []  # offsets of live buffers, sorted; owner[i] is the buffer at starts[i]
     owner: list[int] = []
-    for k in range(len(kernels)):
-        for b in starting.get(k, ()):
-            lo, hi = buffers[b].offset, buffers[b].offset + buffers[b].info.nbytes
-            i = bisect.bisect_left(starts, lo)
-            for j in (i - 1, i):
-                if 0 <= j < len(starts):
-                    other = buffers[owner[j]]
-                    if other.offset < hi and lo < other.offset + other.info.nbytes:
-                        raise fail("buffers", f"scratch buffers {b} and {owner[j]} overlap in the arena "
-                                   f"while both are live (kernel {k}, {kernels[k].name})")
-            starts.insert(i, lo)
-            owner.insert(i, b)
-        for b in ending.get(k, ()):
-            i = bisect.bisect_left(starts, buffers[b].offset)
+    for k, ending, b in events:
+        lo, hi = buffers[b].offset, buffers[b].offset + buffers[b].info.nbytes
+        i = bisect.bisect_left(starts, lo)
+        if ending:
             del starts[i], owner[i]
+            continue
+        for j in (i - 1, i):
+            if 0 <= j < len(starts):
+                other = buffers[owner[j]]
+                if other.offset < hi and lo < other.offset + other.info.nbytes:
+                    raise fail("buffers", f"scratch buffers {b} and {owner[j]} overlap in the arena "
+                               f"while both are live (kernel {k}, {kernels[k].name})")
+        starts.insert(i, lo)
+        owner.insert(i, b)
 
 
 def _variant(m: dict, i: int, sections: list[Section], n_kernels: int) -> Variant:
