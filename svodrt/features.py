@@ -73,9 +73,3 @@ def to_bits(arch: str, names: list[str] | tuple[str, ...]) -> int:
         bits |= 1 << index[n]
     return bits
 
-
-def from_bits(arch: str, bits: int) -> list[str]:
-    table = FEATURES[arch]
-    if bits >> len(table):
-        raise ValueError(f"feature bits {bits:#x} name features this runtime does not know for {arch}")
-    return [f.name for i, f in enumerate(table) if bits >> i & 1]

@@ -3,6 +3,7 @@ docs/architecture.md "Cross targets"). A source that cannot be read means no opt
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import platform
@@ -45,14 +46,11 @@ def host_arch() -> str:
 def _cpuinfo_values(key: str) -> list[str]:
     """The value of every `key : value` line of /proc/cpuinfo (one per CPU for most keys)."""
     out = []
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                name, sep, value = line.partition(":")
-                if sep and name.strip() == key:
-                    out.append(value.strip())
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+        for line in f:
+            name, sep, value = line.partition(":")
+            if sep and name.strip() == key:
+                out.append(value.strip())
     return out
 
 
@@ -67,11 +65,7 @@ def _getauxval(kind: int) -> int:
 
 def features_from_hwcap(arch: str, hwcap: int, hwcap2: int) -> frozenset[str]:
     """The table's features of `arch` that HWCAP/HWCAP2 report."""
-    words = (hwcap, hwcap2)
-    found = set()
-    for name, (word, bit) in HWCAP_BITS[arch].items():
-        if words[word] >> bit & 1:
-            found.add(name)
+    found = {name for name, (word, bit) in HWCAP_BITS[arch].items() if (hwcap, hwcap2)[word] >> bit & 1}
     return frozenset(f.name for f in FEATURES[arch] if f.linux in found)
 
 
@@ -92,20 +86,16 @@ def features_from_riscv_isa(isa_lines: list[str]) -> frozenset[str]:
     return frozenset(f.name for f in FEATURES["riscv64"] if f.linux in common)
 
 
-def _riscv_hwcap_letters(hwcap: int) -> list[str]:
-    return ["rv64" + "".join(chr(ord("a") + i) for i in range(26) if hwcap >> i & 1)]
-
-
 @functools.cache
 def detect_host() -> Host:
     arch = host_arch()
     table = FEATURES.get(arch, ())
     if arch == "x86_64":
-        flags = set(_cpuinfo_values("flags")[0].split()) if _cpuinfo_values("flags") else set()
+        flags = set(next(iter(_cpuinfo_values("flags")), "").split())
         return Host(arch, frozenset(f.name for f in table if f.linux in flags))
     if arch in HWCAP_BITS:
         return Host(arch, features_from_hwcap(arch, _getauxval(AT_HWCAP), _getauxval(AT_HWCAP2)))
     if arch == "riscv64":
-        isa = _cpuinfo_values("isa") or _riscv_hwcap_letters(_getauxval(AT_HWCAP))
-        return Host(arch, features_from_riscv_isa(isa))
+        letters = "".join(chr(ord("a") + i) for i in range(26) if _getauxval(AT_HWCAP) >> i & 1)  # no /proc
+        return Host(arch, features_from_riscv_isa(_cpuinfo_values("isa") or ["rv64" + letters]))
     return Host(arch, frozenset())

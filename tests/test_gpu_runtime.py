@@ -1,4 +1,4 @@
-"""svodrt's GPU path (svodrt/gpu_driver.py, gpu_model.py) on a stand-in driver whose kernels run as
+"""svodrt's GPU path (svodrt/gpu_model.py) on a stand-in driver whose kernels run as
 their CPU emulation (tests/gpu/harness.py): real outputs compared with onnxruntime, the call
 sequence the driver sees, variant choice per device, and every error path that needs no GPU."""
 
@@ -120,7 +120,7 @@ def test_driver_library_missing(small_gpu, device):
     import ctypes
 
     kind = device.split(":")[0]
-    for name in svodrt.gpu_driver.LIBRARIES[kind]:
+    for name in svodrt.gpu_model.LIBRARIES[kind]:
         try:
             ctypes.CDLL(name)
             pytest.skip(f"this machine has the {kind} driver library {name}")
