@@ -89,8 +89,7 @@ _fail = BundleFormatError
 
 
 def read_header(data: bytes | memoryview | Source) -> fmt.Header:
-    src = as_source(data)
-    size = src.size
+    size = (src := as_source(data)).size
     if size < fmt.HEADER_SIZE:
         raise _fail(f"file is {size} bytes, shorter than the {fmt.HEADER_SIZE}-byte header: not a .svod bundle "
                     "or truncated")
@@ -145,15 +144,13 @@ def _unpack(raw: bytes, file_size: int) -> object:
 def read_manifest(data: bytes | memoryview | Source, h: fmt.Header) -> dict:
     import hashlib
     src = as_source(data)
-    stored = src.read(h.manifest_offset, h.manifest_size)
+    raw = stored = src.read(h.manifest_offset, h.manifest_size)
     if h.flags & fmt.FLAG_MANIFEST_ZSTD:
         import zstandard
         try:  # max_output_size bounds the memory a lying frame header can make us allocate
             raw = zstandard.ZstdDecompressor().decompress(stored, max_output_size=h.manifest_raw_size)
         except zstandard.ZstdError as e:
             raise _fail(f"manifest at offset {h.manifest_offset} does not decompress: {e}") from None
-    else:
-        raw = stored
     if len(raw) != h.manifest_raw_size:
         raise _fail(f"manifest at offset {h.manifest_offset} is {len(raw)} bytes, header says {h.manifest_raw_size}")
     if hashlib.sha256(raw).digest()[:8] != h.manifest_digest:

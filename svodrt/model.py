@@ -44,8 +44,7 @@ def variant_problem(v: Variant, host: Host) -> str | None:
     missing = [f for f in v.features if f not in host.features]
     if not missing:
         return None
-    known = set(feature_names(v.arch))
-    unknown = [f for f in missing if f not in known]
+    unknown = [f for f in missing if f not in feature_names(v.arch)]
     note = f"; {', '.join(unknown)} unknown to this runtime: upgrade svodrt" if unknown else ""
     return f"missing {', '.join(missing)}{note}"
 

@@ -36,7 +36,6 @@ class Runner:
         self._dim_slots = {d.name: i for i, d in enumerate(self.bundle.dims)}
         self._strings = StringTable(self.bundle.vocabulary) if self._string_inputs else None
 
-    # ------------------------------------------------------------------ description
     @property
     def inputs(self) -> list[TensorInfo]:
         return list(self.bundle.inputs)
@@ -49,7 +48,6 @@ class Runner:
         ins, outs = ", ".join(map(str, self.inputs)), ", ".join(map(str, self.outputs))
         return f"<svodrt.Model ({ins}) -> ({outs}) on {self.variant.describe()}>"
 
-    # ------------------------------------------------------------------ running
     def _fast_inputs(self, feeds: object) -> list[np.ndarray] | None:
         """The common case in a few comparisons: a dict of exactly the inputs, each an ndarray of the
         declared dtype and shape, C-contiguous and aligned. None means: take the full check."""
@@ -68,20 +66,17 @@ class Runner:
     def check_inputs(self, feeds: MappingT[str, object]) -> list[np.ndarray]:
         """Validate a feed dict against the model's inputs; returns the arrays the code will read, in
         input order (C-contiguous and aligned: copied if they were not)."""
-        fast = self._fast_inputs(feeds)
-        if fast is not None:
+        if (fast := self._fast_inputs(feeds)) is not None:
             return fast
         if not isinstance(feeds, MappingT):
             raise InputError(f"inputs must be a dict of name -> array, got {type(feeds).__name__}")
         expected = [t.name for t in self.bundle.inputs]
-        unexpected = [k for k in feeds if k not in expected]
-        if unexpected:
+        if unexpected := [k for k in feeds if k not in expected]:
             raise InputError(f"unexpected input{'s' if len(unexpected) > 1 else ''} {unexpected}; the model's "
                              f"inputs are {expected}")
-        for t in self.bundle.inputs:
-            if t.name not in feeds:
-                raise InputError(f"missing input {t.name!r} ({t.dtype}{list(t.shape)}); the model's inputs are "
-                                 f"{expected}")
+        if missing := [t for t in self.bundle.inputs if t.name not in feeds]:
+            t = missing[0]
+            raise InputError(f"missing input {t.name!r} ({t.dtype}{list(t.shape)}); the model's inputs are {expected}")
         if self._strings is not None:  # strings become int32 ids, one numbering per call (svodrt/strings.py)
             for t in self._string_inputs:  # dims first: interning costs a dict lookup per string
                 check_shape(t, feeds[t.name])

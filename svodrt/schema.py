@@ -27,10 +27,9 @@ def field(d: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
         raise fail(where, f"is a {type(d).__name__}, expected a map")
     if key not in d:
         raise fail(f"{where}.{key}", "is missing")
-    v = d[key]
-    if (isinstance(v, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,))) or not isinstance(v, kind):
-        names = "/".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-        raise fail(f"{where}.{key}", f"has type {type(v).__name__}, expected {names}")
+    v, kinds = d[key], kind if isinstance(kind, tuple) else (kind,)
+    if (isinstance(v, bool) and bool not in kinds) or not isinstance(v, kind):
+        raise fail(f"{where}.{key}", f"has type {type(v).__name__}, expected {'/'.join(k.__name__ for k in kinds)}")
     return v
 
 
@@ -46,9 +45,9 @@ def uint(d: Any, key: str, where: str, limit: int = MAX_BYTES) -> int:
     return check_uint(field(d, key, int, where), f"{where}.{key}", limit)
 
 
-def name(d: Any, key: str, where: str, allow_empty: bool = False) -> str:
+def name(d: Any, key: str, where: str) -> str:
     v = field(d, key, str, where)
-    if len(v) > MAX_NAME or (not v and not allow_empty) or "\x00" in v:
+    if len(v) > MAX_NAME or not v or "\x00" in v:
         raise fail(f"{where}.{key}", f"{v[:40]!r} must be 1..{MAX_NAME} characters without NUL")
     return v
 
