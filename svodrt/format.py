@@ -63,11 +63,8 @@ def section_align(length: int) -> int:
 
 
 def variant_binding(variant: Mapping, code_sha256: bytes, manifest: Mapping) -> bytes:
-    """The digest that binds a code image to everything its machine code was compiled against: range
-    checks cannot tell a plausible but wrong entry offset, fixup, feature list, shape or arena size
-    from the right one. sha256 of the msgpack array [arch, cpu, features, feature_bits, code sha256,
-    entry, kernels, fixups, [[name, dtype, shape] per input], [... per output], arena_size,
-    weights_size], plus the `vocabulary` when an input is a string (1.4: ids are code too), and `dims` (1.5)."""
+    """Binds a code image to everything its machine code was compiled against (range checks cannot tell a
+    plausible but wrong offset, fixup, feature list, shape or arena size): docs/bundle-format.md "Variants"."""
     def sig(ts) -> list:
         return [[t["name"], t["dtype"], list(t["shape"])] for t in ts]
 
@@ -97,9 +94,7 @@ MAX_BLOCK = 1024  # threads per block
 
 
 def gpu_binding(variant: Mapping, cubin_sha256: bytes | None) -> bytes:
-    """Binds what only GPU runtimes read -- the kind, the launch list and the cubin -- to the variant's
-    binding (which covers the code object and the plan). sha256 of the msgpack array
-    [binding, kind, cubin sha256 or empty, [[kernel, symbol, grid, block] per launch]]."""
+    """Binds the kind, launch list and cubin to the variant's binding: docs/bundle-format.md "GPU variants"."""
     launches = [[x["kernel"], x["symbol"], list(x["grid"]), list(x["block"])] for x in variant["launches"]]
     return msgpack_sha256([bytes(variant["binding"]), variant["kind"], bytes(cubin_sha256 or b""), launches])
 

@@ -1,8 +1,6 @@
-"""GpuModel: the CUDA and HIP executor, built on a Program like the CPU's; docs/architecture.md "GPU targets",
-Runtime. The drivers are reached through ctypes, no toolkit at run time: the CUDA driver API (libcuda.so.1) and HIP's
-module API (libamdhip64.so) mirror each other, so one table names each operation in both and one executor serves both
-(only the image choice differs: cuda_image). Every status is checked: a failure is a DeviceError naming the function
-and the driver's error name."""
+"""GpuModel: the CUDA and HIP executor on a Program, through the drivers' ctypes APIs (docs/architecture.md "GPU
+targets"). The two APIs mirror each other: one table names each operation in both, only the image choice differs
+(cuda_image). Every status is checked: a failure is a DeviceError naming the function and the driver's error name."""
 
 from __future__ import annotations
 

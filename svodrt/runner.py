@@ -1,8 +1,5 @@
-"""Runner: what every executor (model.py: CPUs; gpu_model.py: CUDA and HIP) shares: the model's description and
-the checking of inputs, done before native code sees anything; and bounded dims at run time (format 1.5): the code
-is laid out at the upper bounds and reads the dims' values (checked here) from the entry's `dims` array. Inputs laid
-out as at the bound pass as they are, others are copied into a bound-shaped buffer; outputs are cut from bound-shaped
-ones."""
+"""Runner: what every executor (model.py, gpu_model.py) shares: the description and the input checks, done before
+native code sees anything; and bounded dims at run time (format 1.5, docs/architecture.md "Bounded dims")."""
 
 from __future__ import annotations
 

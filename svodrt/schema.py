@@ -1,8 +1,5 @@
-"""The manifest's schema (docs/bundle-format.md "Manifest", "Verification" steps 3 and 5): typed readers that check
-type and range and raise BundleFormatError naming the field's path (`variants[1].fixups[3]`; bool is refused wherever
-an integer is expected), the records built from a verified manifest, and the execution plan's checks: structure first
-(counts, unique names and ids, buffers inside their areas, no two live scratch buffers overlapping, code offsets inside
-their section), then each variant's binding digest (format.variant_binding)."""
+"""The manifest's schema (docs/bundle-format.md "Manifest", "Verification" 3 and 5): typed readers raising
+BundleFormatError with the field's path (`variants[1].fixups[3]`; a bool is no integer), records, the plan's checks."""
 
 from __future__ import annotations
 

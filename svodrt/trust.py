@@ -14,8 +14,7 @@ TrustSpec = str | os.PathLike | bytes | Iterable[str | os.PathLike | bytes]
 
 
 def signed_message(manifest: dict) -> bytes:
-    """A domain tag, the sha256 of the manifest without its signature (one canonical msgpack
-    re-encoding of the parsed objects: signer and verifier hash the same objects), every section's sha256."""
+    """What is signed (docs/bundle-format.md "Trust model"): signer and verifier hash the same parsed objects."""
     unsigned = msgpack_sha256({k: v for k, v in manifest.items() if k != "signature"})
     return b"svod bundle signature v1\x00" + unsigned + b"".join(bytes(s["sha256"]) for s in manifest["sections"])
 
