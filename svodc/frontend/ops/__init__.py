@@ -25,4 +25,5 @@ from svodc.frontend.ops import (  # noqa: F401
     sequence,
     shape_ops,
     signal,
+    trees,
 )
