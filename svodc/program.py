@@ -64,3 +64,4 @@ class Program:
     weights_size: int = 0
     producer: str = ""  # the tool that made the source model
     vocabulary: tuple[str, ...] = ()  # string id i stands for vocabulary[i] (svodc/frontend/strings.py)
+    zipmaps: tuple[tuple[str, tuple[int | str, ...]], ...] = ()  # (output, keys): returned as a list of dicts

@@ -104,6 +104,9 @@ class Runner:
         self._output_names = [t.name for t in self.bundle.outputs]
         self._string_inputs = [t for t in self.bundle.inputs if t.dtype == STRING]
         self._strings = StringTable(self.bundle.vocabulary) if self._string_inputs else None
+        # Format 1.5: outputs decoded at the edge, string ids -> str and ZipMap scores -> dicts.
+        self._string_outputs = [t.name for t in self.bundle.outputs if t.dtype == STRING]
+        self._decode = StringTable(self.bundle.vocabulary) if self._string_outputs or self.bundle.zipmaps else None
 
     # ------------------------------------------------------------------ description
     @property
@@ -155,6 +158,15 @@ class Runner:
         if self._strings is not None:  # strings become int32 ids, one numbering per call (svodrt/strings.py)
             feeds = {**feeds, **self._strings.intern(self._string_inputs, feeds)}
         return [check_input(t, feeds[t.name]) for t in self.bundle.inputs]
+
+    def _results(self, outs: list[np.ndarray], feeds: MappingT[str, object]) -> dict:
+        result: dict = dict(zip(self._output_names, outs, strict=True))
+        if self._decode is not None:
+            for name in self._string_outputs:
+                result[name] = self._decode.decode(result[name], self._string_inputs, feeds)
+            for name, keys in self.bundle.zipmaps:
+                result[name] = [dict(zip(keys, row, strict=True)) for row in result[name].tolist()]
+        return result
 
     def __enter__(self) -> Runner:
         return self
@@ -258,8 +270,7 @@ class Model(Runner):
 
     def run(self, feeds: MappingT[str, object]) -> dict[str, np.ndarray]:
         """Run the model: {input name: array} -> {output name: array}. Safe to call from many threads."""
-        outs = self._call(self.check_inputs(feeds))
-        return dict(zip(self._output_names, outs, strict=True))
+        return self._results(self._call(self.check_inputs(feeds)), feeds)
 
     def profile(self, feeds: MappingT[str, object], repeat: int = 10) -> list[tuple[str, float, tuple[str, ...]]]:
         """Time each kernel alone (single-threaded, its own entry point): [(kernel, median seconds,

@@ -37,6 +37,7 @@ from svodrt.schema import (
     uint,
     uints,
     vocabulary,
+    zipmaps,
 )
 
 
@@ -51,8 +52,9 @@ class Plan:
     test_vectors: list[TestVector]
     # buffer id -> (kind, position): ("input"|"output", slot) or ("weight"|"scratch", byte offset)
     placement: dict[int, tuple[str, int]]
-    # Format 1.4: what string ids below len(vocabulary) stand for; () when no input is a string.
+    # Format 1.4: what string ids below len(vocabulary) stand for; () when no input or output is a string.
     vocabulary: tuple[str, ...]
+    zipmaps: tuple[tuple[str, tuple], ...]  # format 1.5: (output, keys) returned as a list of dicts
 
 
 @dataclass(frozen=True)
@@ -74,11 +76,6 @@ def _io(m: dict, group: str) -> tuple[list[TensorInfo], list[int]]:
     names = [t.name for t in tensors]
     if len(set(names)) != len(names):
         raise fail(group, f"names repeat: {names}")
-    if group == "outputs":
-        for i, t in enumerate(tensors):
-            if t.dtype == STRING:  # the format defines strings as inputs only: run() cannot make them
-                raise fail(f"outputs[{i}].dtype", f"output {t.name!r} is a string: this runtime returns no "
-                           "string outputs (upgrade svodrt)")
     return tensors, ids
 
 
@@ -257,10 +254,10 @@ def parse_plan(m: dict, sections: list[Section], weights: Section) -> Plan:
     check_arena_liveness(kernels, buffers)
     placement = {b.id: (b.kind, b.offset) for b in buffers.values()}
     # Read before the variants: their bindings cover it.
-    vocab = vocabulary(m) if any(t.dtype == STRING for t in inputs) else ()
+    vocab = vocabulary(m) if any(t.dtype == STRING for t in inputs + outputs) else ()
     variants = [_variant(m, i, sections, len(kernels)) for i in range(len(items(m, "variants", "manifest")))]
     if not variants:
         raise fail("variants", "the bundle has no code variant")
     return Plan(inputs, outputs, kernels, variants, arena, weights_size, _test_vectors(m, inputs, outputs), placement,
-                vocab)
+                vocab, zipmaps(m, outputs))
 

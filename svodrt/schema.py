@@ -157,3 +157,21 @@ class TestVector:
     inputs: tuple[bytes, ...]
     outputs: tuple[bytes, ...]
     tolerance: tuple[float, ...]
+
+
+def zipmaps(m: Any, outputs: list[TensorInfo]) -> tuple[tuple[str, tuple], ...]:
+    """The manifest's `zipmaps` (format 1.5): [output name, keys] per float32 [N, len(keys)] output that
+    run() returns as a list of {key: score} dicts (ai.onnx.ml ZipMap); keys all str or all int."""
+    if "zipmaps" not in m:
+        return ()
+    by_name, out = {t.name: t for t in outputs}, []
+    for i, z in enumerate(items(m, "zipmaps", "manifest")):
+        if not isinstance(z, list) or len(z) != 2 or not isinstance(z[1], list):
+            raise fail(f"zipmaps[{i}]", "must be [output name, keys]")
+        t = by_name.get(z[0]) if isinstance(z[0], str) else None
+        if t is None or t.dtype != "float32" or len(t.shape) != 2 or t.shape[1] != len(z[1]):
+            raise fail(f"zipmaps[{i}]", f"names no float32 [N, {len(z[1])}] output")
+        if not (all(type(k) is str for k in z[1]) or all(type(k) is int for k in z[1])):
+            raise fail(f"zipmaps[{i}][1]", "keys must be all str or all int")
+        out.append((z[0], tuple(z[1])))
+    return tuple(out)

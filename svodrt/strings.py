@@ -44,6 +44,18 @@ class StringTable:
             out[t.name] = ids.reshape(value.shape)  # type: ignore[union-attr]
         return out
 
+    def decode(self, ids: np.ndarray, inputs: Sequence[TensorInfo], feeds: Mapping[str, object]) -> np.ndarray:
+        """A string output: ids -> an object array of str. An id past the vocabulary is one of this
+        call's input strings (the compiled code only moves those): intern() numbers them again."""
+        known = dict(enumerate(self.vocabulary))
+        if ids.size and int(ids.max()) >= len(known):
+            again = self.intern(inputs, feeds)
+            for t in inputs:
+                known.update(zip(again[t.name].reshape(-1).tolist(), _strings(t, feeds[t.name]), strict=True))
+        out = np.empty(ids.shape, dtype=object)
+        out.reshape(-1)[:] = [known.get(i, "") for i in ids.reshape(-1).tolist()]
+        return out
+
     def strings_for_ids(self, ids: np.ndarray) -> np.ndarray:
         """An object array of strings that intern to ids equivalent to `ids` (a test vector's stored
         input): the vocabulary's string for an id in it, and for each other id (a damaged vector may

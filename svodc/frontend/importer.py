@@ -30,6 +30,7 @@ from svodc.frontend.boundary import graph_input, graph_output
 from svodc.frontend.dtypes import UnsupportedDType, onnx_to_dtype
 from svodc.frontend.graph_import import POISON, GraphImporter, Scope
 from svodc.frontend.strings import Vocabulary
+from svodc.frontend.values import ZipMapValue
 from svodc.frontend.weights import ExternalData, weight_files
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import ConstData, Ops
@@ -48,6 +49,7 @@ class ImportedGraph:
     producer: str  # "name version" of the tool that made the model, for the manifest
     expanded_ops: frozenset[str] = frozenset()  # ops imported through their ONNX function bodies
     vocabulary: tuple[str, ...] = ()  # the model's strings; string id i is vocabulary[i] (frontend/strings.py)
+    zipmaps: tuple[tuple[str, tuple[int | str, ...]], ...] = ()  # (output, keys): svodrt returns a list of dicts
 
 
 def load_model(source: ModelSource) -> onnx.ModelProto:
@@ -113,22 +115,21 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
 
     importer = GraphImporter(prov, lambda init: _weight(init, external, vocabulary), vocabulary)
     problems += importer.import_graph_nodes(graph, scope, opsets)
-    outputs = []
+    outputs, zipmaps = [], []
     for vi in graph.output:
         v = scope.get(vi.name, None)
         if v is None:
             raise InvalidModelError(f"graph output {vi.name!r} is not produced by any node")
         if v is POISON:
             continue
-        for name, x in graph_output(vi.name, v):
-            if x.dtype is dtypes.string:  # svodrt returns numbers; ids mean nothing to the caller
-                problems.append(UnsupportedNode(name, "graph output", "", 0, "string outputs are not supported "
-                                                "(string tensors can be inputs, compared and mapped to numbers)"))
-            outputs.append((name, x))
+        if isinstance(v, ZipMapValue):
+            zipmaps.append((vi.name, v.keys))
+        outputs += graph_output(vi.name, v)  # string outputs are ids: svodrt decodes them (format 1.5)
     if problems:
         raise UnsupportedModelError(problems)
     producer = f"{model.producer_name} {model.producer_version}".strip()
-    return ImportedGraph(inputs, outputs, prov, producer, frozenset(importer.expanded), vocabulary.strings)
+    return ImportedGraph(inputs, outputs, prov, producer, frozenset(importer.expanded), vocabulary.strings,
+                         tuple(zipmaps))
 
 
 def _weight(init: onnx.TensorProto, external: ExternalData, vocabulary: Vocabulary) -> UOp:

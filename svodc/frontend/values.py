@@ -32,7 +32,16 @@ class OptionalValue:
         return self.value is not None
 
 
-Value = UOp | SequenceValue | OptionalValue
+@dataclass(frozen=True)
+class ZipMapValue:
+    """ai.onnx.ml ZipMap's sequence of maps: row i is {keys[j]: scores[i, j]}. Only a graph output can
+    take it; the bundle output is the scores tensor, with the keys in the manifest (format 1.5)."""
+
+    scores: UOp
+    keys: tuple[int | str, ...]
+
+
+Value = UOp | SequenceValue | OptionalValue | ZipMapValue
 
 
 def describe(v: Value | None) -> str:
@@ -40,6 +49,8 @@ def describe(v: Value | None) -> str:
         return "nothing"
     if isinstance(v, SequenceValue):
         return f"a sequence of {len(v)} {v.dtype.name} tensors"
+    if isinstance(v, ZipMapValue):
+        return f"a sequence of {v.scores.shape[0]} maps (ZipMap)"
     if isinstance(v, OptionalValue):
         return f"an optional holding {describe(v.value)}"
     return f"a {v.dtype.name} tensor of shape {list(v.shape)}"

@@ -113,7 +113,7 @@ def build_program(graph: ImportedGraph, options: CompileOptions) -> Program:
 
     weight_list = list(weights.values())
     program = Program(inputs, out_bufs, kernels, weight_list, scratch, producer=graph.producer,
-                      vocabulary=graph.vocabulary)
+                      vocabulary=graph.vocabulary, zipmaps=graph.zipmaps)
     program.arena_size = plan_arena(kernels, scratch)
     program.weights_size = plan_weights(weight_list)
     return program

@@ -13,6 +13,8 @@ from svodc.frontend.ops import (  # noqa: F401
     linear_attention,
     loss,
     ml,
+    ml_linear,
+    ml_transforms,
     movement,
     nn,
     normalization,
