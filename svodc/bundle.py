@@ -173,6 +173,8 @@ def write_bundle_to(out: BinaryIO, program: Program, images: list[tuple[Target, 
         manifest["vocabulary"] = list(program.vocabulary)
     if program.zipmaps:  # format 1.5
         manifest["zipmaps"] = [[name, list(keys)] for name, keys in program.zipmaps]
+    if program.edge_outputs:  # format 1.5
+        manifest["edge_outputs"] = [[name, e.op, e.input, e.attrs] for name, e in program.edge_outputs]
     for v in variants:
         v["binding"] = variant_binding(v, table[v["section"]]["sha256"], manifest)
         if "launches" in v:

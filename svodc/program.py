@@ -65,3 +65,4 @@ class Program:
     producer: str = ""  # the tool that made the source model
     vocabulary: tuple[str, ...] = ()  # string id i stands for vocabulary[i] (svodc/frontend/strings.py)
     zipmaps: tuple[tuple[str, tuple[int | str, ...]], ...] = ()  # (output, keys): returned as a list of dicts
+    edge_outputs: tuple = ()  # (output, frontend.values.EdgeStrings): outputs svodrt computes from input strings

@@ -29,7 +29,7 @@ from svodrt.features import feature_names
 from svodrt.format import BITS_OF, DTYPES, GPU_KINDS, STRING, SYNC_SIZE
 from svodrt.host import Host, detect_host
 from svodrt.memory import PAGE, YIELD_FN, Mapping, map_code, map_readonly
-from svodrt.strings import StringTable
+from svodrt.strings import StringTable, normalize, strings_of
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -106,7 +106,8 @@ class Runner:
         self._strings = StringTable(self.bundle.vocabulary) if self._string_inputs else None
         # Format 1.5: outputs decoded at the edge, string ids -> str and ZipMap scores -> dicts.
         self._string_outputs = [t.name for t in self.bundle.outputs if t.dtype == STRING]
-        self._decode = StringTable(self.bundle.vocabulary) if self._string_outputs or self.bundle.zipmaps else None
+        self._decode = StringTable(self.bundle.vocabulary) if (self._string_outputs or self.bundle.zipmaps
+                                                               or self.bundle.edge_outputs) else None
 
     # ------------------------------------------------------------------ description
     @property
@@ -166,6 +167,9 @@ class Runner:
                 result[name] = self._decode.decode(result[name], self._string_inputs, feeds)
             for name, keys in self.bundle.zipmaps:
                 result[name] = [dict(zip(keys, row, strict=True)) for row in result[name].tolist()]
+            for name, source, attrs in self.bundle.edge_outputs:  # StringNormalizer of a string input
+                t = next(t for t in self._string_inputs if t.name == source)
+                result[name] = normalize(np.array(strings_of(t, feeds[source]), dtype=object).reshape(t.shape), **attrs)
         return result
 
     def __enter__(self) -> Runner:

@@ -29,6 +29,7 @@ from svodrt.schema import (
     TensorInfo,
     TestVector,
     Variant,
+    edge_outputs,
     fail,
     field,
     items,
@@ -55,6 +56,7 @@ class Plan:
     # Format 1.4: what string ids below len(vocabulary) stand for; () when no input or output is a string.
     vocabulary: tuple[str, ...]
     zipmaps: tuple[tuple[str, tuple], ...]  # format 1.5: (output, keys) returned as a list of dicts
+    edge_outputs: tuple[tuple[str, str, dict], ...]  # format 1.5: (output, input, StringNormalizer attributes)
 
 
 @dataclass(frozen=True)
@@ -259,5 +261,5 @@ def parse_plan(m: dict, sections: list[Section], weights: Section) -> Plan:
     if not variants:
         raise fail("variants", "the bundle has no code variant")
     return Plan(inputs, outputs, kernels, variants, arena, weights_size, _test_vectors(m, inputs, outputs), placement,
-                vocab, zipmaps(m, outputs))
+                vocab, zipmaps(m, outputs), edge_outputs(m, inputs, outputs))
 

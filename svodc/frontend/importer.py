@@ -30,7 +30,7 @@ from svodc.frontend.boundary import graph_input, graph_output
 from svodc.frontend.dtypes import UnsupportedDType, onnx_to_dtype
 from svodc.frontend.graph_import import POISON, GraphImporter, Scope
 from svodc.frontend.strings import Vocabulary
-from svodc.frontend.values import ZipMapValue
+from svodc.frontend.values import EdgeStrings, ZipMapValue
 from svodc.frontend.weights import ExternalData, weight_files
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import ConstData, Ops
@@ -50,6 +50,7 @@ class ImportedGraph:
     expanded_ops: frozenset[str] = frozenset()  # ops imported through their ONNX function bodies
     vocabulary: tuple[str, ...] = ()  # the model's strings; string id i is vocabulary[i] (frontend/strings.py)
     zipmaps: tuple[tuple[str, tuple[int | str, ...]], ...] = ()  # (output, keys): svodrt returns a list of dicts
+    edge_outputs: tuple[tuple[str, EdgeStrings], ...] = ()  # outputs svodrt computes from input strings
 
 
 def load_model(source: ModelSource) -> onnx.ModelProto:
@@ -115,7 +116,7 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
 
     importer = GraphImporter(prov, lambda init: _weight(init, external, vocabulary), vocabulary)
     problems += importer.import_graph_nodes(graph, scope, opsets)
-    outputs, zipmaps = [], []
+    outputs, zipmaps, edge = [], [], []
     for vi in graph.output:
         v = scope.get(vi.name, None)
         if v is None:
@@ -124,12 +125,14 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
             continue
         if isinstance(v, ZipMapValue):
             zipmaps.append((vi.name, v.keys))
+        if isinstance(v, EdgeStrings):
+            edge.append((vi.name, v))
         outputs += graph_output(vi.name, v)  # string outputs are ids: svodrt decodes them (format 1.5)
     if problems:
         raise UnsupportedModelError(problems)
     producer = f"{model.producer_name} {model.producer_version}".strip()
     return ImportedGraph(inputs, outputs, prov, producer, frozenset(importer.expanded), vocabulary.strings,
-                         tuple(zipmaps))
+                         tuple(zipmaps), tuple(edge))
 
 
 def _weight(init: onnx.TensorProto, external: ExternalData, vocabulary: Vocabulary) -> UOp:

@@ -41,7 +41,17 @@ class ZipMapValue:
     keys: tuple[int | str, ...]
 
 
-Value = UOp | SequenceValue | OptionalValue | ZipMapValue
+@dataclass(frozen=True)
+class EdgeStrings:
+    """A string op on a graph input whose result only svodrt computes, at the edge (its shape depends on
+    the strings): only a graph output can take it (format 1.5 `edge_outputs`)."""
+
+    op: str
+    input: str
+    attrs: dict
+
+
+Value = UOp | SequenceValue | OptionalValue | ZipMapValue | EdgeStrings
 
 
 def describe(v: Value | None) -> str:
@@ -49,6 +59,8 @@ def describe(v: Value | None) -> str:
         return "nothing"
     if isinstance(v, SequenceValue):
         return f"a sequence of {len(v)} {v.dtype.name} tensors"
+    if isinstance(v, EdgeStrings):
+        return f"the {v.op} of graph input {v.input!r}, which svod computes only as a graph output"
     if isinstance(v, ZipMapValue):
         return f"a sequence of {v.scores.shape[0]} maps (ZipMap)"
     if isinstance(v, OptionalValue):

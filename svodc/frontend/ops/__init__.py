@@ -27,5 +27,6 @@ from svodc.frontend.ops import (  # noqa: F401
     sequence,
     shape_ops,
     signal,
+    string_ops,
     trees,
 )
