@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test test-fast test-models test-gpu test-cross cross-tools lint bench clean onnx-coverage fuzz
+.PHONY: setup demo test test-fast test-models test-ml test-gpu test-cross cross-tools lint bench clean onnx-coverage fuzz
 BENCH_STAMP := $(VENV)/.bench-stamp
 
 $(STAMP): pyproject.toml
@@ -20,7 +20,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check svodc svodrt svodrt_tools tests scripts bench
-	$(BIN)/python -m pytest -q -m "not gpu_sweep" --ignore=tests/test_cross_emulated.py
+	$(BIN)/python -m pytest -q -m "not gpu_sweep and not ml_slow" --ignore=tests/test_cross_emulated.py
 
 # Everything but the end-to-end model tests and the conformance suite.
 test-fast: $(STAMP)
@@ -43,6 +43,9 @@ test-cross: $(STAMP) cross-tools
 
 # The real models of ../shared/models against onnxruntime's outputs (also part of `make test`),
 # with the max error per model printed.
+test-ml: $(STAMP)
+	$(BIN)/python -m pytest -q tests/test_ml_sklearn.py tests/test_ml_ops.py tests/test_string_ops.py
+
 test-models: $(STAMP)
 	$(BIN)/python -m pytest -q tests/test_models.py
 
