@@ -232,34 +232,42 @@ def leaves_reached(x: UOp, lay: Layout) -> UOp:
     return idx
 
 
-def aggregate(x: UOp, lay: Layout, n_targets: int, how: str) -> UOp:
-    """[N, n_targets] in x's float type: the leaves' weights per target, combined over the trees. A
-    target that no reached leaf has a weight for gets 0 under MIN and MAX (onnxruntime's rule)."""
+def aggregate(x: UOp, lay: Layout, n_targets: int, how: str) -> tuple[UOp, UOp]:
+    """([N, n_targets] in x's float type: the leaves' weights per target, combined over the trees,
+    [N, n_targets] bool: some reached leaf has a weight for the target). A target without one gets 0
+    under MIN and MAX (onnxruntime's rule)."""
     big = float(np.finfo(x.dtype.np).max)
     neutral = {SUM: 0.0, AVERAGE: 0.0, MIN: big, MAX: -big}[how]
     table = np.full((len(lay.code), n_targets), neutral)
+    scored = np.zeros((len(lay.code), n_targets), np.int8)
     for slot, weights in lay.leaves:
         for target, w in weights:
             if not 0 <= target < n_targets:
                 raise Unsupported(f"a leaf weight is for target {target}, outside [0, {n_targets})")
             old = table[slot, target]
             table[slot, target] = {MIN: min, MAX: max}.get(how, lambda a, b: a + b)(old, w)
+            scored[slot, target] = 1
     reached = leaves_reached(x, lay)
     picked = gather_axis(weight(table.astype(x.dtype.np)), reached, 0)  # [N, trees, targets]
     out = T.reduce(picked, {MIN: Ops.MIN, MAX: Ops.MAX}.get(how, Ops.ADD), [1], keepdims=False)
     if how == AVERAGE:
         out = T.alu(Ops.DIV, out, c(out, float(len(lay.roots))))
+    has = T.alu(Ops.CMPLT, T.const(0, dtypes.int8, ()), T.reduce(gather_axis(weight(scored), reached, 0), Ops.MAX, [1],
+                                                                 keepdims=False))
     if how in (MIN, MAX):
-        out = T.alu(Ops.WHERE, T.alu(Ops.CMPEQ, out, c(out, neutral)), c(out, 0.0), out)
-    return out
+        out = T.alu(Ops.WHERE, has, out, c(out, 0.0))
+    return out, has
 
 
-def _with_base(scores: UOp, base: np.ndarray | None) -> UOp:
+def _with_base(scores: UOp, base: np.ndarray | None, has: UOp | None = None) -> UOp:
+    """scores + base_values; with `has`, only where a leaf gave the target a score (onnxruntime's
+    regressor leaves the others at 0; its classifier adds the base to every class)."""
     if base is None or not len(base):
         return scores
     if len(base) != scores.shape[1]:
         raise Unsupported(f"base_values has {len(base)} values for {scores.shape[1]} targets")
-    return T.alu(Ops.ADD, scores, T.reshape(weight(base.astype(scores.dtype.np)), (1, len(base))))
+    out = T.alu(Ops.ADD, scores, T.reshape(weight(base.astype(scores.dtype.np)), (1, len(base))))
+    return out if has is None else T.alu(Ops.WHERE, has, out, c(out, 0.0))
 
 
 @onnx_op("TreeEnsembleRegressor", 1, 3, domain=ML)
@@ -268,8 +276,8 @@ def tree_ensemble_regressor(ctx: NodeContext) -> UOp:
     how = ctx.attr("aggregate_function", SUM)
     if how not in (SUM, AVERAGE, MIN, MAX):
         raise Unsupported(f"aggregate_function={how!r} is not SUM, AVERAGE, MIN or MAX")
-    scores = aggregate(x, layout(_classic_forest(ctx, "target")), int(ctx.attr("n_targets", 1)), how)
-    scores = post_transform(_with_base(scores, floats(ctx, "base_values")), post_transform_name(ctx))
+    scores, has = aggregate(x, layout(_classic_forest(ctx, "target")), int(ctx.attr("n_targets", 1)), how)
+    scores = post_transform(_with_base(scores, floats(ctx, "base_values"), has), post_transform_name(ctx))
     return scores.cast(dtypes.float32)
 
 
@@ -281,8 +289,8 @@ def tree_ensemble(ctx: NodeContext) -> UOp:
     how = {0: AVERAGE, 1: SUM, 2: MIN, 3: MAX}.get(int(ctx.attr("aggregate_function", 1)))
     if how is None:
         raise Unsupported(f"aggregate_function={ctx.attr('aggregate_function')} is not in [0, 3]")
-    scores = aggregate(x if x.dtype in (dtypes.float32, dtypes.float64) else x.cast(dtypes.float32),
-                       layout(_v5_forest(ctx)), int(ctx.attr("n_targets")), how)
+    scores, _ = aggregate(x if x.dtype in (dtypes.float32, dtypes.float64) else x.cast(dtypes.float32),
+                          layout(_v5_forest(ctx)), int(ctx.attr("n_targets")), how)
     return post_transform(scores, post_transform_name(ctx)).cast(x.dtype)
 
 
@@ -295,7 +303,7 @@ def tree_ensemble_classifier(ctx: NodeContext) -> list[UOp]:
     x = as_float_rows(ctx.input(0))
     labels = class_labels(ctx)
     n_classes = len(labels)
-    scores = aggregate(x, layout(_classic_forest(ctx, "class")), n_classes, SUM)
+    scores, _ = aggregate(x, layout(_classic_forest(ctx, "class")), n_classes, SUM)
     base = floats(ctx, "base_values")
     transform = post_transform_name(ctx)
     present = set(ctx.ints("class_ids") or [])
@@ -303,6 +311,9 @@ def tree_ensemble_classifier(ctx: NodeContext) -> list[UOp]:
         if base is not None and len(base) > 1:
             raise Unsupported("two classes, weights for one, and two base_values: onnxruntime's meaning is ambiguous")
         k = present.pop()
+        if k != 0:  # onnxruntime then scores class 0 as "no score" and ignores base_values: not followed
+            raise Unsupported("two classes with weights only for class 1 is not supported (sklearn-onnx gives "
+                              "class 0 the weights)")
         s = T.reshape(T.shrink(scores, [(0, scores.shape[0]), (k, k + 1)]), (scores.shape[0], 1))
         if base is not None and len(base):
             s = T.alu(Ops.ADD, s, c(s, float(base[0])))
