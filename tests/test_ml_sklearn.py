@@ -12,20 +12,20 @@ import pytest
 from tests.ml_util import check
 
 pytest.importorskip("skl2onnx", reason="sklearn-onnx (the dev extra) exports the models")
-from sklearn.compose import ColumnTransformer  # noqa: E402
-from sklearn.datasets import make_classification, make_regression  # noqa: E402
-from sklearn.ensemble import (  # noqa: E402
+from skl2onnx import to_onnx
+from skl2onnx.common.data_types import StringTensorType
+from sklearn.compose import ColumnTransformer
+from sklearn.datasets import make_classification, make_regression
+from sklearn.ensemble import (
     GradientBoostingClassifier,
     GradientBoostingRegressor,
     RandomForestClassifier,
     RandomForestRegressor,
 )
-from sklearn.linear_model import LogisticRegression  # noqa: E402
-from sklearn.pipeline import Pipeline  # noqa: E402
-from sklearn.preprocessing import OneHotEncoder, StandardScaler  # noqa: E402
-from sklearn.svm import SVC  # noqa: E402
-from skl2onnx import to_onnx  # noqa: E402
-from skl2onnx.common.data_types import StringTensorType  # noqa: E402
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import Pipeline
+from sklearn.preprocessing import OneHotEncoder, StandardScaler
+from sklearn.svm import SVC
 
 OPSETS = {"": 17, "ai.onnx.ml": 3}
 

@@ -37,7 +37,6 @@ from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import Ops
 from svodc.ir.uop import UOp
 
-
 COUPLING_SWEEPS = 20
 
 
