@@ -1,4 +1,4 @@
-"""The benchmark's model set: onnx light models (with random weights) and ../shared/models."""
+"""The benchmark's model set: onnx light models (with random weights, and as shipped) and ../shared/models."""
 
 from __future__ import annotations
 
@@ -14,6 +14,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("SVOD_SHARED_MODELS", ROOT.parent / "shared" / "models"))
 
 LIGHT = ["resnet50", "squeezenet", "densenet121", "shufflenet", "inception_v2"]
+# The same light models as the onnx package ships them: every weight a ConstantOfShape fill, which
+# constant folding turns into splats (issue 13: no cliff for weights made that way).
+SHIPPED = [f"{name}_shipped" for name in LIGHT]
 SHARED_MODELS = ["mobilenetv2_random", "ppocrv4_det", "gpt2_small_random", "silero_vad", "magika_standard_v3_3"]
 # Classic ML (sklearn-onnx exports, trained here on synthetic data): a 100-tree random forest and a
 # 500-tree gradient-boosted model, at batch 1 and 1,000.
@@ -48,6 +51,14 @@ def light(name: str) -> BenchModel:
                       note="onnx light model, random weights")
 
 
+def light_shipped(name: str) -> BenchModel:
+    from tests.light_models import dummy_inputs, expose_logits, model_path
+
+    model = expose_logits(onnx.load(str(model_path(name.removesuffix("_shipped")))))
+    return BenchModel(name, model, dummy_inputs(model), onnx_bytes=len(model.SerializeToString()),
+                      note="onnx light model as shipped (constant-fill weights)")
+
+
 def shared(name: str) -> BenchModel:
     folder = SHARED / name
     model = onnx.load(str(folder / "model.onnx"))
@@ -75,9 +86,9 @@ def trees(name: str) -> BenchModel:
     gbm500: GradientBoostingRegressor(500 trees, depth 3). The batch is the name's suffix."""
     import warnings
 
+    from skl2onnx import to_onnx
     from sklearn.datasets import make_classification
     from sklearn.ensemble import GradientBoostingRegressor, RandomForestClassifier
-    from skl2onnx import to_onnx
 
     kind, batch = name.split("_b")
     x, y = make_classification(2000, 10, n_informative=6, n_classes=3, random_state=0)
@@ -97,9 +108,13 @@ def trees(name: str) -> BenchModel:
 
 
 def all_models(names: list[str] | None = None) -> list[str]:
-    names = names or LIGHT + SHARED_MODELS + TREES
-    return [n for n in names if n in LIGHT or n in TREES or (SHARED / n / "model.onnx").exists()]
+    names = names or LIGHT + SHARED_MODELS + SHIPPED + TREES
+    return [n for n in names if n in LIGHT or n in SHIPPED or n in TREES or (SHARED / n / "model.onnx").exists()]
 
 
 def load(name: str) -> BenchModel:
-    return light(name) if name in LIGHT else trees(name) if name in TREES else shared(name)
+    if name in SHIPPED:
+        return light_shipped(name)
+    if name in TREES:
+        return trees(name)
+    return light(name) if name in LIGHT else shared(name)

@@ -43,7 +43,8 @@ def _model_digest(source: ModelSource, model: onnx.ModelProto) -> str:
 
 def _compile_parts(model: ModelSource, target: str, options: CompileOptions | None, progress: Progress | None,
                    **kw) -> tuple:
-    """Everything a bundle is written from: (program, CPU images, model digest, test vectors, GPU images)."""
+    """Everything a bundle is written from: (program, CPU images, model digest, test vectors, GPU images,
+    signing key)."""
     options = options or CompileOptions(**kw)
     say = progress or (lambda _msg: None)
     targets = parse_targets(target)
@@ -65,7 +66,7 @@ def _compile_parts(model: ModelSource, target: str, options: CompileOptions | No
         say(f"codegen {', '.join(t.describe() for t in gpus)}")
         gpu_images = compile_gpu_programs(program, gpus, options)
     say("bundle")
-    return program, images, _model_digest(model, proto), vectors, gpu_images
+    return program, images, _model_digest(model, proto), vectors, gpu_images, options.sign_key
 
 
 def compile(model: ModelSource, target: str = "host", options: CompileOptions | None = None,

@@ -30,3 +30,6 @@ class CompileOptions:
     # Embed a reference input and its expected outputs (svodc/testvec.py) for `svodrt verify`:
     # True always, False never, None when inputs and outputs are small.
     test_vectors: bool | None = None
+    # Sign the bundle with this Ed25519 private key (a PEM file; `--sign`): svodrt.load(trust=...) then
+    # accepts it (docs/bundle-format.md "Trust model"). Needs the svod[sign] extra.
+    sign_key: str | None = None

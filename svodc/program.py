@@ -51,6 +51,7 @@ class Kernel:
     ast: UOp  # loop-level SINK(STORE ...)
     params: list[Buffer]  # PARAM i <-> params[i]; params[0] is written, the rest are read
     provenance: list[str] = field(default_factory=list)  # ONNX node names this kernel computes
+    kind: str = "loop"  # "gemm" (a contraction kernel), "loop" (generic loops) or "copy"; informative
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from svodrt.bundle import Bundle, parse_bundle
+from svodrt.bundle import Bundle, Source, parse_bundle
 from svodrt.host import Host, detect_host
 from svodrt.model import variant_problem
 
@@ -49,12 +49,16 @@ def describe_bundle(b: Bundle, host: Host | None = None, verbose: bool = False) 
     lines += [f"  {s.name}: {_size(s.length)} at offset {s.offset}" for s in b.sections]
     lines.append(f"kernels: {len(b.kernels)}")
     if verbose:
-        for k in b.kernels:
+        kinds = [k.get("kind") if isinstance(k, dict) else None for k in m.get("kernels", [])]
+        for k, kind in zip(b.kernels, kinds, strict=False):
             src = ", ".join(k.provenance[:6]) + (f" (+{len(k.provenance) - 6})" if len(k.provenance) > 6 else "")
-            lines.append(f"  {k.name}: {src or '-'}")
+            lines.append(f"  {k.name}{f' [{kind}]' if isinstance(kind, str) else ''}: {src or '-'}")
     return "\n".join(lines)
 
 
 def describe(path: str | Path, verbose: bool = False) -> str:
-    data = Path(path).read_bytes()
-    return describe_bundle(parse_bundle(data), verbose=verbose)
+    src = Source.open(path)  # regular files only; read by offset, bounded like load()
+    try:
+        return describe_bundle(parse_bundle(src), verbose=verbose)
+    finally:
+        src.close()

@@ -154,3 +154,31 @@ define float @g(float %x) nounwind { %i = fptosi float %x to i64
     f = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_float)(addr + image.symbols["f"])
     assert f(2.0) == pytest.approx(3.0 * math.pi, rel=1e-6)
     del f
+
+
+def test_identical_kernels_share_one_compiled_body():
+    """Kernels with the same code over different buffers (two equal convolutions with their own
+    weights, and their epilogues) are compiled once: one body, a wrapper per kernel."""
+    from svodc.codegen.compile import prepare_kernel
+    from svodc.codegen.module import kernel_modules
+    from svodc.frontend.importer import import_model
+    from svodc.options import CompileOptions
+    from svodc.passes.pipeline import build_program
+    from svodc.target import host_target
+
+    r = np.random.default_rng(5)
+    w1, w2 = (r.standard_normal((16, 16, 3, 3)).astype(np.float32) * 0.1 for _ in range(2))
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c2"], ["y"])]
+    model = make_model(nodes, {"x": (np.float32, [1, 16, 12, 12])}, ["y"], {"w1": w1, "w2": w2})
+    program = build_program(import_model(model), CompileOptions())
+    target = host_target()
+    kernels = [prepare_kernel(k, target) for k in program.kernels]
+    modules = kernel_modules(kernels, len(program.inputs), target, per_module=4)
+    wrappers = sum(len(ks) for ks, _ in modules)
+    bodies = sum(ir.count("define internal void @") for _, ir in modules)
+    assert wrappers == len(kernels) and bodies < len(kernels), (bodies, len(kernels))
+    x = r.standard_normal((1, 16, 12, 12)).astype(np.float32)
+    from tests.onnx_util import reference
+
+    np.testing.assert_allclose(compile_and_run(model, {"x": x})["y"], reference(model, {"x": x})[0], rtol=1e-4, atol=1e-4)

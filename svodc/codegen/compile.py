@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from svodc.codegen.elf import read_object
 from svodc.codegen.emulate import pm_emulate_for
 from svodc.codegen.link import CodeImage, link
-from svodc.codegen.module import ENTRY, entry_module, kernel_module, parallel_parts
+from svodc.codegen.module import entry_module, kernel_modules, parallel_parts
 from svodc.codegen.transcendental import pm_transcendental
 from svodc.errors import CodegenError
 from svodc.ir.rewrite import debug_level, graph_rewrite
@@ -22,6 +22,7 @@ from svodc.ir.symbolic import pm_symbolic
 from svodc.options import CompileOptions
 from svodc.program import Kernel, Program
 from svodc.target import Target
+from svodrt.abi import ENTRY
 
 
 @dataclass(frozen=True)
@@ -83,18 +84,14 @@ def prepare_kernel(kernel: Kernel, target: Target | None = None) -> Kernel:
     emulate = pm_emulate_for(target is not None and target.native_f16)
     ast = graph_rewrite(kernel.ast, emulate + pm_transcendental)
     ast = graph_rewrite(ast, pm_symbolic)
-    return Kernel(kernel.name, ast, kernel.params, kernel.provenance)
+    return Kernel(kernel.name, ast, kernel.params, kernel.provenance, kernel.kind)
 
 
-# Kernels per LLVM module. The split depends only on the kernel count, never on the number of workers
+# Distinct kernel bodies per LLVM module (kernels with identical code share one body, compiled once:
+# module.kernel_modules). The split depends only on the program, never on the number of workers
 # (-j, cores): module boundaries change the code layout, and the same model with the same options
 # must give the same bytes on every build machine.
 KERNELS_PER_MODULE = 4
-
-
-def _chunks(items: list, n: int) -> list[list]:
-    n = max(1, min(n, len(items)))
-    return [items[i::n] for i in range(n)]
 
 
 def compile_program(program: Program, target: Target, options: CompileOptions) -> CodeImage:
@@ -103,11 +100,10 @@ def compile_program(program: Program, target: Target, options: CompileOptions) -
     jobs_n = options.jobs or os.cpu_count() or 1
     dbg = debug_level()
     jobs = []
-    for i, chunk in enumerate(_chunks(kernels, -(-len(kernels) // KERNELS_PER_MODULE))):
+    for chunk, ir in kernel_modules(kernels, nin, target, KERNELS_PER_MODULE):
         jobs.append(LLVMJob(f"kernels[{', '.join(k.name for k in chunk[:4])}{'...' if len(chunk) > 4 else ''}]",
-                            kernel_module(chunk, nin, target, f"chunk{i}"), target.triple, target.llvm_cpu,
-                            target.llvm_features, options.opt_level, target.codemodel, dbg >= 4,
-                        abiname=target.abiname))
+                            ir, target.triple, target.llvm_cpu, target.llvm_features, options.opt_level,
+                            target.codemodel, dbg >= 4, abiname=target.abiname))
     entry = entry_module([(k.name, parallel_parts(k, target)) for k in kernels], target)
     jobs.append(LLVMJob("entry", entry, target.triple, target.llvm_cpu,
                         target.llvm_features, options.opt_level, target.codemodel, dbg >= 4,

@@ -1,23 +1,14 @@
 """Assemble LLVM modules: kernel modules (a chunk of kernels each, compiled in parallel) and the
 entry module (runs every kernel in order, its parts shared by the calling threads).
 
-The entry ABI (fixed for bundle format 1, see docs/bundle-format.md):
-
-    void svod_entry(void **bufs, const int64_t *dims, int32_t thread, int32_t nthreads, svod_sync *sync)
-
-- bufs: [0] arena, [1] weights section, [2 .. 2+n_inputs) inputs, then outputs;
-- dims: values of symbolic dimensions (reserved; none yet);
-- thread in [0, nthreads): every thread calls the entry at once;
-- sync: 64 bytes zero-initialized by the caller, shared by the nthreads threads of one call; the
-  caller puts the host's sched_yield at offset 8. The entry owns the rest (format 1.0 code used
-  offsets 0-7 for a barrier; today's uses 16-23 for its work queue, below).
+The entry ABI (signature, buffer table, sync block) is svodrt/abi.py's, for both sides.
 
 Work queue (nthreads > 1). Kernel i is cut into n_i parts (n_i = min(its cap, PARTS_PER_THREAD *
 nthreads); the cap comes from its estimated work, `parallel_parts`: a small kernel is one part).
 Parts are numbered by one counter across the whole entry: kernel i owns tickets [base_i, base_i +
-n_i). A thread waits until `done` (offset 20) reaches base_i -- every part of the kernels before i
+n_i). A thread waits until `done` (abi.SYNC_DONE) reaches base_i -- every part of the kernels before i
 is finished, an acquire that pairs with the release of each part's increment -- then claims tickets
-of kernel i with a compare-and-swap on `next` (offset 16) that never goes past kernel i's last
+of kernel i with a compare-and-swap on `next` (abi.SYNC_NEXT) that never goes past kernel i's last
 ticket, runs part (ticket - base_i) of n_i, and counts it done. When kernel i has no ticket left the
 thread moves on to kernel i+1. So a thread only ever holds a part it can run right away: a thread
 the OS has descheduled holds nothing, and the others take all the work instead of waiting for it at
@@ -31,14 +22,13 @@ from __future__ import annotations
 import math
 
 from svodc.codegen.llvm_gemm import blocking
-from svodc.codegen.llvm_ir import FN_ATTRS, render_kernel
+from svodc.codegen.llvm_ir import FN_ATTRS, body_name, render_body, render_wrapper
 from svodc.ir.ops import GemmArg, Ops, RangeKind
 from svodc.program import Kernel
 from svodc.target import Target
+from svodrt.abi import ENTRY, SYNC_DONE, SYNC_NEXT, SYNC_YIELD
 
-ENTRY = "svod_entry"
 SPIN_BEFORE_YIELD = 4000
-NEXT_OFFSET, DONE_OFFSET = 16, 20  # the work queue's counters in the caller's zeroed sync block
 PARTS_PER_THREAD = 4  # enough parts that a thread slowed by the OS leaves its share to the others
 MAX_PARTS = 1 << 16
 # Work estimates that decide the parts (only their order of magnitude matters): a part is worth
@@ -57,17 +47,47 @@ def _attrs(target: Target) -> list[str]:
     return [f"attributes #0 = {{ {FN_ATTRS}{tune} }}"]
 
 
-def kernel_module(kernels: list[Kernel], nin: int, target: Target, name: str) -> str:
+# A unit is the kernels that share one body: identical code over different buffers (ResNet-50's
+# repeated blocks: 97 kernels, 47 bodies). Its first kernel's rendering is the body they all call.
+Unit = list[tuple[Kernel, tuple[str, set[str], dict[str, str]]]]
+
+
+def _render_units(kernels: list[Kernel], target: Target) -> list[Unit]:
+    """The kernels grouped by their rendered body (the text with the kernel's name taken out: equal
+    text is equal code, whatever made the kernels look alike), in order of first appearance."""
+    units: dict[str, Unit] = {}
+    for k in kernels:
+        rendered = render_body(k, target)
+        key = rendered[0].replace(f"@{body_name(k)}(", "@(", 1)
+        units.setdefault(key, []).append((k, rendered))
+    return list(units.values())
+
+
+def _module(units: list[Unit], nin: int, target: Target, name: str) -> str:
     bodies = []
     declares: set[str] = set()
     shared: dict[str, str] = {}
-    for k in kernels:
-        text, intrinsics, helpers = render_kernel(k, nin, target)
-        bodies.append(text)
+    for unit in units:
+        first, (body, intrinsics, helpers) = unit[0]
+        bodies.append(body)
         declares |= intrinsics
         shared.update(helpers)
+        bodies += [render_wrapper(k, nin, body_name(first)) for k, _ in unit]
     helpers_text = [shared[n] for n in sorted(shared)]
     return "\n".join([*_header(target, name), *sorted(declares), "", *helpers_text, *bodies, "", *_attrs(target), ""])
+
+
+def kernel_modules(kernels: list[Kernel], nin: int, target: Target, per_module: int) -> list[tuple[list[Kernel], str]]:
+    """The kernels' LLVM modules, about `per_module` distinct bodies each: each body is compiled once,
+    however many kernels run it (the units are dealt round-robin, a function of the program only, so
+    the same model always gives the same modules). (kernels of the module, IR text) per module."""
+    units = _render_units(kernels, target)
+    n = max(1, min(-(-len(units) // per_module), len(units)))
+    out = []
+    for i in range(n):
+        chunk = units[i::n]
+        out.append(([k for unit in chunk for k, _ in unit], _module(chunk, nin, target, f"chunk{i}")))
+    return out
 
 
 def _spin_hint(target: Target) -> tuple[str, str]:
@@ -131,8 +151,8 @@ def entry_module(kernels: list[tuple[str, int]], target: Target) -> str:
               "solo:"]
     lines += [f"  call void @{k}(ptr %bufs, ptr %dims, i32 0, i32 1)" for k, _ in kernels]
     lines += ["  ret void", "queue:",
-              f"  %nextp = getelementptr inbounds i8, ptr %sync, i64 {NEXT_OFFSET}",
-              f"  %donep = getelementptr inbounds i8, ptr %sync, i64 {DONE_OFFSET}",
+              f"  %nextp = getelementptr inbounds i8, ptr %sync, i64 {SYNC_NEXT}",
+              f"  %donep = getelementptr inbounds i8, ptr %sync, i64 {SYNC_DONE}",
               f"  %limit = mul i32 %nthreads, {PARTS_PER_THREAD}", "  br label %k0.start"]
     base = "0"
     for i, (k, cap) in enumerate(kernels):
@@ -177,7 +197,7 @@ pause:
   {hint}
   br label %backoff
 yield:
-  %fpp = getelementptr inbounds i8, ptr %sync, i64 8
+  %fpp = getelementptr inbounds i8, ptr %sync, i64 {SYNC_YIELD}
   %fp = load ptr, ptr %fpp, align 8
   call void %fp()
   br label %backoff

@@ -107,7 +107,8 @@ def build_program(graph: ImportedGraph, options: CompileOptions) -> Program:
             written.setdefault(plan.root, out)
             if plan.root in realized:
                 realized_buf.setdefault(plan.root, out)
-        kernels.append(Kernel(name, ast, params, prov))
+        kind = "copy" if plan.copy else "gemm" if mm is not None else "loop"
+        kernels.append(Kernel(name, ast, params, prov, kind))
         if debug_level() >= 2:
             print(f"===== kernel {name} =====\n{pretty(ast)}", file=sys.stderr)
 
