@@ -101,7 +101,8 @@ def trees(name: str) -> BenchModel:
         note = "GradientBoostingRegressor, 500 trees, depth 3"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = to_onnx(est, x[:1], target_opset={"": 17, "ai.onnx.ml": 3}, options={"zipmap": False})
+        options = {"zipmap": False} if kind == "forest100" else None
+        model = to_onnx(est, x[:1], target_opset={"": 17, "ai.onnx.ml": 3}, options=options)
     feeds = {model.graph.input[0].name: x[:int(batch)]}
     return BenchModel(name, model, feeds, input_shapes={k: v.shape for k, v in feeds.items()},
                       onnx_bytes=len(model.SerializeToString()), note=f"{note}, batch {batch}")

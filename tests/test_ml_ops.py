@@ -63,7 +63,9 @@ def test_tree_ensemble_classifier_three_classes(transform, labels):
 
 @pytest.mark.parametrize("weights,transform", [([0.5, -1.0, 2.0, -0.25, 0.75], "LOGISTIC"),
                                                ([0.5, -1.0, 2.0, -0.25, 0.75], "NONE"),
-                                               ([0.5, 0.1, 0.2, 0.25, 0.75], "NONE")])
+                                               ([0.5, 0.1, 0.2, 0.25, 0.75], "NONE"),
+                                               ([0.5, 0.1, 0.2, 0.25, 0.75], "LOGISTIC"),
+                                               ([0.5, -1.0, 2.0, -0.25, 0.75], "SOFTMAX")])
 def test_tree_ensemble_classifier_binary_case(weights, transform):
     """Weights for one of two classes: onnxruntime's "binary case" (gradient boosting's export)."""
     node = helper.make_node("TreeEnsembleClassifier", ["x"], ["label", "scores"], domain=ML, nodes_modes=_modes(),

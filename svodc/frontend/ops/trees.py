@@ -299,7 +299,8 @@ def tree_ensemble_classifier(ctx: NodeContext) -> list[UOp]:
     """[label, scores], as onnxruntime computes them. Two classes with weights for only one of them
     (gradient boosting) is onnxruntime's "binary case": s = that class's score; with all weights
     non-negative the label is class 1 when s > 0.5 and the scores are [1 - s, s], else class 1 when
-    s > 0 and the scores are [-s, s] (LOGISTIC: [logistic(-s), logistic(s)])."""
+    s > 0 and the scores are [-s, s] (LOGISTIC: [logistic(-s), logistic(s)]); LOGISTIC with
+    non-negative weights gives [1 - logistic(s), logistic(s)]; SOFTMAX and SOFTMAX_ZERO change nothing."""
     x = as_float_rows(ctx.input(0))
     labels = class_labels(ctx)
     n_classes = len(labels)
@@ -317,16 +318,16 @@ def tree_ensemble_classifier(ctx: NodeContext) -> list[UOp]:
         s = T.reshape(T.shrink(scores, [(0, scores.shape[0]), (k, k + 1)]), (scores.shape[0], 1))
         if base is not None and len(base):
             s = T.alu(Ops.ADD, s, c(s, float(base[0])))
-        if bool((floats(ctx, "class_weights", []) >= 0).all()):
+        if transform == "PROBIT":
+            raise Unsupported("post_transform=PROBIT with one score for two classes is not supported")
+        if bool((floats(ctx, "class_weights", []) >= 0).all()):  # LOGISTIC applies to s; SOFTMAX* do nothing
             positive = T.alu(Ops.CMPLT, c(s, 0.5), s)
-            pair = T.concat([T.alu(Ops.SUB, c(s, 1.0), s), s], 1)
+            v = post_transform(s, transform) if transform == "LOGISTIC" else s
+            pair = T.concat([T.alu(Ops.SUB, c(v, 1.0), v), v], 1)
         else:
             positive = T.alu(Ops.CMPLT, c(s, 0.0), s)
-            pair = T.concat([T.alu(Ops.NEG, s), s], 1)
-            if transform == "LOGISTIC":
-                pair = post_transform(pair, transform)
-            elif transform != "NONE":
-                raise Unsupported(f"post_transform={transform} with one score for two classes is not supported")
+            pair = T.concat([T.alu(Ops.NEG, s), s], 1)  # onnxruntime: only LOGISTIC transforms it
+            pair = post_transform(pair, transform) if transform == "LOGISTIC" else pair
         index = T.reshape(positive.cast(dtypes.int64), (s.shape[0],))
         return [label_of(labels, index), pair.cast(dtypes.float32)]
     scores = _with_base(scores, base)
