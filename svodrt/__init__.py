@@ -19,6 +19,7 @@ from svodrt.errors import (
 from svodrt.host import Host, detect_host
 from svodrt.model import Model
 from svodrt.runner import Runner
+from svodrt.session import InferenceSession, NodeArg, SessionOptions
 from svodrt.trust import TrustSpec
 
 __version__ = "0.1.0"
@@ -47,6 +48,6 @@ def load(source: str | os.PathLike | bytes, threads: int | None = None, host: Ho
     return Model(source, threads=threads, host=host, verify_weights=verify_weights, variant=variant, trust=trust)
 
 
-__all__ = ["BundleFormatError", "BundleVersionError", "DeviceError", "Host", "InputError", "Model", "ModelClosedError",
-           "Runner", "RuntimeFailure", "SvodError", "UnsupportedHostError", "UntrustedBundleError", "detect_host",
-           "load"]
+__all__ = ["BundleFormatError", "BundleVersionError", "DeviceError", "Host", "InferenceSession", "InputError", "Model",
+           "ModelClosedError", "NodeArg", "Runner", "RuntimeFailure", "SessionOptions", "SvodError",
+           "UnsupportedHostError", "UntrustedBundleError", "detect_host", "load"]

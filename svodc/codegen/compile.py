@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from svodc.codegen.elf import read_object
@@ -94,7 +95,9 @@ def prepare_kernel(kernel: Kernel, target: Target | None = None) -> Kernel:
 KERNELS_PER_MODULE = 4
 
 
-def compile_program(program: Program, target: Target, options: CompileOptions) -> CodeImage:
+def compile_program(program: Program, target: Target, options: CompileOptions,
+                    jobs_done: Callable[[int, int], None] | None = None) -> CodeImage:
+    """The program's code image for one CPU target. jobs_done(done, total): after each LLVM module."""
     kernels = [prepare_kernel(k, target) for k in program.kernels]
     nin = len(program.inputs)
     jobs_n = options.jobs or os.cpu_count() or 1
@@ -111,7 +114,7 @@ def compile_program(program: Program, target: Target, options: CompileOptions) -
     if dbg >= 3:
         for j in jobs:
             print(f"===== LLVM IR {j.name} =====\n{j.ir}", file=sys.stderr)
-    results = run_jobs(jobs, jobs_n)
+    results = run_jobs(jobs, jobs_n, jobs_done)
     if dbg >= 4:
         for j, (_, asm) in zip(jobs, results, strict=True):
             print(f"===== assembly {j.name} =====\n{asm}", file=sys.stderr)
@@ -119,7 +122,8 @@ def compile_program(program: Program, target: Target, options: CompileOptions) -
     return link(objects, [ENTRY, *(k.name for k in kernels)])
 
 
-def run_jobs(jobs: list[LLVMJob], workers: int) -> list[tuple[bytes, str]]:
+def run_jobs(jobs: list[LLVMJob], workers: int,
+             jobs_done: Callable[[int, int], None] | None = None) -> list[tuple[bytes, str]]:
     """Compile jobs on the worker pool; results in job order."""
     from svodc.codegen.worker import pool
 
@@ -127,7 +131,7 @@ def run_jobs(jobs: list[LLVMJob], workers: int) -> list[tuple[bytes, str]]:
         return CodegenError(f"LLVM crashed while compiling {job.name}: {message}; rerun with SVOD_DEBUG=3 to see "
                             "the IR, and please report it")
 
-    replies = pool(workers).run(jobs, crashed)
+    replies = pool(workers).run(jobs, crashed, jobs_done)
     out = []
     for job, reply in zip(jobs, replies, strict=True):
         if reply[0] == "error":
