@@ -203,14 +203,24 @@ def leaves_reached(x: UOp, lay: Layout) -> UOp:
     n, trees = x.shape[0], len(lay.roots)
     idx = T.expand(T.reshape(weight(lay.roots), (1, trees)), (n, trees))
     split_modes = sorted({int(m) for m, code in zip(lay.mode, lay.code, strict=True) if code & 1})
-    feature, code = weight(lay.feature), weight(lay.code)
+    # One table gather fewer per step: the feature index rides in the code's low bits when it fits.
+    fbits = max(int(lay.feature.max(initial=0)).bit_length(), 1)
+    packed = fbits + int(lay.code.max(initial=0)).bit_length() <= 31
+    code = weight((lay.code << fbits) | lay.feature if packed else lay.code)
+    feature = None if packed else weight(lay.feature)
     threshold = weight(lay.threshold.astype(x.dtype.np))
     mode = weight(lay.mode) if len(split_modes) > 1 else None
     missing = weight(lay.missing_true) if lay.missing_true.any() else None
     members = weight(lay.members.astype(x.dtype.np)) if lay.members.shape[1] else None
     one = T.const(1, dtypes.int32, (n, trees))
     for _ in range(lay.depth):
-        v = gather_batched(x, gather_axis(feature, idx, 0), 1, (trees,), ())
+        k = gather_axis(code, idx, 0)
+        if packed:
+            f = T.alu(Ops.AND, k, T.const((1 << fbits) - 1, dtypes.int32, ()))
+            k = T.alu(Ops.SHR, k, T.const(fbits, dtypes.int32, ()))
+        else:
+            f = gather_axis(feature, idx, 0)
+        v = gather_batched(x, f, 1, (trees,), ())
         t = gather_axis(threshold, idx, 0)
         go: UOp | None = None
         for m in split_modes:
@@ -225,7 +235,6 @@ def leaves_reached(x: UOp, lay: Layout) -> UOp:
             go = cond if go is None else T.alu(Ops.OR, go, cond)
         if missing is not None:
             go = T.alu(Ops.OR, go, T.alu(Ops.AND, T.alu(Ops.CMPNE, v, v), gather_axis(missing, idx, 0)))
-        k = gather_axis(code, idx, 0)
         base = T.alu(Ops.SHR, k, one)
         step = T.alu(Ops.WHERE, go, T.const(0, dtypes.int32, (n, trees)), T.alu(Ops.AND, k, one))
         idx = T.alu(Ops.ADD, base, step)
