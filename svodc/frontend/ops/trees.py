@@ -12,8 +12,9 @@ base * 2 + 1 for a split and self * 2 for a leaf, so one step for every (row, tr
 
 (leaves map to themselves: extra steps are no-ops). After as many steps as the deepest tree, each
 (row, tree) holds its leaf, whose row of the dense leaf table [slots, targets] is gathered and
-reduced over the trees (sum, average, min or max). A [N, trees] int32 state, four gathers per step:
-the IR's GATHER, so the existing kernels run it; the code does not grow with the number of trees.
+reduced over the trees (sum, average, min or max). A [N, trees] int32 state, three gathers per step
+(the feature index rides in the code's low bits when both fit 31 bits): the IR's GATHER, so the
+existing kernels run it; the code does not grow with the number of trees.
 """
 
 from __future__ import annotations
