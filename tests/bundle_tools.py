@@ -4,6 +4,7 @@ the edit reaches the runtime's deeper checks instead of stopping at the manifest
 from __future__ import annotations
 
 import hashlib
+import struct
 
 import msgpack
 import zstandard
@@ -32,3 +33,13 @@ def repack(data: bytes, manifest: object, rebind: bool = False) -> bytes:
                          len(body) + len(stored), h.manifest_offset, len(stored), len(raw),
                          hashlib.sha256(raw).digest()[:8])
     return header.pack() + body[HEADER_SIZE:] + stored
+
+
+def with_wrong_test_vector(data: bytes) -> bytes:
+    """A float32 bundle whose first test vector expects output 0's first value off by 0.5: every checksum
+    still matches, only running the vector shows it."""
+    m = manifest_of(data)
+    want = bytearray(m["test_vectors"][0]["outputs"][0])
+    want[0:4] = struct.pack("<f", struct.unpack("<f", want[0:4])[0] + 0.5)
+    m["test_vectors"][0]["outputs"][0] = bytes(want)
+    return repack(data, m)
