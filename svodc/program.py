@@ -69,3 +69,5 @@ class Program:
     producer: str = ""  # the tool that made the source model
     vocabulary: tuple[str, ...] = ()  # string id i stands for vocabulary[i] (svodc/frontend/strings.py)
     dims: tuple = ()  # bounded input dims (frontend.dims.DimSpec), in the order of the entry's `dims` array
+    zipmaps: tuple[tuple[str, tuple[int | str, ...]], ...] = ()  # (output, keys): returned as a list of dicts
+    edge_outputs: tuple = ()  # (output, frontend.values.EdgeStrings): outputs svodrt computes from input strings

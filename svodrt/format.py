@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 MAGIC = b"SVOD\x00\r\n\x1a"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 5  # 1.1 big-endian, 1.2 GPU, 1.3 narrow dtypes, 1.4 strings, 1.5 bounded dims (docs/bundle-format.md)
+# 1.1 big-endian, 1.2 GPU, 1.3 narrow dtypes, 1.4 strings, 1.5 bounded dims, 1.6 string outputs (docs/bundle-format.md)
+FORMAT_MINOR = 6
 HEADER = struct.Struct("<8sHHIIIQQQQ8s")
 FLAG_MANIFEST_ZSTD = 1
 HEADER_SIZE = HEADER.size  # 64
@@ -71,7 +72,7 @@ def variant_binding(variant: Mapping, code_sha256: bytes, manifest: Mapping) -> 
     fields = [variant["arch"], variant["cpu"], list(variant["features"]), variant["feature_bits"], bytes(code_sha256),
               variant["entry"], list(variant["kernels"]), list(variant["fixups"]), sig(manifest["inputs"]),
               sig(manifest["outputs"]), manifest["arena_size"], manifest["weights_size"]]
-    if any(isinstance(t, Mapping) and t.get("dtype") == STRING for t in manifest["inputs"]):
+    if any(isinstance(t, Mapping) and t.get("dtype") == STRING for t in manifest["inputs"] + manifest["outputs"]):
         fields.append(list(manifest.get("vocabulary", ())))
     if "dims" in manifest:
         fields.append(manifest["dims"])
