@@ -66,10 +66,6 @@ def feature_names(arch: str) -> list[str]:
 
 def to_bits(arch: str, names: list[str] | tuple[str, ...]) -> int:
     index = {f.name: i for i, f in enumerate(FEATURES[arch])}
-    bits = 0
-    for n in names:
-        if n not in index:
-            raise ValueError(f"unknown {arch} feature {n!r}")
-        bits |= 1 << index[n]
-    return bits
-
+    if unknown := [n for n in names if n not in index]:
+        raise ValueError(f"unknown {arch} feature {unknown[0]!r}")
+    return sum(1 << index[n] for n in set(names))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,11 +129,8 @@ def tensor(d: Any, where: str, dims: dict[str, Dim] | None = None) -> TensorInfo
     if len(shape) > MAX_RANK:
         raise fail(f"{where}.shape", f"has rank {len(shape)}, over the limit {MAX_RANK}")
     # Each dim is at most MAX_BYTES, and the running product is checked, so no product is huge.
-    n = DTYPES[dtype][1]
-    for dim in shape:
-        n *= dim
-        if n > MAX_BYTES:
-            raise fail(where, f"shape {list(shape)} is over {MAX_BYTES} bytes")
+    if any(n > MAX_BYTES for n in itertools.accumulate(shape, operator.mul, initial=DTYPES[dtype][1])):
+        raise fail(where, f"shape {list(shape)} is over {MAX_BYTES} bytes")
     return TensorInfo(t_name, dtype, shape, sym)
 
 
