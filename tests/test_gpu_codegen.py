@@ -109,7 +109,7 @@ def test_missing_ld_lld_says_what_to_install(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     gpu_tools.find_lld.cache_clear()
     try:
-        with pytest.raises(ToolMissingError, match=r"need ld\.lld .*pip install ziglang.*apt-get install lld-22"):
+        with pytest.raises(ToolMissingError, match=r"need ld\.lld .*pip install .svod\[gpu\]. \(the ziglang package\).*apt-get install lld-22"):
             svodc.compile(_matmul_model(4, 4, 4)[0], target="gfx942")
     finally:
         gpu_tools.find_lld.cache_clear()
