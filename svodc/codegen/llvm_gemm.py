@@ -6,8 +6,9 @@ floats per load), the other as broadcast scalars (the "scalar side"): normally B
 m, rows along n) and stores its C tiles with a stride.
 
 The output is cut into rows x lanes tiles; the tiles of all batch indices form one parallel loop,
-split statically across threads, with row tiles innermost so consecutive tiles reuse the same vector
-panel. For each tile a micro-kernel keeps rows x (lanes/vw) vector accumulators in registers for the
+cut into parts that the entry's work queue hands to the threads (codegen/module.py), with row tiles
+innermost so consecutive tiles reuse the same vector panel (lane tiles innermost when the panels are
+small, see emit_gemm). For each tile a micro-kernel keeps rows x (lanes/vw) vector accumulators in registers for the
 whole K loop, then stores the tile to C. The epilogue (the kernel's STORE over m and n) rewrites the
 tile in place while it is still in cache.
 
@@ -55,10 +56,6 @@ def blocking(target: Target, arg: GemmArg) -> tuple[int, int, int]:
     if target.vector_regs >= 32:
         return 8, 2 * vw, vw  # 16 accumulators of 32 registers
     return 4, 2 * vw, vw  # 8 accumulators of 16 registers
-
-
-def _mask(lanes: int, vw: int) -> str:
-    return "<" + ", ".join(f"i1 {'true' if i < lanes else 'false'}" for i in range(vw)) + ">"
 
 
 def micro_kernel_name(rows: int, nvec: int, vw: int, masked: bool, packed: bool, scatter: bool) -> str:

@@ -130,10 +130,7 @@ COMPARE = frozenset({Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE})
 COMMUTATIVE = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.MIN, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR,
                          Ops.XOR})
 MOVEMENT = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SLICE, Ops.WINDOW})
-TENSOR_SOURCES = frozenset({Ops.INPUT, Ops.WEIGHT, Ops.CONST})
 REDUCE_OPS = frozenset({Ops.ADD, Ops.MAX, Ops.MIN, Ops.MUL})
-# Transcendental ops that codegen rewrites into polynomials (no libm in a code image).
-TRANSCENDENTAL = (MATH_UNARY - {Ops.ROUND, Ops.TRUNC, Ops.FLOOR}) | {Ops.POW}
 
 
 # ---------------------------------------------------------------------------------------------

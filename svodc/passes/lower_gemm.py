@@ -12,7 +12,6 @@ never repacks.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import numpy as np
@@ -188,7 +187,3 @@ def lower_gemm_kernel(name: str, root: UOp, mm: UOp, out: Buffer, buffer_for: Bu
     gemm = lowerer.lower_gemm(root, mm)
     sink = UOp(Ops.SINK, dtypes.void, (gemm,), KernelArg(name))
     return graph_rewrite(sink, pm_symbolic), lowerer.params
-
-
-def gemm_macs(mm: UOp) -> int:
-    return math.prod(mm.shape) * mm.src[0].shape[-1]
