@@ -17,8 +17,9 @@ from pathlib import Path
 import onnx
 
 from svodc.bundle import check_bundle, write_bundle, write_bundle_to
-from svodc.codegen.compile import compile_program
+from svodc.codegen.compile import compile_program, worker_count
 from svodc.codegen.gpu_compile import compile_gpu_programs
+from svodc.codegen.worker import WorkerPool, borrow
 from svodc.errors import OutputWriteError
 from svodc.frontend.importer import ModelSource, import_model, load_model
 from svodc.gpu_target import GpuTarget, parse_targets
@@ -42,8 +43,9 @@ def _model_digest(source: ModelSource, model: onnx.ModelProto) -> str:
 
 
 def _compile_parts(model: ModelSource, target: str, options: CompileOptions | None, progress: Progress | None,
-                   **kw) -> tuple:
-    """Everything a bundle is written from: (program, CPU images, model digest, test vectors, GPU images)."""
+                   workers: WorkerPool | None, **kw) -> tuple:
+    """Everything a bundle is written from: (program, CPU images, model digest, test vectors, GPU images).
+    One pool of LLVM workers (the caller's, or one for this call) compiles every variant."""
     options = options or CompileOptions(**kw)
     say = progress or (lambda _msg: None)
     targets = parse_targets(target)
@@ -56,38 +58,42 @@ def _compile_parts(model: ModelSource, target: str, options: CompileOptions | No
     vectors = build_test_vectors(graph, program, options.test_vectors, say)
     images = []
     gpus = [t for t in targets if isinstance(t, GpuTarget)]
-    for t in targets:
-        if not isinstance(t, GpuTarget):
-            say(f"codegen {t.describe()}")
-            images.append((t, compile_program(program, t, options)))
     gpu_images = []
-    if gpus:
-        say(f"codegen {', '.join(t.describe() for t in gpus)}")
-        gpu_images = compile_gpu_programs(program, gpus, options)
+    with borrow(workers, worker_count(options)) as pool:
+        for t in targets:
+            if not isinstance(t, GpuTarget):
+                say(f"codegen {t.describe()}")
+                images.append((t, compile_program(program, t, options, pool)))
+        if gpus:
+            say(f"codegen {', '.join(t.describe() for t in gpus)}")
+            gpu_images = compile_gpu_programs(program, gpus, options, pool)
     say("bundle")
     return program, images, _model_digest(model, proto), vectors, gpu_images
 
 
 def compile(model: ModelSource, target: str = "host", options: CompileOptions | None = None,
-            progress: Progress | None = None, **kw) -> bytes:
+            progress: Progress | None = None, workers: WorkerPool | None = None, **kw) -> bytes:
     """Compile an ONNX model (path, bytes or ModelProto) into .svod bundle bytes.
 
     target: "host", CPU variants like "x86_64:x86-64-v3,x86-64,aarch64:generic+dotprod" (svodc/target.py),
     GPUs ("sm_90", "gfx942", ...), or CPU and GPU items separated by commas (svodc/gpu_target.py).
     Keyword options (dims=, input_shapes=, weights=, opt_level=, jobs=, test_vectors=) fill a
-    CompileOptions. For large weights prefer compile_to_file: it streams them into the file."""
-    return write_bundle(*_compile_parts(model, target, options, progress, **kw))
+    CompileOptions. workers: a WorkerPool (svodc/codegen/worker.py) to run LLVM on, for callers that
+    compile many models; by default the call starts its own and stops it before returning.
+    For large weights prefer compile_to_file: it streams them into the file."""
+    return write_bundle(*_compile_parts(model, target, options, progress, workers, **kw))
 
 
 def compile_to_file(model: ModelSource, output: str | os.PathLike, target: str = "host",
-                    options: CompileOptions | None = None, progress: Progress | None = None, **kw) -> Path:
+                    options: CompileOptions | None = None, progress: Progress | None = None,
+                    workers: WorkerPool | None = None, **kw) -> Path:
     """Compile and write the bundle atomically: a temp file in the same folder, renamed into place,
     so a failure never leaves a partial file. The temp file is created first, so an unwritable
     output path fails before the compilation starts. Weights are written from their arrays (views
     of mapped files where they came from external data or safetensors) straight into the file."""
     path = Path(output)
     with AtomicWriter(path) as out:
-        parts = _compile_parts(model, target, options, progress, **kw)
+        parts = _compile_parts(model, target, options, progress, workers, **kw)
         out.call(lambda f: write_bundle_to(f, *parts))
         out.call(_check_written)
     return path

@@ -30,3 +30,7 @@ class CompileOptions:
     # Embed a reference input and its expected outputs (svodc/testvec.py) for `svodrt verify`:
     # True always, False never, None when inputs and outputs are small.
     test_vectors: bool | None = None
+    # Run the IR verifier (svodc/ir/spec.py) on the graph after every pass and on every kernel after
+    # lowering and after codegen's rewrites. The tests turn it on for every compilation
+    # (tests/conftest.py); off by default, since each check walks the whole graph.
+    check_ir: bool = False

@@ -1,6 +1,12 @@
-"""Program: what the passes hand to codegen and the bundle writer.
+"""The types that stages hand to each other (svodc/api.py chains the stages):
 
-A list of kernels in execution order, each a loop-level UOp AST whose PARAM i is `params[i]`, and the
+- ImportedGraph: what the frontend hands to the passes (tensor-level UOps and their provenance);
+- Program: what the passes hand to codegen and the bundle writer.
+
+Both live here, below every stage, so a pass imports neither the frontend (which imports onnx and
+registers its handlers as a side effect) nor codegen.
+
+A Program is a list of kernels in execution order, each a loop-level UOp AST whose PARAM i is `params[i]`, and the
 buffers they read and write, with their placement:
 - input / output: the caller's arrays, by slot (position in the graph's inputs / outputs);
 - weight: an offset in the weights section (read-only, mapped from the bundle);
@@ -14,8 +20,19 @@ from dataclasses import dataclass, field
 
 from svodc.ir.dtypes import DType
 from svodc.ir.ops import ConstData
+from svodc.ir.provenance import Provenance
 from svodc.ir.shapes import prod
 from svodc.ir.uop import UOp
+
+
+@dataclass
+class ImportedGraph:
+    inputs: list[tuple[str, UOp]]  # bundle inputs in declaration order (INPUT nodes; frontend/boundary.py)
+    outputs: list[tuple[str, UOp]]  # bundle outputs in declaration order
+    provenance: Provenance
+    producer: str  # "name version" of the tool that made the model, for the manifest
+    expanded_ops: frozenset[str] = frozenset()  # ops imported through their ONNX function bodies
+    vocabulary: tuple[str, ...] = ()  # the model's strings; string id i is vocabulary[i] (frontend/strings.py)
 
 
 class BufferKind(enum.Enum):

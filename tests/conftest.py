@@ -71,3 +71,25 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("real models: max error vs onnxruntime")
         for line in module.ERRORS:
             terminalreporter.line(line)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def checked_compilations():
+    """Every svodc.compile / compile_to_file in the tests verifies the IR after every pass
+    (CompileOptions.check_ir) and runs LLVM on one worker pool for the whole session."""
+    import dataclasses
+    import os
+
+    import svodc.api
+    from svodc.codegen.worker import WorkerPool
+    from svodc.options import CompileOptions
+
+    real = svodc.api._compile_parts
+
+    def compile_parts(model, target, options, progress, workers, **kw):
+        options = dataclasses.replace(options or CompileOptions(**kw), check_ir=True)
+        return real(model, target, options, progress, workers or pool)
+
+    with WorkerPool(os.cpu_count() or 1) as pool, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(svodc.api, "_compile_parts", compile_parts)
+        yield pool

@@ -119,7 +119,9 @@ class KernelEmitter:
         return v
 
     # ------------------------------------------------------------------ values
-    def value(self, n: UOp) -> str:
+    def _direct(self, n: UOp) -> str | None:
+        """The value of a node that needs no code (constant, parameter, loop index) or is already
+        emitted in its scope; None when it must be emitted."""
         if n.op is Ops.CONST:
             return const(n.dtype, n.arg)
         if n.op is Ops.PARAM:
@@ -127,18 +129,35 @@ class KernelEmitter:
             return f"%p{n.arg.index}"
         if n.op is Ops.RANGE:
             return self.stack[self.range_pos[n]].ivar
-        scope = self.target_scope(n)
-        hit = scope.cache.get(n)
+        return self.target_scope(n).cache.get(n)
+
+    def value(self, n: UOp) -> str:
+        """Emit n (and every source it needs) and return its SSA value. Sources are emitted before
+        their users, left to right, from an explicit stack: a chain of 20,000 ops needs no Python
+        recursion. A LOOP_REDUCE's body is emitted inside its loops by emit_reduce (nesting as deep
+        as the reductions, not the graph)."""
+        from svodc.codegen.llvm_alu import emit_alu
+
+        hit = self._direct(n)
         if hit is not None:
             return hit
-        if n.op is Ops.LOOP_REDUCE:
-            v = self.emit_reduce(n, scope)
-        else:
-            from svodc.codegen.llvm_alu import emit_alu
-
-            v = emit_alu(self, scope, n, [self.value(s) for s in n.src])
-        scope.cache[n] = v
-        return v
+        stack: list[tuple[UOp, bool]] = [(n, False)]
+        while stack:
+            node, ready = stack.pop()
+            if self._direct(node) is not None:
+                continue
+            if node.op is Ops.LOOP_REDUCE or ready:
+                scope = self.target_scope(node)
+                if node.op is Ops.LOOP_REDUCE:
+                    scope.cache[node] = self.emit_reduce(node, scope)
+                else:
+                    scope.cache[node] = emit_alu(self, scope, node, [self.value(s) for s in node.src])
+                continue
+            stack.append((node, True))
+            stack.extend((s, False) for s in reversed(node.src))
+        value = self._direct(n)
+        assert value is not None
+        return value
 
     def emit_reduce(self, n: UOp, scope: Scope) -> str:
         from svodc.codegen.llvm_alu import combine, reduce_init

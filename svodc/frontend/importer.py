@@ -10,7 +10,6 @@ handled is collected, and all of them are reported at once.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,18 +35,9 @@ from svodc.ir.ops import ConstData, Ops
 from svodc.ir.provenance import Provenance
 from svodc.ir.uop import UOp
 from svodc.options import CompileOptions
+from svodc.program import ImportedGraph
 
 ModelSource = str | os.PathLike | bytes | onnx.ModelProto
-
-
-@dataclass
-class ImportedGraph:
-    inputs: list[tuple[str, UOp]]  # bundle inputs in declaration order (INPUT nodes; see boundary.py)
-    outputs: list[tuple[str, UOp]]  # bundle outputs in declaration order
-    provenance: Provenance
-    producer: str  # "name version" of the tool that made the model, for the manifest
-    expanded_ops: frozenset[str] = frozenset()  # ops imported through their ONNX function bodies
-    vocabulary: tuple[str, ...] = ()  # the model's strings; string id i is vocabulary[i] (frontend/strings.py)
 
 
 def load_model(source: ModelSource) -> onnx.ModelProto:

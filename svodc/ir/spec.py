@@ -1,5 +1,6 @@
-"""The spec: what argument type and sources each op takes. `verify` checks a whole graph; the tests
-run it after every pass."""
+"""The spec: what argument type and sources each op takes. `verify` checks a whole graph; with
+CompileOptions.check_ir the pipeline runs it after every pass and on every kernel, and the tests
+turn that on for every compilation (tests/conftest.py)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 fold constants -> decompose contractions -> fold again -> schedule into kernels -> lower each kernel
 to loops -> plan memory. Each step is a named rule set or a function of one graph; with
-SVOD_DEBUG >= 2 the graph after each pass is printed.
+SVOD_DEBUG >= 2 the graph after each pass is printed, with CompileOptions.check_ir it is verified.
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from __future__ import annotations
 import re
 import sys
 
-from svodc.frontend.importer import ImportedGraph
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import Ops
 from svodc.ir.provenance import Provenance
 from svodc.ir.rewrite import debug_level, graph_rewrite
+from svodc.ir.spec import verify
 from svodc.ir.uop import UOp, pretty
 from svodc.options import CompileOptions
 from svodc.passes.contraction import pm_conv_to_matmul, pm_fold_into_conv
@@ -24,10 +24,12 @@ from svodc.passes.lower import lower_kernel
 from svodc.passes.lower_gemm import find_matmul, lower_gemm_kernel
 from svodc.passes.memory import plan_arena, plan_weights
 from svodc.passes.schedule import KernelPlan, plan_kernels
-from svodc.program import Buffer, BufferKind, Kernel, Program
+from svodc.program import Buffer, BufferKind, ImportedGraph, Kernel, Program
 
 
-def _debug_graph(title: str, sink: UOp) -> None:
+def _after_pass(title: str, sink: UOp, options: CompileOptions) -> None:
+    if options.check_ir:
+        verify(sink)
     if debug_level() >= 2:
         print(f"===== after {title} =====\n{pretty(sink)}", file=sys.stderr)
 
@@ -37,13 +39,17 @@ def optimize(graph: ImportedGraph, options: CompileOptions) -> UOp:
     prov = graph.provenance
     sink = UOp(Ops.SINK, dtypes.void, tuple(o for _, o in graph.outputs))
     fold = pm_fold(options.fold_limit)
+    _after_pass("import", sink, options)
     sink = graph_rewrite(sink, fold, prov=prov)
-    _debug_graph("fold", sink)
+    _after_pass("fold", sink, options)
     sink = graph_rewrite(sink, pm_fold_into_conv + fold, prov=prov)
+    _after_pass("fold into conv", sink, options)
     sink = graph_rewrite(sink, pm_conv_to_matmul, prov=prov)
+    _after_pass("conv to matmul", sink, options)
     sink = graph_rewrite(sink, pm_decompose, prov=prov)
+    _after_pass("decompose", sink, options)
     sink = graph_rewrite(sink, fold, prov=prov)
-    _debug_graph("decompose", sink)
+    _after_pass("fold after decompose", sink, options)
     return sink
 
 
@@ -108,8 +114,7 @@ def build_program(graph: ImportedGraph, options: CompileOptions) -> Program:
             if plan.root in realized:
                 realized_buf.setdefault(plan.root, out)
         kernels.append(Kernel(name, ast, params, prov))
-        if debug_level() >= 2:
-            print(f"===== kernel {name} =====\n{pretty(ast)}", file=sys.stderr)
+        _after_pass(f"lowering kernel {name}", ast, options)
 
     weight_list = list(weights.values())
     program = Program(inputs, out_bufs, kernels, weight_list, scratch, producer=graph.producer,
