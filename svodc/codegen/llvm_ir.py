@@ -118,6 +118,24 @@ class KernelEmitter:
         scope.lines.append(f"  {v} = {rhs}")
         return v
 
+    def split_index(self, scope: Scope, value: str, sizes: tuple[int, ...]) -> list[str]:
+        """A flat i64 index as coordinates over `sizes`, innermost first (value % s, then value / s)."""
+        out = []
+        for s in sizes:
+            out.append(self.emit_line(scope, f"urem i64 {value}, {s}"))
+            value = self.emit_line(scope, f"udiv i64 {value}, {s}")
+        return out
+
+    def affine(self, scope: Scope, base: str, terms: list[tuple[str, int]]) -> str:
+        """base + sum(value * coef) as an i64 value; terms with coef 0 emit nothing."""
+        acc = base
+        for v, s in terms:
+            if s == 0:
+                continue
+            t = self.emit_line(scope, f"mul nsw i64 {v}, {s}")
+            acc = self.emit_line(scope, f"add nsw i64 {acc}, {t}")
+        return acc
+
     # ------------------------------------------------------------------ values
     def _direct(self, n: UOp) -> str | None:
         """The value of a node that needs no code (constant, parameter, loop index) or is already

@@ -248,18 +248,12 @@ class KernelArg:
     serial: bool = False
 
 
-# Panel sizes of operands packed at compile time. Fixed for every target, so one weights section
-# serves every code variant of a fat bundle; micro-kernels read whole panels or parts of one.
-A_PANEL = 8  # rows of A per panel: packed A is [ceil(M/8)][K][8]
-B_PANEL = 16  # columns of B per panel: packed B is [ceil(N/16)][K][16]
-
-
 @dataclass(frozen=True, slots=True)
 class GemmOperand:
     """Where element (batch..., row, col) of an operand lives, in elements from its parameter.
     A: row = m, col = k. B: row = k, col = n. C: row = m, col = n.
-    packed: the operand is a constant laid out in panels (A_PANEL rows of A, or B_PANEL columns of B),
-    zero-padded to whole panels; row/col strides are then ignored."""
+    packed: the operand is a constant laid out in panels (svodc/gemm_plan.py: A_PANEL rows of A, or
+    B_PANEL columns of B), zero-padded to whole panels; row/col strides are then ignored."""
 
     batch_strides: tuple[int, ...]
     row_stride: int

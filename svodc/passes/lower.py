@@ -18,7 +18,7 @@ writes (or combines) each update at its run-time position, in order, on one thre
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import (
@@ -40,6 +40,7 @@ from svodc.ir.ops import (
 from svodc.ir.rewrite import graph_rewrite
 from svodc.ir.symbolic import pm_symbolic
 from svodc.ir.uop import UOp
+from svodc.passes.buffers import Buffers
 from svodc.passes.split import split_kernel
 from svodc.program import Buffer
 
@@ -93,14 +94,16 @@ def reshape_index(idx: tuple[UOp, ...], out_shape: tuple[int, ...], src_shape: t
 
 
 class KernelLowerer:
-    """Lowers one kernel. `buffer_for(node)` gives the realized buffer a node is read from (or None
-    when the node is computed in this kernel)."""
+    """Lowers one kernel. `buffers.get(node)` gives the buffer a node is read from (None when the node
+    is computed in this kernel); `read_back` names nodes this kernel itself has already written to a
+    buffer (a GEMM's product, which its epilogue reads back from C)."""
 
-    def __init__(self, name: str, out: Buffer, buffer_for: Callable[[UOp], Buffer | None]):
+    def __init__(self, name: str, out: Buffer, buffers: Buffers):
         self.name = name
         self.params: list[Buffer] = [out]
         self._param_uops: dict[int, UOp] = {}
-        self._buffer_for = buffer_for
+        self.buffers = buffers
+        self.read_back: dict[UOp, Buffer] = {}
         self._ranges = 0
         self._memo: dict[tuple[UOp, tuple[UOp, ...]], UOp] = {}
 
@@ -126,7 +129,7 @@ class KernelLowerer:
         # A reshape keeps the linear order, so a kernel whose root is a reshape can iterate over the
         # shape before it and store at the same addresses: no div/mod to split merged axes (this
         # turns an im2col copy into affine loops over the window axes).
-        while copy_from is None and root.op is Ops.RESHAPE and self._buffer_for(root.src[0]) is None:
+        while copy_from is None and root.op is Ops.RESHAPE and self.buffers.get(root.src[0]) is None:
             root = root.src[0]
         shape = root.shape
         idx = self.output_index(shape, merge_inner)
@@ -241,8 +244,12 @@ class KernelLowerer:
         return value
 
     def _lower_node(self, n: UOp, idx: tuple[UOp, ...], top: bool) -> Lowering:
+        written = self.read_back.get(n)
+        if written is not None:  # read at the same linear position of the buffer's own shape
+            return self.load(written, idx if n.shape == written.shape else
+                             tuple(reshape_index(idx, n.shape, written.shape)))
         if not top or n.op in (Ops.INPUT, Ops.WEIGHT):
-            buf = self._buffer_for(n)
+            buf = self.buffers.get(n)
             if buf is not None:
                 return self.load(buf, idx)
         return (yield from self._lower_op(n, idx))
@@ -329,14 +336,14 @@ def reduce_identity(op: Ops, dtype) -> int | float | bool:
     return _REDUCE_IDENTITY[op]
 
 
-def lower_kernel(name: str, root: UOp, out: Buffer, buffer_for: Callable[[UOp], Buffer | None],
+def lower_kernel(name: str, root: UOp, out: Buffer, buffers: Buffers,
                  copy_from: Buffer | None = None) -> tuple[UOp, list[Buffer]]:
     """Lower one kernel. The inner output axes are tried as one merged loop first: when that indexes
     every buffer without div/mod (the axes are contiguous everywhere), it gives the vectorizer one
     long loop instead of short nested ones; otherwise each axis keeps its own loop."""
     results = []
     for merge in (True, False):
-        lowerer = KernelLowerer(name, out, buffer_for)
+        lowerer = KernelLowerer(name, out, buffers)
         ast = lowerer.lower_kernel(root, copy_from, merge_inner=merge)
         results.append((_divmods(ast), ast, lowerer.params))
     (merged_cost, ast, params), (plain_cost, plain_ast, plain_params) = results

@@ -17,6 +17,7 @@ from svodc.ir.rewrite import debug_level, graph_rewrite
 from svodc.ir.spec import verify
 from svodc.ir.uop import UOp, pretty
 from svodc.options import CompileOptions
+from svodc.passes.buffers import Buffers
 from svodc.passes.contraction import pm_conv_to_matmul, pm_fold_into_conv
 from svodc.passes.decompose import pm_decompose
 from svodc.passes.fold import is_folded_constant, pm_fold
@@ -79,24 +80,12 @@ def build_program(graph: ImportedGraph, options: CompileOptions) -> Program:
     next_id = iter(range(1 << 30))
     inputs = [Buffer(next(next_id), BufferKind.INPUT, x.dtype, x.shape, name, slot=i)
               for i, (name, x) in enumerate(graph.inputs)]
-    input_by_name = {b.name: b for b in inputs}
     out_bufs = [Buffer(next(next_id), BufferKind.OUTPUT, x.dtype, x.shape, name, slot=i)
                 for i, (name, x) in enumerate(outputs)]
     out_by_name = {b.name: b for b in out_bufs}
-    weights: dict[UOp, Buffer] = {}
+    buffers = Buffers(inputs, next_id)
     scratch: list[Buffer] = []
-    realized_buf: dict[UOp, Buffer] = {}  # realized node -> the buffer consumers read it from
     written: dict[UOp, Buffer] = {}  # kernel root -> the buffer its kernel wrote
-
-    def buffer_for(n: UOp) -> Buffer | None:
-        if n.op is Ops.INPUT:
-            return input_by_name[n.arg.name]
-        if n.op is Ops.WEIGHT:
-            if n not in weights:
-                weights[n] = Buffer(next(next_id), BufferKind.WEIGHT, n.dtype, n.shape,
-                                    f"w{len(weights)}", data=n.arg)
-            return weights[n]
-        return realized_buf.get(n)
 
     kernels: list[Kernel] = []
     for plan in plans:
@@ -106,17 +95,17 @@ def build_program(graph: ImportedGraph, options: CompileOptions) -> Program:
         copy_from = written[plan.root] if plan.copy else None
         mm = None if plan.copy else find_matmul(plan.root, lambda n: n in realized or n.op in (Ops.INPUT, Ops.WEIGHT))
         if mm is not None:
-            ast, params = lower_gemm_kernel(name, plan.root, mm, out, buffer_for)
+            ast, params = lower_gemm_kernel(name, plan.root, mm, out, buffers)
         else:
-            ast, params = lower_kernel(name, plan.root, out, buffer_for, copy_from=copy_from)
+            ast, params = lower_kernel(name, plan.root, out, buffers, copy_from=copy_from)
         if not plan.copy:
             written.setdefault(plan.root, out)
             if plan.root in realized:
-                realized_buf.setdefault(plan.root, out)
+                buffers.realized.setdefault(plan.root, out)
         kernels.append(Kernel(name, ast, params, prov))
         _after_pass(f"lowering kernel {name}", ast, options)
 
-    weight_list = list(weights.values())
+    weight_list = list(buffers.weights.values())
     program = Program(inputs, out_bufs, kernels, weight_list, scratch, producer=graph.producer,
                       vocabulary=graph.vocabulary)
     program.arena_size = plan_arena(kernels, scratch)
