@@ -20,11 +20,12 @@ from svodc.bundle import check_bundle, write_bundle, write_bundle_to
 from svodc.codegen.compile import compile_program, worker_count
 from svodc.codegen.gpu_compile import compile_gpu_programs
 from svodc.codegen.worker import WorkerPool, borrow
-from svodc.errors import OutputWriteError
+from svodc.errors import OutputWriteError, TargetError
 from svodc.frontend.importer import ModelSource, import_model, load_model
 from svodc.gpu_target import GpuTarget, parse_targets
 from svodc.options import CompileOptions
 from svodc.passes.pipeline import build_program
+from svodc.policy import OptimizationPolicy, check_policy_names, policy_for
 from svodc.testvec import build_test_vectors
 
 Progress = Callable[[str], None]
@@ -54,7 +55,7 @@ def _compile_parts(model: ModelSource, target: str, options: CompileOptions | No
     base_dir = Path(model).parent if isinstance(model, (str, os.PathLike)) else None
     graph = import_model(proto, options, base_dir=base_dir)
     say("optimize")
-    program = build_program(graph, options)
+    program = build_program(graph, options, _bundle_policy(targets, options))
     vectors = build_test_vectors(graph, program, options.test_vectors, say)
     images = []
     gpus = [t for t in targets if isinstance(t, GpuTarget)]
@@ -69,6 +70,21 @@ def _compile_parts(model: ModelSource, target: str, options: CompileOptions | No
             gpu_images = compile_gpu_programs(program, gpus, options, pool)
     say("bundle")
     return program, images, _model_digest(model, proto), vectors, gpu_images
+
+
+def _bundle_policy(targets: list, options: CompileOptions) -> OptimizationPolicy:
+    """The one optimisation policy of a bundle's variants. Format 1 holds one program (kernel list,
+    buffers, arena, weights) for all variants, so variants whose policies differ, and with them
+    possibly their programs, cannot share a bundle yet: that is an error naming them."""
+    check_policy_names(options.policies, targets)
+    by_policy: dict[OptimizationPolicy, list[str]] = {}
+    for t in targets:
+        by_policy.setdefault(policy_for(t, options.policies), []).append(t.describe())
+    if len(by_policy) > 1:
+        groups = "; ".join(", ".join(names) for names in by_policy.values())
+        raise TargetError(f"variants with different optimisation policies ({groups}) need different programs, and "
+                          "a bundle holds one program: compile each group into a bundle of its own")
+    return next(iter(by_policy))
 
 
 def compile(model: ModelSource, target: str = "host", options: CompileOptions | None = None,

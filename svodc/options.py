@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from svodc.policy import OptimizationPolicy
+
 
 @dataclass(frozen=True)
 class CompileOptions:
@@ -34,3 +36,6 @@ class CompileOptions:
     # lowering and after codegen's rewrites. The tests turn it on for every compilation
     # (tests/conftest.py); off by default, since each check walks the whole graph.
     check_ir: bool = False
+    # Optimisation policies (svodc/policy.py) by variant name ("x86_64:x86-64-v3", "cuda:sm_90", or "*"
+    # for every variant); a variant not named gets its target's default.
+    policies: dict[str, OptimizationPolicy] = field(default_factory=dict)

@@ -158,7 +158,7 @@ define float @g(float %x) nounwind { %i = fptosi float %x to i64
 
 def test_a_chain_of_20000_sin_nodes_lowers_and_emits_without_recursion():
     """Graph depth costs heap, not Python stack: a 2e4-node chain (fused into kernels of at most
-    schedule.MAX_FUSED_OPS nodes, each ~40 ops deep after the polynomial rewrite) goes through every
+    the policy's max_fused_ops nodes, each ~40 ops deep after the polynomial rewrite) goes through every
     pass and LLVM IR emission at the interpreter's default recursion limit."""
     from svodc.codegen.compile import prepare_kernel
     from svodc.codegen.llvm_ir import render_kernel
@@ -168,7 +168,7 @@ def test_a_chain_of_20000_sin_nodes_lowers_and_emits_without_recursion():
     from svodc.ir.uop import UOp
     from svodc.options import CompileOptions
     from svodc.passes.pipeline import build_program
-    from svodc.passes.schedule import MAX_FUSED_OPS
+    from svodc.policy import DEFAULT_POLICY
     from svodc.program import ImportedGraph
 
     x = UOp(Ops.INPUT, dtypes.float32, (), InputArg("x", (4,)))
@@ -176,11 +176,11 @@ def test_a_chain_of_20000_sin_nodes_lowers_and_emits_without_recursion():
     for _ in range(20_000):
         y = UOp(Ops.SIN, dtypes.float32, (y,))
     program = build_program(ImportedGraph([("x", x)], [("y", y)], Provenance(), "test"), CompileOptions())
-    assert len(program.kernels) >= 20_000 // MAX_FUSED_OPS
+    assert len(program.kernels) >= 20_000 // DEFAULT_POLICY.max_fused_ops
     target = parse_target("x86_64:x86-64")[0]
-    deepest = program.kernels[0]  # a full one: MAX_FUSED_OPS Sin nodes
+    deepest = program.kernels[0]  # a full one: max_fused_ops Sin nodes
     text, _, _ = render_kernel(prepare_kernel(deepest, target), len(program.inputs), target)
-    assert text.count("fmuladd") + text.count("fmul") > MAX_FUSED_OPS // 2  # the polynomials are all there
+    assert text.count("fmuladd") + text.count("fmul") > DEFAULT_POLICY.max_fused_ops // 2  # the polynomials are all there
 
 
 def test_a_deep_chain_compiles_and_computes():

@@ -24,8 +24,7 @@ from svodc.ir.pattern import PatternMatcher, UPat
 from svodc.ir.uop import UOp
 from svodc.passes.fold import is_folded_constant, splat_value
 from svodc.passes.views import affine_view
-
-GEMM_MIN_MACS = 4096  # smaller products are cheaper on the generic path
+from svodc.policy import OptimizationPolicy
 
 
 def channel_vector(c: UOp, channels: int, axis: int = 1) -> np.ndarray | None:
@@ -86,7 +85,7 @@ pm_fold_into_conv = PatternMatcher([
 ], name="fold_into_conv")
 
 
-def conv_to_matmul(n: UOp) -> UOp | None:
+def conv_to_matmul(n: UOp, min_macs: int) -> UOp | None:
     x, w = n.src
     arg: ConvArg = n.arg
     if n.dtype is not dtypes.float32:
@@ -98,7 +97,7 @@ def conv_to_matmul(n: UOp) -> UOp | None:
     nsp = x.ndim - 2
     kernel = w.shape[2:]
     K = cg * math.prod(kernel)
-    if cg == 1 or og * K * math.prod(n.shape[2:]) < GEMM_MIN_MACS:
+    if cg == 1 or og * K * math.prod(n.shape[2:]) < min_macs:
         return None  # depthwise or tiny: the generic path does better
     if splat_value(w) is not None:
         return None  # one scalar for every weight: packing would materialize it for nothing
@@ -113,4 +112,7 @@ def conv_to_matmul(n: UOp) -> UOp | None:
     return T.reshape(UOp(Ops.MATMUL, n.dtype, (w2, col)), (N, O, *out_sp))
 
 
-pm_conv_to_matmul = PatternMatcher([(UPat(Ops.CONV, name="n"), conv_to_matmul)], name="conv_to_matmul")
+def pm_conv_to_matmul(policy: OptimizationPolicy) -> PatternMatcher:
+    """The conv_to_matmul step; convolutions under policy.gemm_min_macs stay on the generic path."""
+    return PatternMatcher([(UPat(Ops.CONV, name="n"), lambda n: conv_to_matmul(n, policy.gemm_min_macs))],
+                          name="conv_to_matmul")

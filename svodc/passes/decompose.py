@@ -12,6 +12,7 @@ from svodc.ir import tensor as T
 from svodc.ir.ops import ConvArg, Ops
 from svodc.ir.pattern import PatternMatcher, UPat
 from svodc.ir.uop import UOp
+from svodc.policy import OptimizationPolicy
 
 
 def decompose_conv(n: UOp) -> UOp:
@@ -34,23 +35,25 @@ def decompose_conv(n: UOp) -> UOp:
     return T.reshape(red, (N, O, *out_sp))
 
 
-def gemm_eligible(n: UOp) -> bool:
-    """MATMULs the GEMM kernels run: float32, big enough, and no operand a splat constant (a splat
-    would be materialized into panels; the generic path multiplies by the scalar instead)."""
+def gemm_eligible(n: UOp, policy: OptimizationPolicy) -> bool:
+    """MATMULs the GEMM kernels run (the gemm step): float32, at least policy.gemm_min_macs, and no
+    operand a splat constant (a splat would be materialized into panels; the generic path multiplies
+    by the scalar instead)."""
     from svodc.ir.dtypes import dtypes
-    from svodc.passes.contraction import GEMM_MIN_MACS
     from svodc.passes.fold import splat_value
 
+    if not policy.gemm:
+        return False
     a, b = n.src
     macs = a.shape[-1]
     for d in n.shape:
         macs *= d
-    return (n.dtype is dtypes.float32 and macs >= GEMM_MIN_MACS and splat_value(a) is None
+    return (n.dtype is dtypes.float32 and macs >= policy.gemm_min_macs and splat_value(a) is None
             and splat_value(b) is None)
 
 
-def decompose_matmul(n: UOp) -> UOp | None:
-    if gemm_eligible(n):
+def decompose_matmul(n: UOp, policy: OptimizationPolicy) -> UOp | None:
+    if gemm_eligible(n, policy):
         return None
     a, b = n.src
     *batch, M, K = a.shape
@@ -64,7 +67,8 @@ def decompose_matmul(n: UOp) -> UOp | None:
     return T.reshape(red, (*batch, M, N))
 
 
-pm_decompose = PatternMatcher([
-    (UPat(Ops.CONV, name="n"), decompose_conv),
-    (UPat(Ops.MATMUL, name="n"), decompose_matmul),
-], name="decompose")
+def pm_decompose(policy: OptimizationPolicy) -> PatternMatcher:
+    return PatternMatcher([
+        (UPat(Ops.CONV, name="n"), decompose_conv),
+        (UPat(Ops.MATMUL, name="n"), lambda n: decompose_matmul(n, policy)),
+    ], name="decompose")

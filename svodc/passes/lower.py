@@ -42,9 +42,9 @@ from svodc.ir.symbolic import pm_symbolic
 from svodc.ir.uop import UOp
 from svodc.passes.buffers import Buffers
 from svodc.passes.split import split_kernel
+from svodc.policy import OptimizationPolicy
 from svodc.program import Buffer
 
-PARALLEL_MIN = 32  # collapse leading axes into one parallel loop of at least this many iterations
 _IDX = dtypes.index
 _REDUCE_IDENTITY = {Ops.ADD: 0, Ops.MUL: 1}
 # A node's lowering: yields the (source, index) pairs whose values it needs, returns its value.
@@ -98,11 +98,12 @@ class KernelLowerer:
     is computed in this kernel); `read_back` names nodes this kernel itself has already written to a
     buffer (a GEMM's product, which its epilogue reads back from C)."""
 
-    def __init__(self, name: str, out: Buffer, buffers: Buffers):
+    def __init__(self, name: str, out: Buffer, buffers: Buffers, policy: OptimizationPolicy):
         self.name = name
         self.params: list[Buffer] = [out]
         self._param_uops: dict[int, UOp] = {}
         self.buffers = buffers
+        self.policy = policy
         self.read_back: dict[UOp, Buffer] = {}
         self._ranges = 0
         self._memo: dict[tuple[UOp, tuple[UOp, ...]], UOp] = {}
@@ -173,7 +174,7 @@ class KernelLowerer:
         """Leading axes collapse into one PARALLEL range (split across threads); the rest loop, one
         range per axis, or all in one range when merge_inner (a long contiguous innermost loop)."""
         k, p = 0, 1
-        while k < len(shape) and p < PARALLEL_MIN:
+        while k < len(shape) and p < self.policy.parallel_min:
             p *= shape[k]
             k += 1
         idx: list[UOp] = []
@@ -336,18 +337,18 @@ def reduce_identity(op: Ops, dtype) -> int | float | bool:
     return _REDUCE_IDENTITY[op]
 
 
-def lower_kernel(name: str, root: UOp, out: Buffer, buffers: Buffers,
+def lower_kernel(name: str, root: UOp, out: Buffer, buffers: Buffers, policy: OptimizationPolicy,
                  copy_from: Buffer | None = None) -> tuple[UOp, list[Buffer]]:
     """Lower one kernel. The inner output axes are tried as one merged loop first: when that indexes
     every buffer without div/mod (the axes are contiguous everywhere), it gives the vectorizer one
     long loop instead of short nested ones; otherwise each axis keeps its own loop."""
     results = []
-    for merge in (True, False):
-        lowerer = KernelLowerer(name, out, buffers)
+    for merge in (True, False) if policy.merge_inner_loops else (False,):
+        lowerer = KernelLowerer(name, out, buffers, policy)
         ast = lowerer.lower_kernel(root, copy_from, merge_inner=merge)
         results.append((_divmods(ast), ast, lowerer.params))
-    (merged_cost, ast, params), (plain_cost, plain_ast, plain_params) = results
-    return (ast, params) if merged_cost <= plain_cost else (plain_ast, plain_params)
+    _, ast, params = min(results, key=lambda r: r[0])  # the first (merged) on a tie
+    return ast, params
 
 
 def _divmods(ast: UOp) -> int:

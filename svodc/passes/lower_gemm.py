@@ -34,6 +34,7 @@ from svodc.ir.uop import UOp
 from svodc.passes.buffers import Buffers
 from svodc.passes.lower import KernelLowerer, reshape_index
 from svodc.passes.views import affine_view
+from svodc.policy import OptimizationPolicy
 from svodc.program import Buffer
 
 
@@ -117,7 +118,8 @@ class GemmLowerer(KernelLowerer):
         out = self.params[0]
         a, b = mm.src
         batch, (m, n), k = mm.shape[:-2], mm.shape[-2:], a.shape[-1]
-        self.transposed = _vectorize_along_m(m, n, k, _is_constant_view(a), _is_constant_view(b))
+        self.transposed = self.policy.gemm_transpose and _vectorize_along_m(m, n, k, _is_constant_view(a),
+                                                                            _is_constant_view(b))
         a_param, a_op = self.operand(a, "a")
         b_param, b_op = self.operand(b, "b")
         c_strides, s = [], m * n
@@ -158,8 +160,9 @@ def _simplify(x: UOp) -> UOp:
     return graph_rewrite(x, pm_symbolic)
 
 
-def lower_gemm_kernel(name: str, root: UOp, mm: UOp, out: Buffer, buffers: Buffers) -> tuple[UOp, list[Buffer]]:
-    lowerer = GemmLowerer(name, out, buffers)
+def lower_gemm_kernel(name: str, root: UOp, mm: UOp, out: Buffer, buffers: Buffers,
+                      policy: OptimizationPolicy) -> tuple[UOp, list[Buffer]]:
+    lowerer = GemmLowerer(name, out, buffers, policy)
     gemm = lowerer.lower_gemm(root, mm)
     sink = UOp(Ops.SINK, dtypes.void, (gemm,), KernelArg(name))
     return graph_rewrite(sink, pm_symbolic), lowerer.params

@@ -25,6 +25,7 @@ from svodc.passes.lower import lower_kernel
 from svodc.passes.lower_gemm import find_matmul, lower_gemm_kernel
 from svodc.passes.memory import plan_arena, plan_weights
 from svodc.passes.schedule import KernelPlan, plan_kernels
+from svodc.policy import DEFAULT_POLICY, OptimizationPolicy
 from svodc.program import Buffer, BufferKind, ImportedGraph, Kernel, Program
 
 
@@ -35,7 +36,7 @@ def _after_pass(title: str, sink: UOp, options: CompileOptions) -> None:
         print(f"===== after {title} =====\n{pretty(sink)}", file=sys.stderr)
 
 
-def optimize(graph: ImportedGraph, options: CompileOptions) -> UOp:
+def optimize(graph: ImportedGraph, options: CompileOptions, policy: OptimizationPolicy = DEFAULT_POLICY) -> UOp:
     """The tensor-level graph after folding and decomposition, as a SINK of the outputs."""
     prov = graph.provenance
     sink = UOp(Ops.SINK, dtypes.void, tuple(o for _, o in graph.outputs))
@@ -45,9 +46,10 @@ def optimize(graph: ImportedGraph, options: CompileOptions) -> UOp:
     _after_pass("fold", sink, options)
     sink = graph_rewrite(sink, pm_fold_into_conv + fold, prov=prov)
     _after_pass("fold into conv", sink, options)
-    sink = graph_rewrite(sink, pm_conv_to_matmul, prov=prov)
-    _after_pass("conv to matmul", sink, options)
-    sink = graph_rewrite(sink, pm_decompose, prov=prov)
+    if policy.conv_to_matmul:
+        sink = graph_rewrite(sink, pm_conv_to_matmul(policy), prov=prov)
+        _after_pass("conv to matmul", sink, options)
+    sink = graph_rewrite(sink, pm_decompose(policy), prov=prov)
     _after_pass("decompose", sink, options)
     sink = graph_rewrite(sink, fold, prov=prov)
     _after_pass("fold after decompose", sink, options)
@@ -72,10 +74,12 @@ def _provenance(root: UOp, realized: set[UOp], prov: Provenance) -> list[str]:
     return sorted(names)
 
 
-def build_program(graph: ImportedGraph, options: CompileOptions) -> Program:
-    sink = optimize(graph, options)
+def build_program(graph: ImportedGraph, options: CompileOptions, policy: OptimizationPolicy = DEFAULT_POLICY
+                  ) -> Program:
+    """The program for the variants that share `policy` (svodc/policy.py)."""
+    sink = optimize(graph, options, policy)
     outputs = list(zip([name for name, _ in graph.outputs], sink.src, strict=True))
-    plans, realized = plan_kernels(outputs)
+    plans, realized = plan_kernels(outputs, policy)
 
     next_id = iter(range(1 << 30))
     inputs = [Buffer(next(next_id), BufferKind.INPUT, x.dtype, x.shape, name, slot=i)
@@ -95,9 +99,9 @@ def build_program(graph: ImportedGraph, options: CompileOptions) -> Program:
         copy_from = written[plan.root] if plan.copy else None
         mm = None if plan.copy else find_matmul(plan.root, lambda n: n in realized or n.op in (Ops.INPUT, Ops.WEIGHT))
         if mm is not None:
-            ast, params = lower_gemm_kernel(name, plan.root, mm, out, buffers)
+            ast, params = lower_gemm_kernel(name, plan.root, mm, out, buffers, policy)
         else:
-            ast, params = lower_kernel(name, plan.root, out, buffers, copy_from=copy_from)
+            ast, params = lower_kernel(name, plan.root, out, buffers, policy, copy_from=copy_from)
         if not plan.copy:
             written.setdefault(plan.root, out)
             if plan.root in realized:
