@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from svodc.codegen.compile import LLVMJob, prepare_kernel, run_jobs
 from svodc.codegen.elf import read_object
-from svodc.codegen.gpu_emit import GpuEmitter, Launch, map_launch, store_ranges
+from svodc.codegen.gpu_emit import GpuEmitter, Launch, map_launch
 from svodc.codegen.gpu_gemm import gemm_launch
 from svodc.codegen.gpu_tools import assemble_ptx, check_amd_code_object, link_amd_code_object
 from svodc.codegen.link import CodeImage, link
@@ -25,7 +25,7 @@ from svodc.codegen.llvm_ir import FN_ATTRS
 from svodc.codegen.worker import WorkerPool, borrow
 from svodc.gpu_target import GpuTarget
 from svodc.ir.ops import Ops
-from svodc.ir.uop import UOp, toposort
+from svodc.ir.uop import UOp, output_ranges
 from svodc.options import CompileOptions
 from svodc.program import Program
 from svodc.target import Target
@@ -49,14 +49,7 @@ class Statement:
 
 
 def _store_total(stmt: UOp) -> int:
-    free: set[UOp] = set()
-    bound: set[UOp] = set()
-    for n in toposort([stmt]):
-        if n.op is Ops.RANGE:
-            free.add(n)
-        elif n.op is Ops.LOOP_REDUCE:
-            bound.update(n.src[1:])
-    return math.prod(int(r.src[0].arg) for r in store_ranges(frozenset(free - bound)))
+    return math.prod(int(r.src[0].arg) for r in output_ranges(stmt))
 
 
 def plan_statements(program: Program, check_ir: bool = False) -> list[Statement]:

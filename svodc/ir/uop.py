@@ -209,6 +209,19 @@ def _stable_arg_bytes(arg: Any) -> bytes:
     return repr(arg).encode()
 
 
+def output_ranges(stmt: UOp) -> list[UOp]:
+    """The RANGEs a statement iterates over (not those a LOOP_REDUCE inside it binds), in id order:
+    the loops around a STORE."""
+    free: set[UOp] = set()
+    bound: set[UOp] = set()
+    for n in toposort([stmt]):
+        if n.op is Ops.RANGE:
+            free.add(n)
+        elif n.op is Ops.LOOP_REDUCE:
+            bound.update(n.src[1:])
+    return sorted(free - bound, key=lambda r: r.arg.id)
+
+
 def toposort(roots: list[UOp]) -> list[UOp]:
     """Nodes reachable from roots, each once, children before parents (iterative DFS)."""
     order: list[UOp] = []
