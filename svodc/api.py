@@ -45,8 +45,8 @@ def _model_digest(source: ModelSource, model: onnx.ModelProto) -> str:
 
 def _compile_parts(model: ModelSource, target: str, options: CompileOptions | None, progress: Progress | None,
                    workers: WorkerPool | None, **kw) -> tuple:
-    """Everything a bundle is written from: (program, CPU images, model digest, test vectors, GPU images).
-    One pool of LLVM workers (the caller's, or one for this call) compiles every variant."""
+    """Everything a bundle is written from: (program, CPU images, model digest, test vectors, GPU images,
+    signing key). One pool of LLVM workers (the caller's, or one for this call) compiles every variant."""
     options = options or CompileOptions(**kw)
     say = progress or (lambda _msg: None)
     targets = parse_targets(target)
@@ -69,7 +69,7 @@ def _compile_parts(model: ModelSource, target: str, options: CompileOptions | No
             say(f"codegen {', '.join(t.describe() for t in gpus)}")
             gpu_images = compile_gpu_programs(program, gpus, options, pool)
     say("bundle")
-    return program, images, _model_digest(model, proto), vectors, gpu_images
+    return program, images, _model_digest(model, proto), vectors, gpu_images, options.sign_key
 
 
 def _bundle_policy(targets: list, options: CompileOptions) -> OptimizationPolicy:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import BinaryIO
 
 import msgpack
@@ -23,6 +25,7 @@ from svodc.ir.dtypes import dtypes, to_storage
 from svodc.program import Buffer, BufferKind, Program
 from svodc.target import Target
 from svodrt import features as feature_table
+from svodrt.abi import ENTRY
 from svodrt.bundle import parse_bundle
 from svodrt.errors import BundleFormatError
 from svodrt.format import (
@@ -36,6 +39,7 @@ from svodrt.format import (
     section_align,
     variant_binding,
 )
+from svodrt.trust import signed_message
 
 ZSTD_LEVEL = 10
 
@@ -109,11 +113,34 @@ def _byte_order(images: list[tuple[Target, CodeImage]], gpu_images: list[GpuImag
     return orders.pop() if orders else "little"
 
 
+def _signature(manifest: dict, key_path: str | os.PathLike) -> dict:
+    """The manifest's `signature` (svodrt/trust.py): Ed25519 by the PEM private key at key_path, over
+    the message the runtime computes from the manifest it parses (hence the msgpack round trip)."""
+    try:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ed25519
+    except ImportError:
+        raise BundleError("signing needs the cryptography package: pip install 'svod[sign]'") from None
+    try:
+        key = serialization.load_pem_private_key(Path(key_path).read_bytes(), password=None)
+    except (OSError, ValueError, TypeError) as e:
+        raise BundleError(f"cannot read the signing key {os.fspath(key_path)!r}: {e}") from None
+    if not isinstance(key, ed25519.Ed25519PrivateKey):
+        raise BundleError(f"signing key {os.fspath(key_path)!r} is not an Ed25519 private key (make one with "
+                          "`openssl genpkey -algorithm ed25519`)")
+    parsed = msgpack.unpackb(msgpack.packb(manifest, use_bin_type=True), raw=False)
+    raw = serialization.Encoding.Raw
+    return {"key": key.public_key().public_bytes(raw, serialization.PublicFormat.Raw),
+            "ed25519": key.sign(signed_message(parsed))}
+
+
 def write_bundle_to(out: BinaryIO, program: Program, images: list[tuple[Target, CodeImage]], model_digest: str,
-                    test_vectors: list[dict] | None = None, gpu_images: list[GpuImage] = ()) -> None:
+                    test_vectors: list[dict] | None = None, gpu_images: list[GpuImage] = (),
+                    sign_key: str | os.PathLike | None = None) -> None:
     """Write the bundle to a seekable binary file positioned at its start. test_vectors: manifest
-    entries from svodc.testvec (optional); gpu_images: GPU variants, after the CPU ones. Weights go
-    from their arrays straight to `out` (one copy: the write itself), hashed on the way."""
+    entries from svodc.testvec (optional); gpu_images: GPU variants, after the CPU ones; sign_key: an
+    Ed25519 private key (PEM file) to sign the bundle with. Weights go from their arrays straight to
+    `out` (one copy: the write itself), hashed on the way."""
     sections: list[tuple[dict, bytes]] = []  # code sections; the weights section streams separately
     byte_order = _byte_order(images, gpu_images)
     variants = []
@@ -125,7 +152,7 @@ def write_bundle_to(out: BinaryIO, program: Program, images: list[tuple[Target, 
             "features": list(target.features),
             "feature_bits": feature_table.to_bits(target.arch, target.features),
             "section": len(sections),
-            "entry": image.symbols["svod_entry"],
+            "entry": image.symbols[ENTRY],
             "kernels": [image.symbols[k.name] for k in program.kernels],
             "fixups": list(image.fixups),
         })
@@ -177,6 +204,8 @@ def write_bundle_to(out: BinaryIO, program: Program, images: list[tuple[Target, 
             v["gpu_binding"] = gpu_binding(v, table[v["cubin"]]["sha256"] if "cubin" in v else None)
     if test_vectors:
         manifest["test_vectors"] = test_vectors
+    if sign_key is not None:  # last: it signs everything before it
+        manifest["signature"] = _signature(manifest, sign_key)
     raw = msgpack.packb(manifest, use_bin_type=True)
     # Single-threaded zstd at a fixed level: the same manifest always compresses to the same bytes.
     stored = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True, threads=0).compress(raw)
@@ -198,10 +227,11 @@ def check_bundle(data: bytes | memoryview) -> None:
 
 
 def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model_digest: str,
-                 test_vectors: list[dict] | None = None, gpu_images: list[GpuImage] = ()) -> bytes:
+                 test_vectors: list[dict] | None = None, gpu_images: list[GpuImage] = (),
+                 sign_key: str | os.PathLike | None = None) -> bytes:
     """The bundle's bytes (write_bundle_to into memory)."""
     buf = io.BytesIO()
-    write_bundle_to(buf, program, images, model_digest, test_vectors, gpu_images)
+    write_bundle_to(buf, program, images, model_digest, test_vectors, gpu_images, sign_key)
     data = buf.getvalue()
     check_bundle(data)
     return data

@@ -39,3 +39,6 @@ class CompileOptions:
     # Optimisation policies (svodc/policy.py) by variant name ("x86_64:x86-64-v3", "cuda:sm_90", or "*"
     # for every variant); a variant not named gets its target's default.
     policies: dict[str, OptimizationPolicy] = field(default_factory=dict)
+    # Sign the bundle with this Ed25519 private key (a PEM file; `--sign`): svodrt.load(trust=...) then
+    # accepts it (docs/bundle-format.md "Trust model"). Needs the svod[sign] extra.
+    sign_key: str | None = None

@@ -1,43 +1,87 @@
 """Reading and verifying a bundle before anything of it is mapped or run: the header, the manifest
 (inside the file and ending it, bounded, digest, msgpack map), the sections (inside, aligned, in
 order, distinct, zero padding, one weights section), then the plan (svodrt/plan.py). Section
-checksums are `check_section`'s. Each failure is a BundleFormatError naming field or section and offset."""
+checksums are `check_section`'s. Each failure is a BundleFormatError naming field or section and offset.
+Bytes come from a Source, read by offset into private memory (never mapped: no SIGBUS); parsing is
+bounded by the file's size (docs/architecture.md "Runtime", bounded parsing)."""
 
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 from dataclasses import dataclass, fields
 
 import msgpack
 import zstandard
 
+from svodrt import format as fmt
 from svodrt.errors import BundleFormatError, BundleVersionError
 from svodrt.features import BYTE_ORDER
-from svodrt.format import (
-    FLAG_MANIFEST_ZSTD,
-    FORMAT_MAJOR,
-    FORMAT_MINOR,
-    HEADER_SIZE,
-    MAGIC,
-    MAX_BYTES,
-    MAX_HEADER_SIZE,
-    MAX_MANIFEST_RAW,
-    Header,
-    section_align,
-    unpack_header,
-)
 from svodrt.plan import Plan, parse_plan
 from svodrt.schema import KernelInfo, Section, TensorInfo, TestVector, Variant, field, items, name, uint
 
-__all__ = ["Bundle", "KernelInfo", "Section", "TensorInfo", "TestVector", "Variant", "check_section",
+__all__ = ["Bundle", "KernelInfo", "Section", "Source", "TensorInfo", "TestVector", "Variant", "check_section",
            "parse_bundle"]
+
+MANIFEST_EXPANSION, MANIFEST_FLOOR = 64, 4 << 20  # raw manifest <= 64 x stored + 4 MiB
+OBJECTS_PER_BYTE, OBJECTS_FLOOR = 1, 1 << 16  # real bundles: < 0.1 msgpack objects per file byte
+MAX_MAP = 256  # keys in any manifest map (the largest has ~20)
+
+
+class Source:
+    """A bundle's bytes, read by offset: from a regular file (pread) or a bytes object."""
+
+    def __init__(self, data: bytes | memoryview | None = None, fd: int | None = None, name: str = "the bundle"):
+        self.fd, self.name = fd, name
+        self._data = memoryview(data) if data is not None else None
+        self.size = len(self._data) if self._data is not None else os.fstat(fd).st_size  # type: ignore[arg-type]
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> Source:
+        """O_NONBLOCK: a FIFO or device is refused here instead of blocking the open."""
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            raise BundleFormatError(f"{os.fspath(path)!r} is not a regular file (a FIFO, device or directory): "
+                                    "give the path of a .svod file")
+        return cls(fd=fd, name=repr(os.fspath(path)))
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def read(self, offset: int, length: int) -> bytes | memoryview:
+        if self._data is not None:
+            return self._data[offset: offset + length]
+        out = bytearray(length)
+        self.readinto(offset, memoryview(out))
+        return bytes(out)
+
+    def readinto(self, offset: int, buf: memoryview) -> None:
+        if self._data is not None:
+            buf[:] = self._data[offset: offset + len(buf)]
+            return
+        done = 0
+        while done < len(buf):
+            n = os.preadv(self.fd, [buf[done:]], offset + done)  # type: ignore[arg-type]
+            if n <= 0:
+                raise BundleFormatError(f"{self.name} ended at byte {offset + done} while reading [{offset}, "
+                                        f"{offset + len(buf)}): it was truncated or rewritten while in use")
+            done += n
+
+
+def as_source(data: bytes | memoryview | Source) -> Source:
+    return data if isinstance(data, Source) else Source(data)
 
 
 @dataclass(frozen=True)
 class Bundle(Plan):
     """A verified bundle: the execution plan (svodrt/plan.py) and where it came from."""
 
-    header: Header
+    header: fmt.Header
     manifest: dict
     sections: list[Section]
     weights: Section
@@ -47,38 +91,63 @@ def _fail(msg: str) -> BundleFormatError:
     return BundleFormatError(msg)
 
 
-def read_header(data: bytes | memoryview) -> Header:
-    if len(data) < HEADER_SIZE:
-        raise _fail(f"file is {len(data)} bytes, shorter than the {HEADER_SIZE}-byte header: not a .svod bundle "
+def read_header(data: bytes | memoryview | Source) -> fmt.Header:
+    src = as_source(data)
+    size = src.size
+    if size < fmt.HEADER_SIZE:
+        raise _fail(f"file is {size} bytes, shorter than the {fmt.HEADER_SIZE}-byte header: not a .svod bundle "
                     "or truncated")
-    magic, h = unpack_header(bytes(data[:HEADER_SIZE]))
-    if magic != MAGIC:
+    magic, h = fmt.unpack_header(bytes(src.read(0, fmt.HEADER_SIZE)))
+    if magic != fmt.MAGIC:
         raise _fail(f"bad magic {magic!r} at offset 0: not a .svod bundle")
-    if h.major > FORMAT_MAJOR:
-        raise BundleVersionError(f"bundle format {h.major}.{h.minor} is newer than this runtime's "
-                                 f"{FORMAT_MAJOR}.{FORMAT_MINOR} (it reads {FORMAT_MAJOR}.x; header offset 8): "
-                                 "upgrade svodrt")
+    if h.major > fmt.FORMAT_MAJOR:
+        raise BundleVersionError(f"bundle format {h.major}.{h.minor} is newer than this runtime's {fmt.FORMAT_MAJOR}."
+                                 f"{fmt.FORMAT_MINOR} (it reads {fmt.FORMAT_MAJOR}.x; header offset 8): upgrade svodrt")
     if h.major < 1:
         raise _fail(f"bundle format major version {h.major} at offset 8 is invalid")
-    if not HEADER_SIZE <= h.header_size <= MAX_HEADER_SIZE:
-        raise _fail(f"header size {h.header_size} at offset 12 is outside [{HEADER_SIZE}, {MAX_HEADER_SIZE}]")
-    if h.flags & ~FLAG_MANIFEST_ZSTD or h.reserved:
+    if not fmt.HEADER_SIZE <= h.header_size <= fmt.MAX_HEADER_SIZE:
+        raise _fail(f"header size {h.header_size} at offset 12 is outside [{fmt.HEADER_SIZE}, {fmt.MAX_HEADER_SIZE}]")
+    if h.flags & ~fmt.FLAG_MANIFEST_ZSTD or h.reserved:
         raise _fail(f"header flags {h.flags:#x} / reserved {h.reserved:#x} at offset 16 hold unknown bits")
-    if h.file_size != len(data):
-        raise _fail(f"header (offset 24) says the file is {h.file_size} bytes, it is {len(data)} bytes "
+    if h.file_size != size:
+        raise _fail(f"header (offset 24) says the file is {h.file_size} bytes, it is {size} bytes "
                     "(truncated or extended)")
     end = h.manifest_offset + h.manifest_size
-    if h.manifest_offset < h.header_size or end != len(data) or h.manifest_size == 0:
+    if h.manifest_offset < h.header_size or end != size or h.manifest_size == 0:
         raise _fail(f"manifest [{h.manifest_offset}, {end}) (header offsets 32, 40) must lie after the header "
-                    f"and end the file ({len(data)} bytes)")
-    if h.manifest_raw_size > MAX_MANIFEST_RAW:
-        raise _fail(f"manifest size {h.manifest_raw_size} (header offset 48) exceeds the limit {MAX_MANIFEST_RAW}")
+                    f"and end the file ({size} bytes)")
+    limit = min(fmt.MAX_MANIFEST_RAW, MANIFEST_EXPANSION * h.manifest_size + MANIFEST_FLOOR)
+    if h.manifest_raw_size > limit:
+        raise _fail(f"manifest size {h.manifest_raw_size} (header offset 48) exceeds the limit {limit} for "
+                    f"{h.manifest_size} stored bytes")
     return h
 
 
-def read_manifest(data: bytes | memoryview, h: Header) -> dict:
-    stored = bytes(data[h.manifest_offset: h.manifest_offset + h.manifest_size])
-    if h.flags & FLAG_MANIFEST_ZSTD:
+def _unpack(raw: bytes, file_size: int) -> object:
+    """msgpack with every length capped and at most OBJECTS_PER_BYTE objects per file byte: the hooks
+    count each list and map as it is built (with its items), so a bomb stops before it is built."""
+    budget = [OBJECTS_PER_BYTE * file_size + OBJECTS_FLOOR]
+
+    def count(x):
+        budget[0] -= len(x) + 1
+        if budget[0] < 0:
+            raise ValueError(f"more msgpack objects than a {file_size}-byte bundle may hold")
+        return x
+
+    u = msgpack.Unpacker(None, raw=False, strict_map_key=True, max_buffer_size=max(len(raw), 1),
+                         max_str_len=4 * fmt.MAX_STRING, max_bin_len=len(raw), max_array_len=fmt.MAX_ITEMS,
+                         max_map_len=MAX_MAP, max_ext_len=0, list_hook=count, object_hook=count)
+    u.feed(raw)
+    m = u.unpack()
+    if u.tell() != len(raw):
+        raise ValueError(f"{len(raw) - u.tell()} bytes follow the manifest's map")
+    return m
+
+
+def read_manifest(data: bytes | memoryview | Source, h: fmt.Header) -> dict:
+    src = as_source(data)
+    stored = src.read(h.manifest_offset, h.manifest_size)
+    if h.flags & fmt.FLAG_MANIFEST_ZSTD:
         try:  # max_output_size bounds the memory a lying frame header can make us allocate
             raw = zstandard.ZstdDecompressor().decompress(stored, max_output_size=h.manifest_raw_size)
         except zstandard.ZstdError as e:
@@ -91,28 +160,29 @@ def read_manifest(data: bytes | memoryview, h: Header) -> dict:
         raise _fail(f"manifest at offset {h.manifest_offset} fails its checksum (header offset 56): the file is "
                     "damaged")
     try:
-        m = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+        m = _unpack(raw, src.size)
     except Exception as e:  # msgpack raises several types for malformed input
-        raise _fail(f"manifest at offset {h.manifest_offset} is not valid msgpack: {e}") from None
+        why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__  # StackError says nothing more
+        raise _fail(f"manifest at offset {h.manifest_offset} is not valid msgpack: {why}") from None
     if not isinstance(m, dict):
         raise _fail(f"manifest at offset {h.manifest_offset} is not a map")
     return m
 
 
-def _zero_gap(data: bytes | memoryview, start: int, end: int, where: str) -> None:
+def _zero_gap(src: Source, start: int, end: int, where: str) -> None:
     """Padding must be zero, so that every byte of a bundle is covered by some check."""
-    if start < end and bytes(data[start:end]) != bytes(end - start):
+    if start < end and bytes(src.read(start, end - start)) != bytes(end - start):
         raise _fail(f"padding [{start}, {end}) {where} is not zero: the file is damaged")
 
 
-def _sections(m: dict, h: Header, data: bytes | memoryview) -> list[Section]:
+def _sections(m: dict, h: fmt.Header, src: Source) -> list[Section]:
     out: list[Section] = []
     prev_end = h.header_size
     for i, s in enumerate(items(m, "sections", "manifest", 1024)):
         where = f"sections[{i}]"
-        sec = Section(i, name(s, "name", where), name(s, "kind", where), uint(s, "offset", where, MAX_BYTES),
-                      uint(s, "length", where, MAX_BYTES), field(s, "sha256", bytes, where))
-        align = section_align(sec.length)
+        sec = Section(i, name(s, "name", where), name(s, "kind", where), uint(s, "offset", where, fmt.MAX_BYTES),
+                      uint(s, "length", where, fmt.MAX_BYTES), field(s, "sha256", bytes, where))
+        align = fmt.section_align(sec.length)
         if sec.offset % align:
             raise _fail(f"section {sec.name!r} at offset {sec.offset} ({sec.length} bytes) is not {align}-aligned")
         if sec.offset < prev_end or sec.offset + sec.length > h.manifest_offset:
@@ -122,24 +192,27 @@ def _sections(m: dict, h: Header, data: bytes | memoryview) -> list[Section]:
             raise _fail(f"section {sec.name!r} checksum has {len(sec.sha256)} bytes, expected 32")
         if any(o.name == sec.name for o in out):
             raise _fail(f"section name {sec.name!r} ({where}) repeats")
-        _zero_gap(data, prev_end, sec.offset, f"before section {sec.name!r}")
+        _zero_gap(src, prev_end, sec.offset, f"before section {sec.name!r}")
         prev_end = sec.offset + sec.length
         out.append(sec)
-    _zero_gap(data, prev_end, h.manifest_offset, "before the manifest")
+    _zero_gap(src, prev_end, h.manifest_offset, "before the manifest")
     return out
 
 
-def check_section(data: bytes | memoryview, sec: Section) -> None:
-    """sha256 of one section; costs about 0.6 ms per MB."""
-    if hashlib.sha256(data[sec.offset: sec.offset + sec.length]).digest() != sec.sha256:
+def check_section(data: bytes | memoryview | Source, sec: Section, content: bytes | memoryview | None = None) -> None:
+    """sha256 of one section (`content`: its bytes, already read); costs about 0.6 ms per MB."""
+    if content is None:
+        content = as_source(data).read(sec.offset, sec.length)
+    if hashlib.sha256(content).digest() != sec.sha256:
         raise _fail(f"section {sec.name!r} at offset {sec.offset} ({sec.length} bytes) fails its sha256 "
                     "checksum: the file is damaged")
 
 
-def parse_bundle(data: bytes | memoryview) -> Bundle:
+def parse_bundle(data: bytes | memoryview | Source) -> Bundle:
     """Every structural check. Section checksums are left to the caller (check_section)."""
-    h = read_header(data)
-    m = read_manifest(data, h)
+    src = as_source(data)
+    h = read_header(src)
+    m = read_manifest(src, h)
     try:
         fmt = field(m, "format", list, "manifest")
         if fmt != [h.major, h.minor]:
@@ -148,7 +221,7 @@ def parse_bundle(data: bytes | memoryview) -> Bundle:
         byte_order = field(m, "byte_order", str, "manifest")
         if byte_order not in ("little", "big"):
             raise _fail(f"manifest byte_order {byte_order[:20]!r} must be 'little' or 'big'")
-        sections = _sections(m, h, data)
+        sections = _sections(m, h, src)
         weights = [s for s in sections if s.kind == "weights"]
         if len(weights) != 1:
             raise _fail(f"manifest sections: expected one weights section, found {len(weights)}")

@@ -35,3 +35,7 @@ class RuntimeFailure(SvodError):
 
 class ModelClosedError(SvodError, RuntimeError):
     """run() was called on a model after close()."""
+
+
+class UntrustedBundleError(SvodError):
+    """A trust policy refused the bundle: unsigned, signed by another key, or modified after signing."""

@@ -33,10 +33,6 @@ MAX_TEST_VECTORS = 16
 MAX_STRING = 1 << 16  # characters in one vocabulary string
 MAX_STRING_ID = (1 << 31) - 1  # string ids are int32: the vocabulary plus one call's new strings stay below
 
-# The entry's `sync` block: zeroed by the caller, the host's yield function at offset 8, the rest the
-# code's (docs/bundle-format.md "The entry ABI"). One cache line: two calls' blocks never share one.
-SYNC_SIZE = 64
-
 
 @dataclass(frozen=True)
 class Header:

@@ -1,24 +1,24 @@
-"""GpuModel: a bundle's GPU variant on a CUDA or HIP device (svodrt/gpu_driver.py). Load: the first
-variant of the device's kind it can load (CUDA: the cubin for its architecture, else PTX), its sha256
-checked on the bytes loaded; weights uploaded once; arena and I/O buffers allocated; every launch
-resolved; the launch list captured as a graph unless graph=False. One set of device buffers per
-model, so concurrent run() calls take turns."""
+"""GpuModel: the CUDA and HIP executor, built on a Program like the CPU's (the drivers mirror each
+other, gpu_driver.py, so only the image choice differs: cuda_image). Load: the first variant of the
+device's kind it can load (CUDA: its architecture's cubin, else PTX), as checked private bytes;
+weights uploaded once; arena and I/O allocated; launches resolved and captured as a graph unless
+graph=False. One set of device buffers per model, so concurrent run() calls take turns."""
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import threading
 from collections.abc import Mapping as MappingT
-from pathlib import Path
 
 import numpy as np
 
-from svodrt.bundle import Section, Variant, check_section, parse_bundle
-from svodrt.errors import BundleFormatError, DeviceError, ModelClosedError, UnsupportedHostError
+from svodrt.bundle import Section, Variant
+from svodrt.errors import DeviceError, ModelClosedError, UnsupportedHostError
 from svodrt.gpu_driver import CAPTURE_THREAD_LOCAL, Device, parse_device
-from svodrt.model import WEIGHTS_CHECK_LIMIT, Runner
+from svodrt.program import Program
+from svodrt.runner import Runner
+from svodrt.trust import TrustSpec
 
 
 def cuda_image(v: Variant, capability: int) -> tuple[Section | None, str]:
@@ -36,26 +36,25 @@ def cuda_image(v: Variant, capability: int) -> tuple[Section | None, str]:
 
 class GpuModel(Runner):
     def __init__(self, source: str | os.PathLike | bytes, device: str, verify_weights: bool | None = None,
-                 variant: int | None = None, graph: bool = True):
+                 variant: int | None = None, graph: bool = True, trust: TrustSpec | None = None):
         kind, ordinal = parse_device(device)
-        data = memoryview(bytes(source) if isinstance(source, (bytes, bytearray, memoryview))
-                          else Path(source).read_bytes())
         self._closed = False
         self._lock = threading.Lock()
         self._buffers: list[int] = []
         self._module = self._graph = self._exec = self._stream = None
-        self.bundle = parse_bundle(data)
-        if variant is not None and not 0 <= variant < len(self.bundle.variants):
-            raise ValueError(f"variant {variant} does not exist (the bundle has {len(self.bundle.variants)})")
-        self.device = Device(kind, ordinal)
+        program = Program(source, verify_weights, trust, variant)
         try:
-            self._load(data, variant, verify_weights, graph)
+            self.bundle, self.signer, self.weights_verified = program.bundle, program.signer, program.check_weights
+            self.device = Device(kind, ordinal)
+            self._load(program, variant, graph)
         except BaseException:
             self.close()
             raise
+        finally:
+            program.close()
         self._set_io()
 
-    def _choose(self, data: memoryview, index: int | None) -> tuple[Variant, str]:
+    def _choose(self, program: Program, index: int | None) -> tuple[Variant, str]:
         d, reasons = self.device, []
         for v in self.bundle.variants if index is None else [self.bundle.variants[index]]:
             if v.kind != d.kind:
@@ -65,10 +64,7 @@ class GpuModel(Runner):
             if sec is None:
                 reasons.append(f"{v.describe()} ({what})")
                 continue
-            image = bytes(data[sec.offset: sec.offset + sec.length])  # the bytes loaded are the bytes checked
-            if hashlib.sha256(image).digest() != sec.sha256:
-                raise BundleFormatError(f"section {sec.name!r} at offset {sec.offset} fails its sha256 checksum: "
-                                        "the file is damaged; nothing of it was loaded")
+            image = bytes(program.image(sec))  # the bytes loaded are the bytes checked
             try:
                 self._module = d.handle("load", image)
             except DeviceError as e:
@@ -80,18 +76,16 @@ class GpuModel(Runner):
                                    f"{'; '.join(reasons) or 'the bundle has no variants'}. Recompile with a "
                                    f"--target for this GPU")
 
-    def _load(self, data: memoryview, index: int | None, verify_weights: bool | None, graph: bool) -> None:
+    def _load(self, program: Program, index: int | None, graph: bool) -> None:
         d, b = self.device, self.bundle
-        self.variant, self.code_kind = self._choose(data, index)
-        w = b.weights
-        if verify_weights or (verify_weights is None and w.length <= WEIGHTS_CHECK_LIMIT):
-            check_section(data, w)
+        self.variant, self.code_kind = self._choose(program, index)
+        host_weights, weights_address = program.weights()
         self._stream = d.handle("stream", 0)
         for nbytes in (b.weights_size, b.arena_size, *(t.nbytes for t in (*b.inputs, *b.outputs))):
             self._buffers.append(d.alloc(nbytes))  # one at a time: close() frees them if one fails
         weights, arena, *io = self._buffers
         if b.weights_size:
-            d.call("h2d", weights, np.frombuffer(data, np.uint8).ctypes.data + w.offset, b.weights_size, self._stream)
+            d.call("h2d", weights, weights_address, b.weights_size, self._stream)
         base = {"weight": weights, "scratch": arena}
         where = {"input": 0, "output": len(b.inputs)}
 
@@ -107,7 +101,8 @@ class GpuModel(Runner):
             args = (ctypes.c_void_p * len(ptrs))(*(ctypes.addressof(values) + 8 * i for i in range(len(ptrs))))
             fn = d.handle("function", self._module, x.symbol.encode())
             self._launches.append((fn, *x.grid, *x.block, 0, self._stream, args, None, values))
-        d.call("sync", self._stream)
+        d.call("sync", self._stream)  # the upload is done: host_weights may go
+        del host_weights
         if graph and self._launches:
             self._capture()
 

@@ -1,4 +1,4 @@
-"""Memory mappings through libc (ctypes): code read+execute, weights read-only.
+"""Memory mappings through libc (ctypes): code read+execute (nothing is mapped from the bundle file).
 
 Invariant (W^X): no mapping is ever writable and executable at once. Code is copied into anonymous
 read+write memory, checked, patched, then made read+execute; it is never written again, so no
@@ -97,6 +97,3 @@ def map_code(data: bytes | memoryview, fixups: tuple[int, ...], sha256: bytes, w
                       ctypes.c_void_p(m.address + m.size), ctypes.c_ulong(0))
     return m
 
-
-def map_readonly(fd: int, offset: int, length: int, what: str) -> Mapping:
-    return _map(length, mmap.PROT_READ, mmap.MAP_PRIVATE, fd, offset, what)

@@ -1,47 +1,41 @@
-"""Model: a loaded bundle, ready to run (docs/architecture.md "Runtime").
-
-load() verifies the bundle's structure, picks the first code variant this host can run, copies that
-code into fresh memory, checks its sha256 there and makes it read+execute, checks the weights' sha256
-when they are small (WEIGHTS_CHECK_LIMIT) and maps them read-only. run() validates every input before
-native code sees it, takes an arena from a small pool (one per concurrent call) and calls the entry
-once per thread; the entry hands out every kernel's parts to its callers (svodc/codegen/module.py).
-A model owns threads-1 helper threads; one call at a time uses them, a call that finds them busy runs
-single-threaded, so concurrent calls are safe. close() waits for running calls, then unmaps.
-"""
+"""Model: the CPU executor, built on a Program (docs/architecture.md "Runtime"). load() maps the
+first variant this host runs (svodrt/memory.py) and takes the Program's weights. run() checks the
+inputs (runner.py), lends an arena (one per concurrent call) and calls the entry (abi.py) on each
+thread. The threads-1 helpers start with the first parallel call and serve one call at a time (a
+call finding them busy runs alone); a call returns only once every thread has left native code,
+even if a signal handler raises; a forked child gets fresh locks and pool. close() waits, unmaps."""
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import mmap
 import os
 import threading
 import time
+import weakref
 from collections.abc import Mapping as MappingT
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from svodrt.bundle import Bundle, TensorInfo, Variant, check_section, parse_bundle
-from svodrt.errors import InputError, ModelClosedError, UnsupportedHostError
+from svodrt.abi import ARENA_SLOT, FIRST_IO_SLOT, SYNC_SIZE, SYNC_YIELD, WEIGHTS_SLOT, table_slots
+from svodrt.bundle import Bundle, Variant
+from svodrt.errors import ModelClosedError, RuntimeFailure, UnsupportedHostError
 from svodrt.features import feature_names
-from svodrt.format import BITS_OF, DTYPES, GPU_KINDS, STRING, SYNC_SIZE
+from svodrt.format import GPU_KINDS
 from svodrt.host import Host, detect_host
-from svodrt.memory import PAGE, YIELD_FN, Mapping, map_code, map_readonly
-from svodrt.strings import StringTable
+from svodrt.memory import YIELD_FN, map_code
+from svodrt.program import Program, aligned_empty, host_memory
+from svodrt.runner import Runner, check_input  # noqa: F401 (check_input: part of this module's API)
+from svodrt.trust import TrustSpec
 
 if TYPE_CHECKING:
-    from concurrent.futures import ThreadPoolExecutor
-
-NARROW_INTS = frozenset({"int4", "uint4", "int2", "uint2"})
+    from concurrent.futures import Future, ThreadPoolExecutor
 
 ENTRY_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p)
-ALIGN = 64
+KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32)
 MAX_THREADS = 1024
-# Weights sections up to this size are checksummed at every load (sha256: ~10 ms for 16 MiB); larger
-# ones only when asked (load(verify_weights=True), svodrt verify). See docs/architecture.md.
-WEIGHTS_CHECK_LIMIT = 16 << 20
+AUTO_PARALLEL_MIN_S = 300e-6  # models faster than this on one thread use one thread
+_LIVE: weakref.WeakSet[Model] = weakref.WeakSet()  # what a forked child must reset (_after_fork)
 
 
 def variant_problem(v: Variant, host: Host) -> str | None:
@@ -82,166 +76,52 @@ def select_variant(bundle: Bundle, host: Host, index: int | None = None) -> Vari
                                f"variant for this machine, e.g. --target {host.arch}-linux-gnu{fallback}")
 
 
-def _aligned_empty(nbytes: int) -> tuple[np.ndarray, int]:
-    raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
-    shift = (-raw.ctypes.data) % ALIGN
-    return raw, raw.ctypes.data + shift
-
-
-AUTO_PARALLEL_MIN_S = 300e-6  # models faster than this on one thread use one thread
-
-
-class Runner:
-    """What every loaded model shares, whatever runs it: its description and input checking.
-    Subclasses set `bundle` and `variant`, call _set_io(), and implement run() and close()."""
-
-    bundle: Bundle
-    variant: Variant
-
-    def _set_io(self) -> None:
-        self._input_specs = [(t.name, np.dtype(DTYPES[t.dtype][0]), tuple(t.shape)) for t in self.bundle.inputs]
-        self._output_specs = [(tuple(t.shape), np.dtype(DTYPES[t.dtype][0])) for t in self.bundle.outputs]
-        self._output_names = [t.name for t in self.bundle.outputs]
-        self._string_inputs = [t for t in self.bundle.inputs if t.dtype == STRING]
-        self._strings = StringTable(self.bundle.vocabulary) if self._string_inputs else None
-
-    # ------------------------------------------------------------------ description
-    @property
-    def inputs(self) -> list[TensorInfo]:
-        return list(self.bundle.inputs)
-
-    @property
-    def outputs(self) -> list[TensorInfo]:
-        return list(self.bundle.outputs)
-
-    def __repr__(self) -> str:
-        ins = ", ".join(f"{t.name}: {t.dtype}{list(t.shape)}" for t in self.inputs)
-        outs = ", ".join(f"{t.name}: {t.dtype}{list(t.shape)}" for t in self.outputs)
-        return f"<svodrt.Model ({ins}) -> ({outs}) on {self.variant.describe()}>"
-
-    # ------------------------------------------------------------------ running
-    def _fast_inputs(self, feeds: object) -> list[np.ndarray] | None:
-        """The common case in a few comparisons: a dict of exactly the inputs, each an ndarray of the
-        declared dtype and shape, C-contiguous and aligned. None means: take the full check."""
-        specs = self._input_specs
-        if type(feeds) is not dict or len(feeds) != len(specs) or self._strings is not None:
-            return None
-        arrays = []
-        for name, dtype, shape in specs:
-            a = feeds.get(name)
-            if (type(a) is not np.ndarray or a.dtype != dtype or a.shape != shape or not a.flags.c_contiguous
-                    or not a.flags.aligned):
-                return None
-            arrays.append(a)
-        return arrays
-
-    def check_inputs(self, feeds: MappingT[str, object]) -> list[np.ndarray]:
-        """Validate a feed dict against the model's inputs; returns the arrays the code will read, in
-        input order (C-contiguous and aligned: copied if they were not)."""
-        fast = self._fast_inputs(feeds)
-        if fast is not None:
-            return fast
-        if not isinstance(feeds, MappingT):
-            raise InputError(f"inputs must be a dict of name -> array, got {type(feeds).__name__}")
-        expected = [t.name for t in self.bundle.inputs]
-        unexpected = [k for k in feeds if k not in expected]
-        if unexpected:
-            raise InputError(f"unexpected input{'s' if len(unexpected) > 1 else ''} {unexpected}; the model's "
-                             f"inputs are {expected}")
-        for t in self.bundle.inputs:
-            if t.name not in feeds:
-                raise InputError(f"missing input {t.name!r} ({t.dtype}{list(t.shape)}); the model's inputs are "
-                                 f"{expected}")
-        if self._strings is not None:  # strings become int32 ids, one numbering per call (svodrt/strings.py)
-            feeds = {**feeds, **self._strings.intern(self._string_inputs, feeds)}
-        return [check_input(t, feeds[t.name]) for t in self.bundle.inputs]
-
-    def __enter__(self) -> Runner:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
-
-
 class Model(Runner):
     def __init__(self, source: str | os.PathLike | bytes, threads: int | None = None, host: Host | None = None,
-                 verify_weights: bool | None = None, variant: int | None = None):
-        self._closed = False
-        self._maps: list[Mapping] = []
-        self._keep: list[object] = []
-        self._pool: ThreadPoolExecutor | None = None
-        self._state = threading.Condition()
-        self._active = 0
+                 verify_weights: bool | None = None, variant: int | None = None, trust: TrustSpec | None = None):
+        self._closed = True  # until loaded: close() and __del__ have nothing to release
         n = threads if threads is not None else (os.cpu_count() or 1)
-        self._parallel = True
-        self._solo_runs = 0
-        self._solo_best = float("inf")
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_THREADS:
             raise ValueError(f"threads must be an integer in [1, {MAX_THREADS}], got {threads!r}")
         self.threads = n
-        if isinstance(source, (bytes, bytearray, memoryview)):
-            self._load(memoryview(bytes(source)), None, host, verify_weights, variant)
-        else:
-            with open(Path(source), "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                fmap = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size else None
-                data = memoryview(fmap if fmap is not None else b"")
-                try:
-                    self._load(data, f.fileno(), host, verify_weights, variant)
-                finally:
-                    with contextlib.suppress(BufferError):  # a traceback may still hold a view: GC closes it
-                        data.release()
-                        if fmap is not None:
-                            fmap.close()
-        self._entry = ENTRY_FN(self._maps[0].address + self.variant.entry)
-        if self.threads > 1:
-            from concurrent.futures import ThreadPoolExecutor  # here: its import (logging...) costs ~3 ms
-
-            self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="svodrt")
-        self._team = threading.Lock()
-        self._set_io()
-        self._table_type = ctypes.c_void_p * (2 + len(self.bundle.inputs) + len(self.bundle.outputs))
-        self._arenas: list[tuple[np.ndarray, int]] = []
-        self._arena_lock = threading.Lock()
-
-    def _load(self, data: memoryview, fd: int | None, host: Host | None, verify_weights: bool | None,
-              variant: int | None) -> None:
+        program = Program(source, verify_weights, trust, variant)
         try:
-            self.bundle = parse_bundle(data)
-            if variant is not None and not 0 <= variant < len(self.bundle.variants):
-                raise ValueError(f"variant {variant} does not exist (the bundle has {len(self.bundle.variants)})")
+            self.bundle, self.signer, self.weights_verified = program.bundle, program.signer, program.check_weights
             self.variant = select_variant(self.bundle, host or detect_host(), variant)
+            b = self.bundle
+            arena, need = b.arena_size, b.arena_size + sum(t.nbytes for t in (*b.inputs, *b.outputs))
+            if need > host_memory():  # a clear error now, not a MemoryError at run()
+                raise RuntimeFailure(f"the bundle needs {need} bytes for its arena, inputs and outputs, more than "
+                                     f"this host's {host_memory()} bytes of memory")
             sec = self.variant.section
-            self._maps.append(map_code(data[sec.offset: sec.offset + sec.length], self.variant.fixups, sec.sha256,
-                                       f"code section {sec.name!r} at offset {sec.offset}"))
-            w = self.bundle.weights
-            if verify_weights or (verify_weights is None and w.length <= WEIGHTS_CHECK_LIMIT):
-                check_section(data, w)
-            self.weights_address = self._map_weights(fd, data)
-        except BaseException:
-            self._unmap()
-            raise
+            self._code = map_code(program.source.read(sec.offset, sec.length), self.variant.fixups, sec.sha256,
+                                  f"code section {sec.name!r} at offset {sec.offset}")
+            self._weights, self.weights_address = program.weights()
+            self._arenas = [aligned_empty(arena, "arena")]  # at load: a host without the memory says so now
+        finally:
+            program.close()
+        self._entry = ENTRY_FN(self._code.address + self.variant.entry)
+        self._set_io()
+        self._table_type = ctypes.c_void_p * table_slots(len(self.bundle.inputs), len(self.bundle.outputs))
+        self._parallel, self._solo_runs, self._solo_best = True, 0, float("inf")
+        self._reset_threads()
+        self._closed = False
+        _LIVE.add(self)
 
-    def _map_weights(self, fd: int | None, data: memoryview) -> int:
-        w = self.bundle.weights
-        if fd is not None and w.length and w.offset % PAGE == 0:
-            m = map_readonly(fd, w.offset, w.length, "weights")
-            self._maps.append(m)
-            return m.address
-        buf, addr = _aligned_empty(w.length)  # from bytes, or a small section not on a page boundary
-        ctypes.memmove(addr, bytes(data[w.offset: w.offset + w.length]), w.length)
-        self._keep.append(buf)
-        return addr
+    def _reset_threads(self) -> None:
+        """Fresh locks, no helper pool (made at the first parallel call), no arena in use: at load, and
+        in a forked child, where the parent's helper threads and any lock they held do not exist."""
+        self._pool: ThreadPoolExecutor | None = None
+        self._team = threading.Lock()
+        self._state = threading.Condition()
+        self._active = 0
+        self._arena_lock = threading.Lock()
 
     def _arena(self) -> tuple[np.ndarray, int]:
         with self._arena_lock:
             if self._arenas:
                 return self._arenas.pop()
-        return _aligned_empty(self.bundle.arena_size)
+        return aligned_empty(self.bundle.arena_size, "arena")
 
     def _begin(self) -> None:
         """Count a call in flight (close() waits for it); refuse calls after close()."""
@@ -265,34 +145,38 @@ class Model(Runner):
         """Time each kernel alone (single-threaded, its own entry point): [(kernel, median seconds,
         ONNX nodes)], in execution order. Times are the calling thread's CPU time, so a busy machine
         that preempts the thread does not inflate them."""
-        kernel_fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32)
-        fns = [kernel_fn(self._maps[0].address + off) for off in self.variant.kernels]
-        times: list[list[float]] = [[] for _ in fns]
+        self._begin()  # the code stays mapped until _end
+        try:
+            fns = [KERNEL_FN(self._code.address + off) for off in self.variant.kernels]
+            times: list[list[float]] = [[] for _ in fns]
 
-        def each_kernel(table, _sync) -> None:
-            for _ in range(repeat):
-                for i, fn in enumerate(fns):
-                    t0 = time.thread_time()
-                    fn(table, None, 0, 1)
-                    times[i].append(time.thread_time() - t0)
+            def each_kernel(table, _sync) -> None:
+                for _ in range(repeat):
+                    for i, fn in enumerate(fns):
+                        t0 = time.thread_time()
+                        fn(table, None, 0, 1)
+                        times[i].append(time.thread_time() - t0)
 
-        self._call(self.check_inputs(feeds), each_kernel)
+            self._call(self.check_inputs(feeds), each_kernel)
+        finally:
+            self._end()
         return [(k.name, float(np.median(t)), k.provenance) for k, t in zip(self.bundle.kernels, times, strict=True)]
 
     def _call(self, arrays: list[np.ndarray], run=None) -> list[np.ndarray]:
-        """Outputs allocated, an arena lent, the buffer table and sync block made, and run(table, sync)
-        called (default: the entry, on as many threads as pay off). The hot path of every inference."""
+        """Outputs allocated, an arena lent, the buffer table and sync block made (svodrt/abi.py), and
+        run(table, sync) called (default: the entry, on as many threads as pay off). The hot path."""
         self._begin()
         try:
             outs = [np.empty(shape, dtype) for shape, dtype in self._output_specs]
             arena = self._arena()
             try:
-                table = self._table_type(arena[1], self.weights_address, *(a.ctypes.data for a in arrays),
-                                         *(o.ctypes.data for o in outs))
+                table = self._table_type()
+                table[ARENA_SLOT], table[WEIGHTS_SLOT] = arena[1], self.weights_address
+                table[FIRST_IO_SLOT:] = [a.ctypes.data for a in (*arrays, *outs)]
                 sync = (ctypes.c_uint64 * (SYNC_SIZE // 8))()
-                sync[1] = YIELD_FN  # offset 8: the entry's yield function
+                sync[SYNC_YIELD // 8] = YIELD_FN
                 (run or self._enter)(table, sync)
-            finally:
+            finally:  # _enter returns only once no thread uses the arena
                 with self._arena_lock:
                     self._arenas.append(arena)
         finally:
@@ -311,13 +195,17 @@ class Model(Runner):
             if self._solo_runs == 2 and self._solo_best < AUTO_PARALLEL_MIN_S:
                 self._parallel = False
             return
-        if self._pool is not None and self._parallel and self._team.acquire(blocking=False):
+        if n > 1 and self._parallel and self._team.acquire(blocking=False):
+            futures: list[Future] = []
             try:
-                futures = [self._pool.submit(self._entry, table, None, i, n, sync) for i in range(1, n)]
+                if self._pool is None:
+                    from concurrent.futures import ThreadPoolExecutor  # here: its import costs ~3 ms
+
+                    self._pool = ThreadPoolExecutor(n - 1, thread_name_prefix="svodrt")
+                futures += [self._pool.submit(self._entry, table, None, i, n, sync) for i in range(1, n)]
                 self._entry(table, None, 0, n, sync)
-                for f in futures:
-                    f.result()
             finally:
+                _join(futures)
                 self._team.release()
         else:
             self._entry(table, None, 0, 1, sync)
@@ -332,51 +220,30 @@ class Model(Runner):
                 self._state.wait()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-        self._unmap()
-
-    def _unmap(self) -> None:
-        for m in self._maps:
-            m.close()
-        self._maps.clear()
-        self._keep.clear()
+        self._code.close()
+        self._weights = self._arenas = None  # type: ignore[assignment]
 
 
-
-def _as_transport(t: TensorInfo, value: np.ndarray, want: np.dtype) -> np.ndarray:
-    """An array of a type numpy lacks (ml_dtypes bfloat16, float8, int4...) in the form it travels in:
-    the bits of a float format, the values of a narrow integer. Anything else is an InputError."""
-    name = value.dtype.name
-    if BITS_OF.get(name) == t.dtype and value.dtype.itemsize == want.itemsize:
-        return value.view(want)
-    if name == t.dtype and t.dtype in NARROW_INTS:
-        return value.astype(want)
-    got, hint = str(value.dtype), ""
-    if want.name != t.dtype:
-        what = "values" if t.dtype in NARROW_INTS else "raw bits"
-        hint = f" (pass {t.dtype} as its {what} in a {want} array, or as an ml_dtypes {t.dtype} array)"
-    if value.dtype.kind != "V" and value.dtype.newbyteorder("=") == want:
-        order = "big" if value.dtype.byteorder == ">" else "little"  # s390x hosts are big-endian
-        got, hint = value.dtype.str, f" in {order}-endian byte order: convert with .astype('{want.str}')"
-    raise InputError(f"input {t.name!r} has dtype {got}, expected {t.dtype}{hint}")
+def _join(futures: list[Future]) -> None:
+    """Wait for every helper, even if a signal handler raises meanwhile (the helpers may still be
+    using the call's arena); then raise the first exception, the handler's or a helper's."""
+    first: BaseException | None = None
+    for f in futures:
+        while True:
+            try:
+                error = f.exception()
+                break
+            except BaseException as e:  # KeyboardInterrupt or a handler's exception: keep waiting
+                first = first or e
+        first = first or error
+    if first is not None:
+        raise first
 
 
-def check_input(t: TensorInfo, value: object) -> np.ndarray:
-    """Validate one input against its declaration; returns a C-contiguous, aligned array.
-    Non-contiguous or misaligned arrays are copied (documented); a wrong type, dtype (including byte
-    order), rank or dimension is an InputError, never a silent conversion."""
-    if not isinstance(value, np.ndarray) or isinstance(value, np.ma.MaskedArray):
-        raise InputError(f"input {t.name!r} must be a numpy.ndarray, got {type(value).__name__}")
-    want = np.dtype(DTYPES[t.dtype][0])
-    if value.dtype != want:
-        value = _as_transport(t, value, want)
-    if value.ndim != len(t.shape):
-        raise InputError(f"input {t.name!r} has rank {value.ndim} (shape {list(value.shape)}), expected rank "
-                         f"{len(t.shape)} (shape {list(t.shape)})")
-    for i, (got, exp) in enumerate(zip(value.shape, t.shape, strict=True)):
-        if got != exp:
-            raise InputError(f"input {t.name!r} dim {i}: got {got}, expected {exp}")
-    if not value.flags.c_contiguous or value.ctypes.data % want.itemsize:
-        value = np.array(value, order="C", copy=True)  # numpy allocations are aligned
-    if value.nbytes != t.nbytes:  # shapes matched; this guards the size arithmetic itself
-        raise InputError(f"input {t.name!r} is {value.nbytes} bytes, expected {t.nbytes}")
-    return value
+def _after_fork() -> None:
+    for m in list(_LIVE):
+        if not m._closed:  # the parent's idle arenas stay: they are the child's own copies
+            m._reset_threads()
+
+
+os.register_at_fork(after_in_child=_after_fork)

@@ -4,7 +4,7 @@ The compiler interned the model's own strings into the bundle's `vocabulary` and
 into ops on ids. run() gives a vocabulary string its index and any other string a new id past the
 vocabulary, the same for equal strings across the call's string inputs. Invariant (the compiler only
 lets ops with it touch strings): outputs depend only on which ids are equal and which vocabulary entry
-an id is, never on a new id's value, so test vectors can store ids (strings_for_ids). Accepted: numpy
+an id is, never on a new id's value, so test vectors can store ids (svodrt_tools/verify.py). Accepted: numpy
 str arrays, object arrays of str, bytes arrays (UTF-8); anything else is an InputError.
 """
 
@@ -42,26 +42,6 @@ class StringTable:
             ids = np.fromiter((known[s] if s in known else fresh.setdefault(s, base + len(fresh)) for s in strings),
                               np.int32, count=len(strings))
             out[t.name] = ids.reshape(value.shape)  # type: ignore[union-attr]
-        return out
-
-    def strings_for_ids(self, ids: np.ndarray) -> np.ndarray:
-        """An object array of strings that intern to ids equivalent to `ids` (a test vector's stored
-        input): the vocabulary's string for an id in it, and for each other id (a damaged vector may
-        hold any) a string the vocabulary lacks, one per id."""
-        unseen: dict[int, str] = {}
-
-        def string(i: int) -> str:
-            if 0 <= i < len(self.vocabulary):
-                return self.vocabulary[i]
-            if i not in unseen:
-                s = f"<svod test string {i}>"
-                while s in self.ids:
-                    s += "'"
-                unseen[i] = s
-            return unseen[i]
-
-        out = np.empty(ids.shape, dtype=object)
-        out.reshape(-1)[:] = [string(int(i)) for i in ids.reshape(-1)]
         return out
 
 

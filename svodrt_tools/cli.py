@@ -17,17 +17,21 @@ def _load_inputs(specs: list[str]) -> dict[str, np.ndarray]:
     feeds: dict[str, np.ndarray] = {}
     for spec in specs:
         name, sep, path = spec.partition("=")
-        if not sep:  # a bare .npz: every array in it, by key
-            with np.load(spec, allow_pickle=False) as z:
-                feeds.update({k: z[k] for k in z.files})
-            continue
-        if path.endswith(".npz"):
-            with np.load(path, allow_pickle=False) as z:
-                if name not in z.files:
-                    raise SvodError(f"{path} has no array named {name!r} (it has {z.files})")
-                feeds[name] = z[name]
-        else:
-            feeds[name] = np.load(path, allow_pickle=False)
+        try:
+            if not sep:  # a bare .npz: every array in it, by key
+                with np.load(spec, allow_pickle=False) as z:
+                    feeds.update({k: z[k] for k in z.files})
+            elif path.endswith(".npz"):
+                with np.load(path, allow_pickle=False) as z:
+                    if name not in z.files:
+                        raise SvodError(f"{path} has no array named {name!r} (it has {z.files})")
+                    feeds[name] = z[name]
+            else:
+                feeds[name] = np.load(path, allow_pickle=False)
+        except (SvodError, OSError):
+            raise
+        except Exception as e:  # numpy and zipfile raise many types for a damaged file
+            raise SvodError(f"input file {path or spec} is not a readable .npy/.npz: {type(e).__name__}: {e}") from None
     return feeds
 
 
@@ -52,7 +56,7 @@ def cmd_run(args: argparse.Namespace) -> None:
 
     t0 = time.perf_counter()
     model = svodrt.load(args.bundle, threads=args.threads, host=_host(args), verify_weights=args.verify_weights,
-                        device=args.device)
+                        device=args.device, trust=args.trust)
     t1 = time.perf_counter()
     feeds = _load_inputs(args.input)
     t2 = time.perf_counter()
@@ -71,13 +75,15 @@ def cmd_run(args: argparse.Namespace) -> None:
         print(f"{name}: {_summary(a)}")
     per = (t4 - t2) / args.repeat if args.repeat > 1 else t3 - t2
     where = f"{model.threads} threads, " if args.device == "cpu" else f"{args.device}, "
-    print(f"load {1e3 * (t1 - t0):.2f} ms, run {1e3 * per:.2f} ms ({where}{model.variant.describe()})", file=sys.stderr)
+    unchecked = "" if model.weights_verified else "; weights over 16 MiB not checksummed: --verify-weights checks them"
+    print(f"load {1e3 * (t1 - t0):.2f} ms, run {1e3 * per:.2f} ms ({where}{model.variant.describe()}){unchecked}",
+          file=sys.stderr)
 
 
 def cmd_verify(args: argparse.Namespace) -> None:
     from svodrt_tools.verify import verify
 
-    report = verify(args.bundle, host=_host(args), threads=args.threads or 1, device=args.device)
+    report = verify(args.bundle, host=_host(args), threads=args.threads or 1, device=args.device, trust=args.trust)
     print(report.text())
     if not report.ok:
         raise SvodError(f"{args.bundle} failed verification: {report.failures[0]}")
@@ -123,6 +129,8 @@ def main(argv: list[str] | None = None) -> None:
     v.set_defaults(fn=cmd_verify)
     for cmd in (r, v):
         cmd.add_argument("--device", default="cpu", help="cpu (default), cuda:N or hip:N (GPU variants)")
+        cmd.add_argument("--trust", action="append", metavar="PUBKEY.pem", help="accept only bundles signed by "
+                         "this Ed25519 public key (repeatable; docs/bundle-format.md \"Trust model\")")
         cmd.add_argument("--as-cpu", metavar="LEVEL", help="choose code as if this machine were only an x86-64 "
                          "LEVEL (x86-64, x86-64-v2, -v3, -v4): to try a fat bundle's smaller variants")
     pr = sub.add_parser("profile", help="time every kernel on its own (one thread)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from svodrt.bundle import Bundle, parse_bundle
+from svodrt.bundle import Bundle, Source, parse_bundle
 from svodrt.host import Host, detect_host
 from svodrt.model import variant_problem
 
@@ -56,5 +56,8 @@ def describe_bundle(b: Bundle, host: Host | None = None, verbose: bool = False) 
 
 
 def describe(path: str | Path, verbose: bool = False) -> str:
-    data = Path(path).read_bytes()
-    return describe_bundle(parse_bundle(data), verbose=verbose)
+    src = Source.open(path)  # regular files only; read by offset, bounded like load()
+    try:
+        return describe_bundle(parse_bundle(src), verbose=verbose)
+    finally:
+        src.close()

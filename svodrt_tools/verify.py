@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from svodrt import load
-from svodrt.bundle import Bundle, TensorInfo, TestVector, check_section, parse_bundle
+from svodrt.bundle import Bundle, Source, TensorInfo, TestVector, check_section, parse_bundle
 from svodrt.errors import SvodError
 from svodrt.format import BITS_OF, DTYPES, FLOAT_FORMATS, STRING
 from svodrt.host import Host, detect_host
-from svodrt.model import Runner, select_variant, variant_problem
-from svodrt.strings import StringTable
+from svodrt.model import select_variant, variant_problem
+from svodrt.runner import Runner
+from svodrt.trust import TrustSpec, check_signature, trusted_keys
 
 BIT_FLOATS = frozenset(BITS_OF.values())
 
@@ -83,20 +83,41 @@ def _values(t: TensorInfo, a: np.ndarray) -> np.ndarray:
     return float_values(a, t.dtype) if t.dtype in BIT_FLOATS else a
 
 
+def strings_for_ids(vocabulary: tuple[str, ...], ids: np.ndarray) -> np.ndarray:
+    """An object array of strings that intern to ids equivalent to `ids` (a test vector's stored
+    input; svodrt/strings.py): the vocabulary's string for an id in it, and for each other id (a
+    damaged vector may hold any) a string the vocabulary lacks, one per id."""
+    known, unseen = set(vocabulary), {}
+
+    def string(i: int) -> str:
+        if 0 <= i < len(vocabulary):
+            return vocabulary[i]
+        if i not in unseen:
+            s = f"<svod test string {i}>"
+            while s in known:
+                s += "'"
+            unseen[i] = s
+        return unseen[i]
+
+    out = np.empty(ids.shape, dtype=object)
+    out.reshape(-1)[:] = [string(int(i)) for i in ids.reshape(-1)]
+    return out
+
+
 def run_test_vector(model: Runner, tv: TestVector) -> list[tuple[str, float, float]]:
     """(output name, max error, tolerance) per output."""
     b = model.bundle
     feeds = {t.name: _array(t, x) for t, x in zip(b.inputs, tv.inputs, strict=True)}
-    strings = StringTable(b.vocabulary)
     for t in b.inputs:  # string inputs are stored as ids: run() takes strings (svodrt/strings.py)
         if t.dtype == STRING:
-            feeds[t.name] = strings.strings_for_ids(feeds[t.name])
+            feeds[t.name] = strings_for_ids(b.vocabulary, feeds[t.name])
     got = model.run(feeds)
     return [(t.name, max_error(_values(t, got[t.name]), _values(t, _array(t, want))), tol)
             for t, want, tol in zip(b.outputs, tv.outputs, tv.tolerance, strict=True)]
 
 
-def _check_variants(data: bytes, bundle: Bundle, host: Host, threads: int, report: Report, device: str) -> None:
+def _check_variants(data: bytes, bundle: Bundle, host: Host, threads: int, report: Report, device: str,
+                    trust: TrustSpec | None) -> None:
     runnable = 0
     for v in bundle.variants:
         label = f"variant {v.index} {v.describe()}"
@@ -107,7 +128,8 @@ def _check_variants(data: bytes, bundle: Bundle, host: Host, threads: int, repor
             continue
         runnable += 1
         try:
-            with load(data, threads=threads, host=host, verify_weights=True, variant=v.index, device=device) as m:
+            with load(data, threads=threads, host=host, verify_weights=True, variant=v.index, device=device,
+                      trust=trust) as m:
                 report.add("ok", f"{label}: loads on {'this host' if device == 'cpu' else device}")
                 for i, tv in enumerate(bundle.test_vectors):
                     for name, err, tol in run_test_vector(m, tv):
@@ -127,16 +149,36 @@ def _check_variants(data: bytes, bundle: Bundle, host: Host, threads: int, repor
         report.add("skip", "no test vectors in this bundle (compile with --test-vectors to embed them)")
 
 
+def _check_signer(bundle: Bundle, trust: TrustSpec | None, report: Report) -> None:
+    """Who signed the bundle; under a trust policy a FAIL unless a trusted key did."""
+    try:
+        signer = check_signature(bundle.manifest, None if trust is None else trusted_keys(trust))
+    except SvodError as e:
+        report.add("FAIL", f"signature: {e}")
+        return
+    policy = "a trusted key" if trust is not None else "no trust policy given (--trust)"
+    report.add("ok" if signer else "skip", f"signature: signed by {signer} (valid; {policy})" if signer
+               else "signature: the bundle is not signed (svodc compile --sign KEY)")
+
+
 def verify(source: str | os.PathLike | bytes, host: Host | None = None, threads: int = 1,
-           device: str = "cpu") -> Report:
+           device: str = "cpu", trust: TrustSpec | None = None) -> Report:
     """Run every check; never raises for a bad bundle (the report says what failed). device: run the
-    test vectors on that GPU's variants instead of the CPU's."""
-    data = bytes(source) if isinstance(source, (bytes, bytearray)) else Path(source).read_bytes()
+    test vectors on that GPU's variants instead of the CPU's. trust: a trust policy (svodrt.load's);
+    under one, nothing of a bundle no trusted key signed is run."""
     host = host or detect_host()
     report = Report()
     try:
+        if isinstance(source, (bytes, bytearray)):
+            data = bytes(source)
+        else:
+            src = Source.open(source)
+            try:
+                data = bytes(src.read(0, src.size))
+            finally:
+                src.close()
         bundle = parse_bundle(data)
-    except SvodError as e:
+    except (SvodError, OSError) as e:
         report.add("FAIL", str(e))
         return report
     h = bundle.header
@@ -148,6 +190,7 @@ def verify(source: str | os.PathLike | bytes, host: Host | None = None, threads:
             report.add("ok", f"section {s.name!r}: {s.length} bytes at offset {s.offset}, sha256 matches")
         except SvodError as e:
             report.add("FAIL", str(e))
+    _check_signer(bundle, trust, report)
     if report.ok:
-        _check_variants(data, bundle, host, threads, report, device)
+        _check_variants(data, bundle, host, threads, report, device, trust)
     return report

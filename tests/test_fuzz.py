@@ -1,4 +1,5 @@
-"""Fuzzing the runtime with damaged bundles: 2,000 mutations here, `make fuzz` runs 10,000 or more.
+"""Fuzzing the runtime with damaged and hostile bundles: 2,000 mutations here, `make fuzz` runs 10,000
+(and holds each load to 1 s there).
 
 Every mutation must end in BundleFormatError (or UnsupportedHostError) or in outputs identical to
 the original's for the same code image; a crash, a hang, a wrong output or any other exception is a
@@ -24,6 +25,9 @@ def test_two_thousand_mutations_never_crash_hang_or_change_outputs(small_bundle,
     assert not result.failures, result.summary()
     # Both kinds of ending occur: the fuzzer reaches past the first checks.
     assert result.counts["format_error"] > COUNT // 2 and result.counts["identical"] > COUNT // 20
+    # The structural attacks (bombs, huge counts and sizes, many kernels) ran, each load within the
+    # memory budget (the worker's over_budget outcome is a failure above).
+    assert {"manifest_bomb", "huge_count", "huge_size", "kernel_count"} <= {m for m, _ in result.by_mutator}
 
 
 def test_mutations_of_a_bundle_with_string_inputs_never_change_outputs(tmp_path):

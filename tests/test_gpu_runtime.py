@@ -158,7 +158,7 @@ def test_damaged_code_object_is_never_loaded(stub, small_gpu, section):
     bundle = bytearray(small_gpu[0])
     sec = next(s for s in parse_bundle(bytes(bundle)).sections if s.name == section)
     bundle[sec.offset + sec.length // 2] ^= 0x40
-    with pytest.raises(BundleFormatError, match=rf"section '{section}' at offset {sec.offset} fails its sha256"):
+    with pytest.raises(BundleFormatError, match=rf"section '{section}' at offset {sec.offset} .*fails its sha256"):
         svodrt.load(bytes(bundle), device=section.split(".")[1])
     assert not any(line.startswith("load") for line in stub.log())
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from svodc.codegen.elf import read_object
 from svodc.codegen.emulate import pm_emulate_for
 from svodc.codegen.link import CodeImage, link
-from svodc.codegen.module import ENTRY, entry_module, kernel_module, parallel_parts
+from svodc.codegen.module import entry_module, kernel_module, parallel_parts
 from svodc.codegen.transcendental import pm_transcendental
 from svodc.codegen.worker import WorkerPool, borrow
 from svodc.errors import CodegenError
@@ -24,6 +24,7 @@ from svodc.ir.symbolic import pm_symbolic
 from svodc.options import CompileOptions
 from svodc.program import Kernel, Program
 from svodc.target import Target
+from svodrt.abi import ENTRY
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ Loop counters and accumulators live in allocas in the entry block; LLVM's mem2re
 SSA phis, which keeps this emitter free of phi bookkeeping.
 
 The kernel function: `void @NAME(ptr %bufs, ptr %dims, i32 %part, i32 %nparts)`. It computes
-its parameter pointers from the call's buffer table (inputs, outputs, arena, weights) and calls the
+its parameter pointers from the call's buffer table (svodrt/abi.py) and calls the
 body `@NAME.body(ptr noalias %p0, ..., i32 %part, i32 %nparts)`: distinct live buffers never
 overlap (the memory plan guarantees it), so `noalias` is true and lets LLVM vectorize.
 """
@@ -26,6 +26,7 @@ from svodc.ir.ops import Ops, ParamArg, RangeArg, RangeKind
 from svodc.ir.uop import UOp, toposort
 from svodc.program import Buffer, BufferKind, Kernel
 from svodc.target import Target
+from svodrt.abi import ARENA_SLOT, WEIGHTS_SLOT, input_slot, output_slot
 
 FN_ATTRS = 'nounwind "no-builtins" "frame-pointer"="none"'
 
@@ -255,15 +256,14 @@ class KernelEmitter:
 
 
 def param_pointer(buf: Buffer, nin: int) -> tuple[int, int]:
-    """(index in the buffer table, byte offset) where a kernel parameter lives.
-    Table layout, fixed by the entry ABI: [0] arena, [1] weights, [2 .. 2+nin) inputs, then outputs."""
+    """(slot in the entry ABI's buffer table, svodrt/abi.py; byte offset) where a kernel parameter lives."""
     if buf.kind is BufferKind.SCRATCH:
-        return 0, buf.offset
+        return ARENA_SLOT, buf.offset
     if buf.kind is BufferKind.WEIGHT:
-        return 1, buf.offset
+        return WEIGHTS_SLOT, buf.offset
     if buf.kind is BufferKind.INPUT:
-        return 2 + buf.slot, 0
-    return 2 + nin + buf.slot, 0
+        return input_slot(buf.slot), 0
+    return output_slot(nin, buf.slot), 0
 
 
 def render_kernel(kernel: Kernel, nin: int, target: Target) -> tuple[str, set[str], dict[str, str]]:

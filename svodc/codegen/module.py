@@ -1,23 +1,14 @@
 """Assemble LLVM modules: kernel modules (a chunk of kernels each, compiled in parallel) and the
 entry module (runs every kernel in order, its parts shared by the calling threads).
 
-The entry ABI (fixed for bundle format 1, see docs/bundle-format.md):
-
-    void svod_entry(void **bufs, const int64_t *dims, int32_t thread, int32_t nthreads, svod_sync *sync)
-
-- bufs: [0] arena, [1] weights section, [2 .. 2+n_inputs) inputs, then outputs;
-- dims: values of symbolic dimensions (reserved; none yet);
-- thread in [0, nthreads): every thread calls the entry at once;
-- sync: 64 bytes zero-initialized by the caller, shared by the nthreads threads of one call; the
-  caller puts the host's sched_yield at offset 8. The entry owns the rest (format 1.0 code used
-  offsets 0-7 for a barrier; today's uses 16-23 for its work queue, below).
+The entry ABI (signature, buffer table, sync block) is svodrt/abi.py's, for both sides.
 
 Work queue (nthreads > 1). Kernel i is cut into n_i parts (n_i = min(its cap, PARTS_PER_THREAD *
 nthreads); the cap comes from its estimated work, `parallel_parts`: a small kernel is one part).
 Parts are numbered by one counter across the whole entry: kernel i owns tickets [base_i, base_i +
-n_i). A thread waits until `done` (offset 20) reaches base_i -- every part of the kernels before i
+n_i). A thread waits until `done` (abi.SYNC_DONE) reaches base_i -- every part of the kernels before i
 is finished, an acquire that pairs with the release of each part's increment -- then claims tickets
-of kernel i with a compare-and-swap on `next` (offset 16) that never goes past kernel i's last
+of kernel i with a compare-and-swap on `next` (abi.SYNC_NEXT) that never goes past kernel i's last
 ticket, runs part (ticket - base_i) of n_i, and counts it done. When kernel i has no ticket left the
 thread moves on to kernel i+1. So a thread only ever holds a part it can run right away: a thread
 the OS has descheduled holds nothing, and the others take all the work instead of waiting for it at
@@ -35,10 +26,9 @@ from svodc.gemm_plan import cpu_plan
 from svodc.ir.ops import GemmArg, Ops, RangeKind
 from svodc.program import Kernel
 from svodc.target import Target
+from svodrt.abi import ENTRY, SYNC_DONE, SYNC_NEXT, SYNC_YIELD
 
-ENTRY = "svod_entry"
 SPIN_BEFORE_YIELD = 4000
-NEXT_OFFSET, DONE_OFFSET = 16, 20  # the work queue's counters in the caller's zeroed sync block
 PARTS_PER_THREAD = 4  # enough parts that a thread slowed by the OS leaves its share to the others
 MAX_PARTS = 1 << 16
 # Work estimates that decide the parts (only their order of magnitude matters): a part is worth
@@ -129,8 +119,8 @@ def entry_module(kernels: list[tuple[str, int]], target: Target) -> str:
               "solo:"]
     lines += [f"  call void @{k}(ptr %bufs, ptr %dims, i32 0, i32 1)" for k, _ in kernels]
     lines += ["  ret void", "queue:",
-              f"  %nextp = getelementptr inbounds i8, ptr %sync, i64 {NEXT_OFFSET}",
-              f"  %donep = getelementptr inbounds i8, ptr %sync, i64 {DONE_OFFSET}",
+              f"  %nextp = getelementptr inbounds i8, ptr %sync, i64 {SYNC_NEXT}",
+              f"  %donep = getelementptr inbounds i8, ptr %sync, i64 {SYNC_DONE}",
               f"  %limit = mul i32 %nthreads, {PARTS_PER_THREAD}", "  br label %k0.start"]
     base = "0"
     for i, (k, cap) in enumerate(kernels):
@@ -175,7 +165,7 @@ pause:
   {hint}
   br label %backoff
 yield:
-  %fpp = getelementptr inbounds i8, ptr %sync, i64 8
+  %fpp = getelementptr inbounds i8, ptr %sync, i64 {SYNC_YIELD}
   %fp = load ptr, ptr %fpp, align 8
   call void %fp()
   br label %backoff

@@ -60,12 +60,28 @@ def schema_version(domain: str, op_type: str, opset: int) -> int:
         raise NoHandler(f"{op_type} is not an operator of {domain or 'ai.onnx'} opset {opset}") from None
 
 
+# Domains whose schemas the onnx package does not carry: onnxruntime's contrib ops. An op of such a
+# domain resolves to the newest version a handler implements that the model's opset of the domain
+# includes (every com.microsoft op so far has the single version 1).
+EXTERNAL_DOMAINS = frozenset({"com.microsoft"})
+
+
+def _external_version(handlers: list[Handler], domain: str, op_type: str, opset: int) -> int:
+    known = [v for h in handlers for v in h.versions if v <= opset]
+    if not known:
+        raise NoHandler(f"{domain}.{op_type} has no implemented version <= opset {opset}")
+    return max(known)
+
+
 def lookup(domain: str, op_type: str, opset: int) -> tuple[Handler, int]:
     """The handler for this op at the model's opset, and the op version it resolved to."""
     handlers = _REGISTRY.get((domain, op_type))
     if not handlers:
         raise NoHandler("operator not supported")
-    version = schema_version(domain, op_type, opset)
+    if domain in EXTERNAL_DOMAINS:
+        version = _external_version(handlers, domain, op_type, opset)
+    else:
+        version = schema_version(domain, op_type, opset)
     for h in handlers:
         if version in h.versions:
             return h, version

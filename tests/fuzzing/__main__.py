@@ -31,6 +31,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=None, help="default: random (printed)")
     p.add_argument("--batch", type=int, default=500, help="attempts per worker process")
     p.add_argument("--only", type=int, default=None, help="replay one attempt in this process and show it")
+    p.add_argument("--load-s", type=float, default=1.0, help="the most seconds one load may take (0: no limit)")
     args = p.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     with tempfile.TemporaryDirectory(prefix="svod-fuzz-targets-") as tmp:
@@ -38,12 +39,12 @@ def main() -> None:
         if args.only is not None:
             from tests.fuzzing.worker import main as worker_main
 
-            worker_main([str(seed), str(args.only), "1", tmp, str(inputs), *map(str, bundles)])
+            worker_main([str(seed), str(args.only), "1", tmp, str(inputs), str(args.load_s), *map(str, bundles)])
             return
         from tests.fuzzing.driver import run_fuzz
 
         print(f"fuzzing with seed {seed}", flush=True)
-        result = run_fuzz(bundles, inputs, args.count, seed, batch=args.batch)
+        result = run_fuzz(bundles, inputs, args.count, seed, batch=args.batch, load_s=args.load_s)
     print(result.summary())
     sys.exit(1 if result.failures else 0)
 

@@ -63,7 +63,8 @@ def _run_batch(args: list[str], out: Path, hang_s: float) -> tuple[int | None, b
 
 
 def run_fuzz(bundles: list[Path], inputs: Path, count: int, seed: int, batch: int = 500,
-             hang_s: float = 30.0) -> FuzzResult:
+             hang_s: float = 30.0, load_s: float = 0.0) -> FuzzResult:
+    """load_s: the most seconds one load may take (0: no limit; make test judges nothing by wall time)."""
     result = FuzzResult()
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="svod-fuzz-") as tmp:
@@ -72,8 +73,8 @@ def run_fuzz(bundles: list[Path], inputs: Path, count: int, seed: int, batch: in
         while i < count:
             n = min(batch, count - i)
             out = work / f"batch{i}.txt"
-            rc, hung = _run_batch([str(seed), str(i), str(n), str(work), str(inputs), *map(str, bundles)], out,
-                                  hang_s)
+            rc, hung = _run_batch([str(seed), str(i), str(n), str(work), str(inputs), str(load_s),
+                                   *map(str, bundles)], out, hang_s)
             result.workers += 1
             started, done = None, set()
             for line in out.read_text(errors="replace").splitlines():

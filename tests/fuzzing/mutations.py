@@ -3,7 +3,9 @@
 Blind ones (bit flips, byte overwrites, truncation, extension, splices, header fields) test the
 checks that stand at the door; structure-aware ones edit one value of the decoded manifest (or of
 its raw msgpack bytes) and re-pack it with a valid digest, so they reach the deeper checks: schema,
-ranges, cross-references, the memory plan, the variant binding.
+ranges, cross-references, the memory plan, the variant binding. Structural attacks (issue 18) are
+well-formed manifests that ask for much: object bombs, huge counts, huge sizes, many kernels; the
+worker holds every load to a time and memory budget.
 """
 
 from __future__ import annotations
@@ -200,9 +202,75 @@ def _repack_raw(t: Target, raw: bytes) -> bytes:
     return HEADER.pack(t.data[:8], *fields) + body[HEADER_SIZE:] + stored
 
 
+BOMB_ITEMS = {"empty lists": b"\x90", "fixints": b"\x00", "empty maps": b"\x80", "empty strings": b"\xa0"}
+MARKER = "\x00svod-fuzz-bomb\x00"
+
+
+def _with_raw(t: Target, field: str | None, raw_value: bytes) -> bytes:
+    """The bundle with manifest[field] (or the whole manifest) replaced by raw msgpack bytes."""
+    import msgpack
+
+    if field is None:
+        return _repack_raw(t, raw_value)
+    m = copy.deepcopy(t.manifest)
+    m[field] = MARKER
+    packed = msgpack.packb(m, use_bin_type=True)
+    marker = msgpack.packb(MARKER)
+    return _repack_raw(t, packed.replace(marker, raw_value, 1))
+
+
+def manifest_bomb(t: Target, rng: random.Random) -> tuple[str, bytes]:
+    """Millions of tiny objects (or deep nesting) where a list or the manifest should be."""
+    field = rng.choice([None, "kernels", "buffers", "sections", "variants"])
+    if rng.random() < 0.2:
+        depth = rng.choice([1000, 1 << 16])
+        return f"{depth} nested lists at {field or '<root>'}", _with_raw(t, field, b"\x91" * depth + b"\xc0")
+    n = rng.choice([1 << 16, 1 << 20, 1 << 24])
+    what, item = rng.choice(list(BOMB_ITEMS.items()))
+    return f"{n} {what} at {field or '<root>'}", _with_raw(t, field, b"\xdd" + n.to_bytes(4, "big") + item * n)
+
+
+def huge_count(t: Target, rng: random.Random) -> tuple[str, bytes]:
+    """A list of the plan repeated to a huge length (bindings recomputed where they still can be)."""
+    m = copy.deepcopy(t.manifest)
+    lists = [(k,) for k in ("kernels", "buffers", "inputs", "outputs", "sections", "variants", "test_vectors")
+             if k in m] + [("variants", 0, "kernels"), ("variants", 0, "fixups"), ("kernels", 0, "params")]
+    path = rng.choice(lists)
+    old = _get(m, path)
+    n = rng.choice([1 << 10, 1 << 14, 1 << 18])
+    _set(m, path, [old[i % len(old)] if old else 0 for i in range(n)])  # shared items: msgpack packs each
+    return f"{'.'.join(map(str, path))} repeated to {n} items", repack(t.data, m, rebind=rng.random() < 0.5)
+
+
+def huge_size(t: Target, rng: random.Random) -> tuple[str, bytes]:
+    """An arena, weights area or tensor larger than any host (or just larger than this one), kept
+    consistent: the bindings are recomputed, so only the size checks stand in the way."""
+    m = copy.deepcopy(t.manifest)
+    size = rng.choice([1 << 34, 1 << 38, 1 << 40, (1 << 40) + 1, 1 << 63])
+    what = rng.choice(["arena_size", "weights_size", "output dim", "buffer dim"])
+    if what in ("arena_size", "weights_size"):
+        m[what] = size
+    else:
+        t_ = m["outputs"][0] if what == "output dim" else rng.choice(m["buffers"])
+        t_["shape"] = [size, *t_["shape"][1:]] if t_["shape"] else [size]
+    return f"{what} = {size}", repack(t.data, m, rebind=True)
+
+
+def kernel_count(t: Target, rng: random.Random) -> tuple[str, bytes]:
+    """Thousands of kernels, each variant given as many entry points: a consistent, huge plan."""
+    m = copy.deepcopy(t.manifest)
+    n = rng.choice([1 << 10, 1 << 12, 1 << 15, 1 << 18])
+    ks = m["kernels"]
+    m["kernels"] = [{**ks[i % len(ks)], "name": f"k{i}"} for i in range(n)]
+    for v in m["variants"]:
+        v["kernels"] = [v["kernels"][i % len(ks)] for i in range(n)]
+    return f"{n} kernels", repack(t.data, m, rebind=True)
+
+
 MUTATORS: list[tuple[Callable[[Target, random.Random], tuple[str, bytes]], int]] = [
     (bit_flips, 20), (byte_writes, 8), (truncate, 6), (extend, 2), (splice, 4), (header_field, 10),
-    (manifest_value, 40), (manifest_raw, 10),
+    (manifest_value, 40), (manifest_raw, 10), (manifest_bomb, 1), (huge_count, 1), (huge_size, 2),
+    (kernel_count, 1),
 ]
 
 

@@ -1,4 +1,4 @@
-"""Fuzz worker: `python -m tests.fuzzing.worker SEED START COUNT TMPDIR INPUTS.npz BUNDLE...`.
+"""Fuzz worker: `python -m tests.fuzzing.worker SEED START COUNT TMPDIR INPUTS.npz LOAD_S BUNDLE...`.
 
 Runs attempts START .. START+COUNT-1. For each it prints `start I` before touching the mutated
 bundle and `done I OUTCOME MUTATOR DESCRIPTION DETAIL` after, flushing both, so the parent can name
@@ -7,12 +7,16 @@ the attempt in flight if this process crashes or hangs. Imports only the runtime
 Outcomes: format_error (BundleFormatError, the expected refusal), refused_host (UnsupportedHostError),
 identical (it loaded and ran, and every output equals the original's for the same code image); and
 failures: different, error (any other exception), verify_error (svodrt verify raised instead of
-reporting).
+reporting), over_budget (a load that raised this process's peak memory by more than LOAD_MB above
+the bundle's declared weights and I/O, or took longer than LOAD_S seconds; LOAD_S 0: no time limit,
+as in make test, whose tests never judge by wall time).
 """
 
 from __future__ import annotations
 
+import resource
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +26,11 @@ from svodrt_tools.verify import verify
 from tests.fuzzing.mutations import Target, mutate
 
 OK_OUTCOMES = ("format_error", "refused_host", "identical")
+LOAD_MB = 100
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def expected_outputs(data: bytes, feeds: dict) -> dict[bytes, dict[str, np.ndarray]]:
@@ -43,15 +52,21 @@ def _same(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> bool:
         zip(got.values(), want.values(), strict=True))
 
 
-def attempt(data: bytes | Path, feeds: dict, expected: dict, threads: int) -> tuple[str, str]:
+def attempt(data: bytes | Path, feeds: dict, expected: dict, threads: int, load_s: float) -> tuple[str, str]:
+    peak, t0 = _peak_mb(), time.perf_counter()
     try:
         model = svodrt.load(data, threads=threads)
     except svodrt.BundleFormatError as e:
-        return "format_error", str(e)
-    except svodrt.UnsupportedHostError as e:
-        return "refused_host", str(e)
+        return _budget(peak, t0, 0, load_s) or ("format_error", str(e))
+    except (svodrt.UnsupportedHostError, svodrt.RuntimeFailure) as e:  # RuntimeFailure: more memory than the host
+        return _budget(peak, t0, 0, load_s) or ("refused_host", str(e))
     except Exception as e:  # a failure of the runtime's checks: reported, not raised
         return "error", f"load: {type(e).__name__}: {e}"
+    b = model.bundle
+    over = _budget(peak, t0, b.weights.length + sum(x.nbytes for x in (*b.inputs, *b.outputs)), load_s)
+    if over:
+        model.close()
+        return over
     with model:
         try:
             got = model.run(feeds)
@@ -63,20 +78,27 @@ def attempt(data: bytes | Path, feeds: dict, expected: dict, threads: int) -> tu
     return "identical", ""
 
 
+def _budget(peak_mb: float, t0: float, declared: int, load_s: float) -> tuple[str, str] | None:
+    seconds, grown = time.perf_counter() - t0, _peak_mb() - peak_mb
+    if grown > LOAD_MB + declared / (1 << 20) or (load_s and seconds > load_s):
+        return "over_budget", f"load took {seconds:.2f} s and raised the peak memory by {grown:.0f} MB"
+    return None
+
+
 def main(argv: list[str]) -> None:
     seed, start, count = int(argv[0]), int(argv[1]), int(argv[2])
-    tmp, feeds = Path(argv[3]), dict(np.load(argv[4]))
-    targets = [Target(Path(p).read_bytes()) for p in argv[5:]]
+    tmp, feeds, load_s = Path(argv[3]), dict(np.load(argv[4])), float(argv[5])
+    targets = [Target(Path(p).read_bytes()) for p in argv[6:]]
     expected = [expected_outputs(t.data, feeds) for t in targets]
     for i in range(start, start + count):
         k = i % len(targets)
         name, what, data = mutate(targets[k], seed, i)
         print(f"start {i}", flush=True)
         source: bytes | Path = data
-        if i % 8 == 7:  # through a file too: the mmap path
+        if i % 8 == 7:  # through a file too: the pread path
             source = tmp / f"attempt{i % 64}.svod"
             source.write_bytes(data)
-        outcome, detail = attempt(source, feeds, expected[k], threads=2 if i % 16 == 15 else 1)
+        outcome, detail = attempt(source, feeds, expected[k], 2 if i % 16 == 15 else 1, load_s)
         if i % 4 == 0 and outcome in OK_OUTCOMES:
             try:
                 report = verify(data)

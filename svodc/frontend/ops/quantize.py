@@ -102,8 +102,12 @@ def dequantize_linear(ctx: NodeContext) -> UOp:
 
 @onnx_op("DynamicQuantizeLinear", 11)
 def dynamic_quantize_linear(ctx: NodeContext) -> list[UOp]:
-    """uint8 with scale (max(0, max x) - min(0, min x)) / 255 and the matching zero point."""
-    x = ctx.input(0).cast(F32)
+    return dynamic_quantize(ctx.input(0))
+
+
+def dynamic_quantize(x_in: UOp) -> list[UOp]:
+    """uint8 y, scale, zero point: scale (max(0, max x) - min(0, min x)) / 255 and the matching zero point."""
+    x = x_in.cast(F32)
     axes = list(range(x.ndim))
     hi = T.alu(Ops.MAX, T.reduce(x, Ops.MAX, axes, keepdims=False), T.const(0.0, F32, ()))
     lo = T.alu(Ops.MIN, T.reduce(x, Ops.MIN, axes, keepdims=False), T.const(0.0, F32, ()))
@@ -113,10 +117,10 @@ def dynamic_quantize_linear(ctx: NodeContext) -> list[UOp]:
     zp = un(Ops.ROUND, T.alu(Ops.MIN, T.alu(Ops.MAX, zp0, T.const(0.0, F32, ())), T.const(255.0, F32, ())))
     y = T.alu(Ops.ADD, un(Ops.ROUND, T.alu(Ops.DIV, x, scale)), zp)
     y = T.alu(Ops.MIN, T.alu(Ops.MAX, y, T.scalar_like(y, 0.0)), T.scalar_like(y, 255.0))
-    return [y.cast(dtypes.uint8), scale.cast(ctx.input(0).dtype), zp.cast(dtypes.uint8)]
+    return [y.cast(dtypes.uint8), scale.cast(x_in.dtype), zp.cast(dtypes.uint8)]
 
 
-def _minus_zero_point(x: UOp, zp: UOp | None, axis: int | None) -> UOp:
+def minus_zero_point(x: UOp, zp: UOp | None, axis: int | None) -> UOp:
     """x - zp in int32; a vector zero point applies along `axis` of x."""
     xi = x.cast(I32)
     if zp is None:
@@ -133,19 +137,21 @@ def _minus_zero_point(x: UOp, zp: UOp | None, axis: int | None) -> UOp:
 def matmul_integer(ctx: NodeContext) -> UOp:
     a, b = ctx.input(0), ctx.input(1)
     a_zp, b_zp = ctx.optional_input(2), ctx.optional_input(3)
-    return matmul(_minus_zero_point(a, a_zp, a.ndim - 2), _minus_zero_point(b, b_zp, b.ndim - 1))
+    return matmul(minus_zero_point(a, a_zp, a.ndim - 2), minus_zero_point(b, b_zp, b.ndim - 1))
 
 
 @onnx_op("ConvInteger", 10)
 def conv_integer(ctx: NodeContext) -> UOp:
     x, w = ctx.input(0), ctx.input(1)
     x_zp, w_zp = ctx.optional_input(2), ctx.optional_input(3)
-    return conv_from_attrs(ctx, _minus_zero_point(x, x_zp, None), _minus_zero_point(w, w_zp, 0))
+    return conv_from_attrs(ctx, minus_zero_point(x, x_zp, None), minus_zero_point(w, w_zp, 0))
 
 
-def _requantize(acc: UOp, factor: UOp, zp: UOp | None, to: DType, rescale_dtype: DType) -> UOp:
-    """round(acc * factor + zp), saturated to `to`; computed in rescale_dtype."""
-    y = T.alu(Ops.MUL, acc.cast(rescale_dtype), factor.cast(rescale_dtype))
+def requantize(acc: UOp, factor: UOp | None, zp: UOp | None, to: DType, rescale_dtype: DType) -> UOp:
+    """round(acc * factor + zp) (factor None: 1), saturated to `to`; computed in rescale_dtype."""
+    y = acc.cast(rescale_dtype)
+    if factor is not None:
+        y = T.alu(Ops.MUL, y, factor.cast(rescale_dtype))
     if zp is not None:
         y = T.alu(Ops.ADD, y, zp.cast(rescale_dtype))
     return saturate_int(un(Ops.ROUND, y), to)
@@ -160,9 +166,9 @@ def _scale_factor(*scales: UOp) -> UOp:
 @onnx_op("QLinearMatMul", 10, 21)
 def qlinear_matmul(ctx: NodeContext) -> UOp:
     a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp = (ctx.optional_input(i) for i in range(8))
-    acc = matmul(_minus_zero_point(a, a_zp, a.ndim - 2), _minus_zero_point(b, b_zp, b.ndim - 1))
+    acc = matmul(minus_zero_point(a, a_zp, a.ndim - 2), minus_zero_point(b, b_zp, b.ndim - 1))
     factor = _scale_factor(*(T.reshape(s, ()) if math.prod(s.shape) == 1 else s for s in (a_scale, b_scale, y_scale)))
-    return _requantize(acc, factor, None if y_zp is None else T.reshape(y_zp, ()) if math.prod(y_zp.shape) == 1
+    return requantize(acc, factor, None if y_zp is None else T.reshape(y_zp, ()) if math.prod(y_zp.shape) == 1
                        else y_zp, y_zp.dtype if y_zp is not None else a.dtype, F64)
 
 
@@ -170,11 +176,11 @@ def qlinear_matmul(ctx: NodeContext) -> UOp:
 def qlinear_conv(ctx: NodeContext) -> UOp:
     x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp = (ctx.optional_input(i) for i in range(8))
     bias = ctx.optional_input(8)
-    acc = conv_from_attrs(ctx, _minus_zero_point(x, x_zp, None), _minus_zero_point(w, w_zp, 0))
+    acc = conv_from_attrs(ctx, minus_zero_point(x, x_zp, None), minus_zero_point(w, w_zp, 0))
     if bias is not None:
         acc = T.alu(Ops.ADD, acc, T.reshape(bias.cast(I32), (1, bias.shape[0]) + (1,) * (acc.ndim - 2)))
     if math.prod(w_scale.shape) > 1:  # per output channel
         w_scale = T.reshape(w_scale, (1, w_scale.shape[0]) + (1,) * (acc.ndim - 2))
     factor = _scale_factor(*(T.reshape(s, ()) if math.prod(s.shape) == 1 else s for s in (x_scale, w_scale, y_scale)))
     zp = None if y_zp is None else T.reshape(y_zp, ())
-    return _requantize(acc, factor, zp, y_zp.dtype if y_zp is not None else x.dtype, F64)
+    return requantize(acc, factor, zp, y_zp.dtype if y_zp is not None else x.dtype, F64)

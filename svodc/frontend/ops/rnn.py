@@ -122,6 +122,10 @@ class Layer:
             wb, rb = T.shrink(bd, [(0, g)]), T.shrink(bd, [(g, 2 * g)])
         return T.permute(w, (1, 0)), T.permute(r, (1, 0)), wb, rb
 
+    def project(self, a: UOp, weight) -> UOp:
+        """a @ weight, for the input and recurrent projections (a quantized layer overrides it)."""
+        return T.matmul(a, weight)
+
     def gate(self, z: UOp, k: int) -> UOp:
         """Gate k of a [batch, G*h] pre-activation, clipped when the op asks."""
         g = T.shrink(z, [(0, self.batch), (k * self.hidden, (k + 1) * self.hidden)])
@@ -148,7 +152,7 @@ class Layer:
         wt, rt, wb, rb = self.weights(d)
         x = self.reversed_in_length(self.x) if self.directions[d] == "reverse" else self.x
         g = self.gates * self.hidden
-        xw = T.reshape(T.matmul(T.reshape(x, (self.seq * self.batch, x.shape[2])), wt), (self.seq, self.batch, g))
+        xw = T.reshape(self.project(T.reshape(x, (self.seq * self.batch, x.shape[2])), wt), (self.seq, self.batch, g))
         bias = wb if rb_in_cell else T.alu(Ops.ADD, wb, rb)
         xw = T.alu(Ops.ADD, xw, T.reshape(bias, (1, 1, g)))
         acts = self.acts[d * self.per_dir:(d + 1) * self.per_dir]
@@ -235,9 +239,16 @@ def gru(ctx: NodeContext) -> list[UOp | None]:
     return layer.outputs(ys, finals)
 
 
+LSTM_ACTIVATIONS = ["Sigmoid", "Tanh", "Tanh"]
+
+
 @onnx_op("LSTM", 1, 7, 14, 22)
 def lstm(ctx: NodeContext) -> list[UOp | None]:
-    layer = Layer(ctx, 4, ["Sigmoid", "Tanh", "Tanh"])
+    return lstm_layers(ctx, Layer(ctx, 4, LSTM_ACTIVATIONS))
+
+
+def lstm_layers(ctx: NodeContext, layer: Layer) -> list[UOp | None]:
+    """LSTM over `layer`'s directions: Y, Y_h, Y_c."""
     peep = ctx.optional_input(7)
     couple = bool(ctx.attr("input_forget", 0))
 
@@ -253,7 +264,7 @@ def lstm(ctx: NodeContext) -> list[UOp | None]:
         def cell(xt, states, rt, _rb, acts):
             f, g, hact = acts
             h_prev, c_prev = states
-            z = T.alu(Ops.ADD, xt, T.matmul(h_prev, rt))
+            z = T.alu(Ops.ADD, xt, layer.project(h_prev, rt))
             zi, zo, zf, zc = (layer.gate(z, k) for k in range(4))
             if p is not None:
                 zi = T.alu(Ops.ADD, zi, peephole(0, c_prev))

@@ -1,0 +1,52 @@
+"""The compiler/runtime contract of bundle format 1: how native code is called. Defined once, here:
+svodc's code generators (codegen/module.py, llvm_ir.py) and svodrt's executors import these names,
+and tests/test_abi.py fails when either side writes one of these numbers itself.
+
+Versioned as if it were a schema: every value is fixed for format major 1 (svodrt/format.py). A change
+old code or an old runtime would misread needs a new major version; giving meaning to bytes that were
+reserved (zero, unread), a new minor version. Invariants the code relies on are stated beside each.
+
+CPU entry, one per code variant, at the variant's `entry` offset:
+    void svod_entry(void **bufs, const int64_t *dims, int32_t thread, int32_t nthreads, uint8_t *sync)
+every thread of a call calls it at once with its own `thread` in [0, nthreads) and the same bufs,
+dims and sync; the call is over when all have returned. Kernels, at the variant's `kernels` offsets:
+    void kernel(void **bufs, const int64_t *dims, int32_t part, int32_t nparts)
+computes part `part` of `nparts` (0 of 1: all of it). GPU kernels take one pointer per parameter of
+the plan's kernel, in `params` order (no table).
+"""
+
+from __future__ import annotations
+
+ENTRY = "svod_entry"
+
+# bufs: the buffer table, one pointer per slot. Each buffer is BUFFER_ALIGN-aligned; the arena is the
+# call's own (arena_size bytes, contents undefined on entry); weights are never written.
+ARENA_SLOT = 0
+WEIGHTS_SLOT = 1
+FIRST_IO_SLOT = 2  # inputs in manifest order, then outputs
+BUFFER_ALIGN = 64
+
+
+def input_slot(i: int) -> int:
+    return FIRST_IO_SLOT + i
+
+
+def output_slot(n_inputs: int, i: int) -> int:
+    return FIRST_IO_SLOT + n_inputs + i
+
+
+def table_slots(n_inputs: int, n_outputs: int) -> int:
+    return FIRST_IO_SLOT + n_inputs + n_outputs
+
+
+# dims: the values of symbolic dimensions, DIM_SIZE bytes (int64) each, in the manifest's order.
+# Reserved: no format-1 bundle has symbolic dimensions, so callers pass NULL and code never reads it.
+DIM_SIZE = 8
+
+# sync: SYNC_SIZE bytes, zeroed by the caller before each call, shared by the call's threads. One
+# cache line: two calls' blocks never share one. The caller writes only SYNC_YIELD; the rest is the
+# code's. Format 1.0 code used [0, 8) for a barrier; [24, SYNC_SIZE) is reserved (zero).
+SYNC_SIZE = 64
+SYNC_YIELD = 8  # void (*)(void): the host's sched_yield, called by a thread that has spun long enough
+SYNC_NEXT = 16  # uint32: the work queue's next ticket to claim (svodc/codegen/module.py)
+SYNC_DONE = 20  # uint32: tickets finished; kernel i starts when every ticket of kernels < i is done

@@ -1,0 +1,141 @@
+"""Runner: what every executor shares, whatever runs the code (svodrt/model.py: CPUs;
+svodrt/gpu_model.py: CUDA and HIP): the model's description and the checking of inputs, all done
+before native code sees anything."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping as MappingT
+
+import numpy as np
+
+from svodrt.bundle import Bundle, TensorInfo, Variant
+from svodrt.errors import InputError
+from svodrt.format import BITS_OF, DTYPES, STRING
+from svodrt.strings import StringTable
+
+NARROW_INTS = frozenset({"int4", "uint4", "int2", "uint2"})
+
+
+class Runner:
+    """What every loaded model shares, whatever runs it: its description and input checking.
+    Subclasses set `bundle` and `variant`, call _set_io(), and implement run() and close()."""
+
+    bundle: Bundle
+    variant: Variant
+
+    def _set_io(self) -> None:
+        self._input_specs = [(t.name, np.dtype(DTYPES[t.dtype][0]), tuple(t.shape)) for t in self.bundle.inputs]
+        self._output_specs = [(tuple(t.shape), np.dtype(DTYPES[t.dtype][0])) for t in self.bundle.outputs]
+        self._output_names = [t.name for t in self.bundle.outputs]
+        self._string_inputs = [t for t in self.bundle.inputs if t.dtype == STRING]
+        self._strings = StringTable(self.bundle.vocabulary) if self._string_inputs else None
+
+    # ------------------------------------------------------------------ description
+    @property
+    def inputs(self) -> list[TensorInfo]:
+        return list(self.bundle.inputs)
+
+    @property
+    def outputs(self) -> list[TensorInfo]:
+        return list(self.bundle.outputs)
+
+    def __repr__(self) -> str:
+        ins = ", ".join(f"{t.name}: {t.dtype}{list(t.shape)}" for t in self.inputs)
+        outs = ", ".join(f"{t.name}: {t.dtype}{list(t.shape)}" for t in self.outputs)
+        return f"<svodrt.Model ({ins}) -> ({outs}) on {self.variant.describe()}>"
+
+    # ------------------------------------------------------------------ running
+    def _fast_inputs(self, feeds: object) -> list[np.ndarray] | None:
+        """The common case in a few comparisons: a dict of exactly the inputs, each an ndarray of the
+        declared dtype and shape, C-contiguous and aligned. None means: take the full check."""
+        specs = self._input_specs
+        if type(feeds) is not dict or len(feeds) != len(specs) or self._strings is not None:
+            return None
+        arrays = []
+        for name, dtype, shape in specs:
+            a = feeds.get(name)
+            if (type(a) is not np.ndarray or a.dtype != dtype or a.shape != shape or not a.flags.c_contiguous
+                    or not a.flags.aligned):
+                return None
+            arrays.append(a)
+        return arrays
+
+    def check_inputs(self, feeds: MappingT[str, object]) -> list[np.ndarray]:
+        """Validate a feed dict against the model's inputs; returns the arrays the code will read, in
+        input order (C-contiguous and aligned: copied if they were not)."""
+        fast = self._fast_inputs(feeds)
+        if fast is not None:
+            return fast
+        if not isinstance(feeds, MappingT):
+            raise InputError(f"inputs must be a dict of name -> array, got {type(feeds).__name__}")
+        expected = [t.name for t in self.bundle.inputs]
+        unexpected = [k for k in feeds if k not in expected]
+        if unexpected:
+            raise InputError(f"unexpected input{'s' if len(unexpected) > 1 else ''} {unexpected}; the model's "
+                             f"inputs are {expected}")
+        for t in self.bundle.inputs:
+            if t.name not in feeds:
+                raise InputError(f"missing input {t.name!r} ({t.dtype}{list(t.shape)}); the model's inputs are "
+                                 f"{expected}")
+        if self._strings is not None:  # strings become int32 ids, one numbering per call (svodrt/strings.py)
+            for t in self._string_inputs:  # dims first: interning costs a dict lookup per string
+                check_shape(t, feeds[t.name])
+            feeds = {**feeds, **self._strings.intern(self._string_inputs, feeds)}
+        return [check_input(t, feeds[t.name]) for t in self.bundle.inputs]
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+def _as_transport(t: TensorInfo, value: np.ndarray, want: np.dtype) -> np.ndarray:
+    """An array of a type numpy lacks (ml_dtypes bfloat16, float8, int4...) in the form it travels in:
+    the bits of a float format, the values of a narrow integer. Anything else is an InputError."""
+    name = value.dtype.name
+    if BITS_OF.get(name) == t.dtype and value.dtype.itemsize == want.itemsize:
+        return value.view(want)
+    if name == t.dtype and t.dtype in NARROW_INTS:
+        return value.astype(want)
+    got, hint = str(value.dtype), ""
+    if want.name != t.dtype:
+        what = "values" if t.dtype in NARROW_INTS else "raw bits"
+        hint = f" (pass {t.dtype} as its {what} in a {want} array, or as an ml_dtypes {t.dtype} array)"
+    if value.dtype.kind != "V" and value.dtype.newbyteorder("=") == want:
+        order = "big" if value.dtype.byteorder == ">" else "little"  # s390x hosts are big-endian
+        got, hint = value.dtype.str, f" in {order}-endian byte order: convert with .astype('{want.str}')"
+    raise InputError(f"input {t.name!r} has dtype {got}, expected {t.dtype}{hint}")
+
+
+def check_shape(t: TensorInfo, value: object) -> None:
+    """InputError for an array of another rank or dimension than t's (other values: check_input's job)."""
+    if not isinstance(value, np.ndarray) or value.shape == t.shape:
+        return
+    if value.ndim != len(t.shape):
+        raise InputError(f"input {t.name!r} has rank {value.ndim} (shape {list(value.shape)}), expected rank "
+                         f"{len(t.shape)} (shape {list(t.shape)})")
+    i = next(i for i, (got, exp) in enumerate(zip(value.shape, t.shape, strict=True)) if got != exp)
+    raise InputError(f"input {t.name!r} dim {i}: got {value.shape[i]}, expected {t.shape[i]}")
+
+
+def check_input(t: TensorInfo, value: object) -> np.ndarray:
+    """Validate one input against its declaration; returns a C-contiguous, aligned array.
+    Non-contiguous or misaligned arrays are copied (documented); a wrong type, dtype (including byte
+    order), rank or dimension is an InputError, never a silent conversion."""
+    if not isinstance(value, np.ndarray) or isinstance(value, np.ma.MaskedArray):
+        raise InputError(f"input {t.name!r} must be a numpy.ndarray, got {type(value).__name__}")
+    want = np.dtype(DTYPES[t.dtype][0])
+    if value.dtype != want:
+        value = _as_transport(t, value, want)
+    check_shape(t, value)
+    if not value.flags.c_contiguous or value.ctypes.data % want.itemsize:
+        value = np.array(value, order="C", copy=True)  # numpy allocations are aligned
+    if value.nbytes != t.nbytes:  # shapes matched; this guards the size arithmetic itself
+        raise InputError(f"input {t.name!r} is {value.nbytes} bytes, expected {t.nbytes}")
+    return value
