@@ -14,6 +14,7 @@ from svodc.ir.ops import Ops
 from svodc.options import CompileOptions
 from tests.onnx_util import compile_and_run, make_model, reference
 from tests.test_indexing import CASES as INDEXING_CASES
+from tests.test_indexing import case_model as indexing_case_model
 
 R = np.random.default_rng(0)
 
@@ -116,12 +117,8 @@ def test_imported_graph_against_onnxruntime(name):
 
 @pytest.mark.parametrize("name", sorted(INDEXING_CASES))
 def test_imported_indexing_graph_against_onnxruntime(name):
-    nodes, feeds = INDEXING_CASES[name]
-    consts = {k: v for k, v in feeds.items() if k in ("k", "d", "a")}
-    inputs = {k: v for k, v in feeds.items() if k not in consts}
-    model = make_model(nodes, {k: (v.dtype, list(v.shape)) for k, v in inputs.items()}, list(nodes[0].output),
-                       consts)
-    for out, got, want in zip(nodes[0].output, _interpret(model, inputs), reference(model, inputs), strict=True):
+    model, inputs, outputs = indexing_case_model(name)
+    for out, got, want in zip(outputs, _interpret(model, inputs), reference(model, inputs), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, err_msg=out)
 
 
