@@ -4,13 +4,15 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test test-fast test-models test-gpu test-cross cross-tools lint bench clean onnx-coverage fuzz
+.PHONY: setup demo test test-fast test-models test-gpu test-cross cross-tools lint bench clean onnx-coverage fuzz \
+	test-install
 BENCH_STAMP := $(VENV)/.bench-stamp
 
-$(STAMP): pyproject.toml
+# constraints.txt pins every version (pyproject.toml has the ranges users get), so runs are reproducible.
+$(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -56,12 +58,17 @@ fuzz: $(STAMP)
 	$(BIN)/python -m tests.fuzzing --count 10000
 
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/pip install -q -e '.[dev,bench]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev,bench]'
 	touch $(BENCH_STAMP)
 
 # Not a test: svod vs onnxruntime side by side; writes docs/benchmarks.md and docs/benchmarks.png.
 bench: $(BENCH_STAMP)
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
+# The installs a user makes, each in a fresh venv (pip's cache or index; a few minutes, so not in `make
+# test`): `pip install .` runs a bundle and its svodc names the extra; `pip install '.[compiler]'` compiles.
+test-install:
+	bash scripts/test_install.sh $(PY)
 
 lint: $(STAMP)
 	$(BIN)/ruff check svodc svodrt svodrt_tools tests scripts bench

@@ -1,4 +1,4 @@
-"""The benchmark's model set: onnx light models (with random weights) and ../shared/models."""
+"""The benchmark's model set: onnx light models (with random weights, and as shipped) and ../shared/models."""
 
 from __future__ import annotations
 
@@ -14,6 +14,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("SVOD_SHARED_MODELS", ROOT.parent / "shared" / "models"))
 
 LIGHT = ["resnet50", "squeezenet", "densenet121", "shufflenet", "inception_v2"]
+# The same light models as the onnx package ships them: every weight a ConstantOfShape fill, which
+# constant folding turns into splats (issue 13: no cliff for weights made that way).
+SHIPPED = [f"{name}_shipped" for name in LIGHT]
 SHARED_MODELS = ["mobilenetv2_random", "ppocrv4_det", "gpt2_small_random", "silero_vad", "magika_standard_v3_3"]
 
 
@@ -45,6 +48,14 @@ def light(name: str) -> BenchModel:
                       note="onnx light model, random weights")
 
 
+def light_shipped(name: str) -> BenchModel:
+    from tests.light_models import dummy_inputs, expose_logits, model_path
+
+    model = expose_logits(onnx.load(str(model_path(name.removesuffix("_shipped")))))
+    return BenchModel(name, model, dummy_inputs(model), onnx_bytes=len(model.SerializeToString()),
+                      note="onnx light model as shipped (constant-fill weights)")
+
+
 def shared(name: str) -> BenchModel:
     folder = SHARED / name
     model = onnx.load(str(folder / "model.onnx"))
@@ -68,9 +79,11 @@ def reference_outputs(name: str) -> dict[str, np.ndarray] | None:
 
 
 def all_models(names: list[str] | None = None) -> list[str]:
-    names = names or LIGHT + SHARED_MODELS
-    return [n for n in names if n in LIGHT or (SHARED / n / "model.onnx").exists()]
+    names = names or LIGHT + SHARED_MODELS + SHIPPED
+    return [n for n in names if n in LIGHT or n in SHIPPED or (SHARED / n / "model.onnx").exists()]
 
 
 def load(name: str) -> BenchModel:
+    if name in SHIPPED:
+        return light_shipped(name)
     return light(name) if name in LIGHT else shared(name)

@@ -1,7 +1,9 @@
 """make bench: svod and onnxruntime side by side, in one run, on the same inputs.
 
 Per model and thread count: median and p90 latency of each (runs alternate in blocks of 5, so both see the same
-machine state) and their ratio; load time (svodrt.load vs InferenceSession creation); whole-process
+machine state) and their ratio, with how much the ratio moved from block to block (the run's own noise,
+next to the machine's load average before and after); OpenVINO's ratio to onnxruntime when it is
+installed; load time (svodrt.load vs InferenceSession creation); whole-process
 cold start (a fresh python that loads and produces the first output) and that process's peak
 resident memory; bundle vs .onnx size; compile time. Plus a GEMM micro-benchmark against numpy's
 OpenBLAS. Writes docs/benchmarks.md and docs/benchmarks.png. This is a benchmark, not a test: it
@@ -83,6 +85,35 @@ def _stats(ts: list[float]) -> tuple[float, float]:
     return float(np.median(ts)), float(np.percentile(ts, 90))
 
 
+def _openvino(path: Path, threads: int):
+    """An OpenVINO CPU inference request for the model (reads ONNX), or None when openvino is not
+    installed (it is in the bench extra) or cannot compile the model."""
+    try:
+        import openvino as ov
+    except ImportError:
+        return None
+    try:
+        compiled = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_NUM_THREADS": threads,
+                                                              "PERFORMANCE_HINT": "LATENCY"})
+    except Exception as e:  # a model OpenVINO does not take is a blank cell, not a crash
+        print(f"  openvino: {type(e).__name__}: {str(e)[:120]}", flush=True)
+        return None
+    request = compiled.create_infer_request()
+    return lambda feeds: [np.asarray(v) for v in request.infer(feeds).values()]
+
+
+def _close(got: list[np.ndarray], ref: list[np.ndarray]) -> bool:
+    return all(np.allclose(g, w, rtol=1e-3, atol=1e-4 * max(float(np.abs(w).max()), 1e-30))
+               for g, w in zip(got, ref, strict=True))
+
+
+def noise(block_ratios: list[float]) -> float:
+    """How much this run's own measurements moved: half the spread between the 10th and 90th
+    percentiles of the per-block ratios, relative to their median (0.05: blocks within about +-5 %)."""
+    lo, mid, hi = np.percentile(block_ratios, [10, 50, 90])
+    return float((hi - lo) / 2 / mid)
+
+
 def cold_start(engine: str, model_path: Path, inputs: Path, repeat: int) -> tuple[float, float]:
     """(median wall seconds from process start to first output, median peak RSS in MB)."""
     walls, rss = [], []
@@ -144,15 +175,25 @@ def bench_model(name: str, work: Path, repeat: int, threads: list[int]) -> dict:
             err = float(np.abs(got.astype(np.float64) - want).max()) / scale
             errs.append(err)
         row["max_rel_err"] = max(errs)
-        row["correct"] = all(np.allclose(g, w, rtol=1e-3, atol=1e-4 * max(float(np.abs(w).max()), 1e-30))
-                             for g, w in zip(ours.values(), ref, strict=True))
-        ts_s, ts_o = [], []
+        row["correct"] = _close(list(ours.values()), ref)
+        ov_run = _openvino(onnx_path, n)
+        if ov_run is not None and not _close(ov_run(bm.feeds), ref):
+            print("  openvino: outputs differ from onnxruntime's; not timed", flush=True)
+            ov_run = None
+        ts_s, ts_o, ts_v, block_ratios = [], [], [], []
         for _ in range(-(-repeat // BLOCK)):
-            ts_s += _timed_block(model.run, bm.svod_feeds)
-            ts_o += _timed_block(sess.run, None, bm.feeds)
+            block_s = _timed_block(model.run, bm.svod_feeds)
+            block_o = _timed_block(sess.run, None, bm.feeds)
+            if ov_run is not None:
+                ts_v += _timed_block(ov_run, bm.feeds)
+            ts_s += block_s
+            ts_o += block_o
+            block_ratios.append(float(np.median(block_s) / np.median(block_o)))
         (ms, ps), (mo, po) = _stats(ts_s), _stats(ts_o)
         row[f"t{n}"] = {"svod_ms": 1e3 * ms, "svod_p90": 1e3 * ps, "ort_ms": 1e3 * mo, "ort_p90": 1e3 * po,
-                        "ratio": ms / mo}
+                        "ratio": ms / mo, "noise": noise(block_ratios)}
+        if ts_v:
+            row[f"t{n}"]["ov_ratio"] = float(np.median(ts_v)) / mo
         model.close()
         del sess
     row["cold_svod_s"], row["rss_svod_mb"] = cold_start("svod", bundle, svod_inputs, 3)
@@ -166,14 +207,22 @@ def machine() -> dict:
 
     cpu = platform.processor()
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
+                    if ":" in line)
+        info = {k.strip(): v.strip() for k, v in info.items()}
+        if "model name" in info:
+            cpu = info["model name"] + (f" (family {info['cpu family']} model {info['model']})"
+                                        if "cpu family" in info and "model" in info else "")
     except OSError:
         pass
+    try:
+        import openvino
+
+        ov_version = openvino.__version__
+    except ImportError:
+        ov_version = None
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
-            "onnxruntime": onnxruntime.__version__, "llvmlite": llvmlite.__version__,
+            "onnxruntime": onnxruntime.__version__, "llvmlite": llvmlite.__version__, "openvino": ov_version,
             "date": datetime.date.today().isoformat()}
 
 
@@ -187,6 +236,7 @@ def main() -> None:
     args = p.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
     rows = []
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="svod-bench-") as tmp:
         for name in all_models(args.models or None):
             print(f"== {name}", flush=True)
@@ -194,7 +244,9 @@ def main() -> None:
             print(report.row_summary(row, threads), flush=True)
             rows.append(row)
     gemm_rows = [] if args.no_gemm else gemm.run(threads)
-    report.write(Path(args.out), machine(), rows, gemm_rows, threads)
+    # the 1-minute load average: other work on the machine during the run (ours adds about 1 per thread)
+    load = {"before": load_before, "after": os.getloadavg()[0]}
+    report.write(Path(args.out), {**machine(), "load": load}, rows, gemm_rows, threads)
 
 
 if __name__ == "__main__":

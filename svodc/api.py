@@ -10,7 +10,11 @@ import contextlib
 import hashlib
 import mmap
 import os
+import signal
+import stat
 import tempfile
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,7 +24,7 @@ from svodc.bundle import check_bundle, write_bundle, write_bundle_to
 from svodc.codegen.compile import compile_program, worker_count
 from svodc.codegen.gpu_compile import compile_gpu_programs
 from svodc.codegen.worker import WorkerPool, borrow
-from svodc.errors import OutputWriteError, TargetError
+from svodc.errors import BundleError, OutputWriteError, TargetError
 from svodc.frontend.importer import ModelSource, import_model, load_model
 from svodc.gpu_target import GpuTarget, parse_targets
 from svodc.options import CompileOptions
@@ -29,6 +33,7 @@ from svodc.policy import OptimizationPolicy, check_policy_names, policy_for
 from svodc.testvec import build_test_vectors
 
 Progress = Callable[[str], None]
+KernelProgress = Callable[[int, int], None]  # (modules compiled, of how many), from compile threads
 
 
 def _model_digest(source: ModelSource, model: onnx.ModelProto) -> str:
@@ -43,33 +48,61 @@ def _model_digest(source: ModelSource, model: onnx.ModelProto) -> str:
     return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
 
 
+def recorded_options(target: str, options: CompileOptions) -> dict:
+    """What the manifest's `options` records of a compilation (docs/bundle-format.md): names and
+    numbers only, no paths or values, so bundles stay reproducible across folders."""
+    return {"target": target, "opt_level": options.opt_level, "dims": dict(sorted(options.dims.items())),
+            "input_shapes": {k: list(v) for k, v in sorted(options.input_shapes.items())},
+            "input_values": sorted(options.input_values), "weights": len(options.weights),
+            "test_vectors": options.test_vectors}
+
+
+class _Stages:
+    """Reports each stage when it has finished, with its own duration: say("import 0.12 s")."""
+
+    def __init__(self, say: Progress):
+        self.say, self.t = say, time.perf_counter()
+
+    def done(self, stage: str | None) -> None:
+        """stage None: a stage that reported itself (skipped test vectors): only restart the clock."""
+        now = time.perf_counter()
+        if stage is not None:
+            self.say(f"{stage} {now - self.t:.2f} s")
+        self.t = now
+
+
 def _compile_parts(model: ModelSource, target: str, options: CompileOptions | None, progress: Progress | None,
-                   workers: WorkerPool | None, **kw) -> tuple:
+                   kernels_done: KernelProgress | None = None, workers: WorkerPool | None = None, **kw) -> tuple:
     """Everything a bundle is written from: (program, CPU images, model digest, test vectors, GPU images,
-    signing key). One pool of LLVM workers (the caller's, or one for this call) compiles every variant."""
+    signing key, optional manifest entries). One pool of LLVM workers (the caller's, or one for this
+    call) compiles every variant."""
     options = options or CompileOptions(**kw)
     say = progress or (lambda _msg: None)
+    stages = _Stages(say)
     targets = parse_targets(target)
     proto = load_model(model)
-    say("import")
     base_dir = Path(model).parent if isinstance(model, (str, os.PathLike)) else None
     graph = import_model(proto, options, base_dir=base_dir)
-    say("optimize")
+    stages.done("import")
     program = build_program(graph, options, _bundle_policy(targets, options))
+    stages.done(f"optimize ({len(program.kernels)} kernels)")
     vectors = build_test_vectors(graph, program, options.test_vectors, say)
+    stages.done("test vectors" if vectors else None)
     images = []
     gpus = [t for t in targets if isinstance(t, GpuTarget)]
     gpu_images = []
     with borrow(workers, worker_count(options)) as pool:
         for t in targets:
             if not isinstance(t, GpuTarget):
-                say(f"codegen {t.describe()}")
-                images.append((t, compile_program(program, t, options, pool)))
+                images.append((t, compile_program(program, t, options, kernels_done, pool)))
+                stages.done(f"codegen {t.describe()}")
         if gpus:
-            say(f"codegen {', '.join(t.describe() for t in gpus)}")
             gpu_images = compile_gpu_programs(program, gpus, options, pool)
-    say("bundle")
-    return program, images, _model_digest(model, proto), vectors, gpu_images, options.sign_key
+            stages.done(f"codegen {', '.join(t.describe() for t in gpus)}")
+    named = {n for k in program.kernels for n in k.provenance}
+    extra = {"options": recorded_options(target, options),
+             "node_ops": {n: t for n, t in sorted((graph.op_types or {}).items()) if n in named}}
+    return program, images, _model_digest(model, proto), vectors, gpu_images, options.sign_key, extra
 
 
 def _bundle_policy(targets: list, options: CompileOptions) -> OptimizationPolicy:
@@ -88,37 +121,70 @@ def _bundle_policy(targets: list, options: CompileOptions) -> OptimizationPolicy
 
 
 def compile(model: ModelSource, target: str = "host", options: CompileOptions | None = None,
-            progress: Progress | None = None, workers: WorkerPool | None = None, **kw) -> bytes:
+            progress: Progress | None = None, kernels_done: KernelProgress | None = None,
+            workers: WorkerPool | None = None, **kw) -> bytes:
     """Compile an ONNX model (path, bytes or ModelProto) into .svod bundle bytes.
 
     target: "host", CPU variants like "x86_64:x86-64-v3,x86-64,aarch64:generic+dotprod" (svodc/target.py),
     GPUs ("sm_90", "gfx942", ...), or CPU and GPU items separated by commas (svodc/gpu_target.py).
     Keyword options (dims=, input_shapes=, weights=, opt_level=, jobs=, test_vectors=) fill a
-    CompileOptions. workers: a WorkerPool (svodc/codegen/worker.py) to run LLVM on, for callers that
-    compile many models; by default the call starts its own and stops it before returning.
-    For large weights prefer compile_to_file: it streams them into the file."""
-    return write_bundle(*_compile_parts(model, target, options, progress, workers, **kw))
+    CompileOptions. progress(line): each stage when it has finished, with its time; kernels_done(done,
+    total): as LLVM finishes each module. workers: a WorkerPool (svodc/codegen/worker.py) to run LLVM
+    on, for callers that compile many models; by default the call starts its own and stops it before
+    returning. For large weights prefer compile_to_file: it streams them."""
+    return write_bundle(*_compile_parts(model, target, options, progress, kernels_done, workers, **kw))
 
 
 def compile_to_file(model: ModelSource, output: str | os.PathLike, target: str = "host",
                     options: CompileOptions | None = None, progress: Progress | None = None,
-                    workers: WorkerPool | None = None, **kw) -> Path:
+                    kernels_done: KernelProgress | None = None, workers: WorkerPool | None = None, **kw) -> Path:
     """Compile and write the bundle atomically: a temp file in the same folder, renamed into place,
-    so a failure never leaves a partial file. The temp file is created first, so an unwritable
-    output path fails before the compilation starts. Weights are written from their arrays (views
-    of mapped files where they came from external data or safetensors) straight into the file."""
+    so a failure never leaves a partial file (SIGTERM included). The temp file is created first, so an
+    unwritable output path fails before the compilation starts; an output that is a device, a folder
+    or the model itself is refused. Weights are written from their arrays (views of mapped files where
+    they came from external data or safetensors) straight into the file."""
     path = Path(output)
+    check_output_path(path, model)
     with AtomicWriter(path) as out:
-        parts = _compile_parts(model, target, options, progress, workers, **kw)
+        parts = _compile_parts(model, target, options, progress, kernels_done, workers, **kw)
+        t0 = time.perf_counter()
         out.call(lambda f: write_bundle_to(f, *parts))
         out.call(_check_written)
+        if progress:
+            progress(f"bundle {time.perf_counter() - t0:.2f} s")
     return path
+
+
+def check_output_path(path: Path, model: ModelSource) -> None:
+    """Outputs replace regular files only: never a device node, a FIFO or the model being compiled."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise OutputWriteError(f"cannot write {str(path)!r}: {e.strerror or e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise OutputWriteError(f"cannot write {str(path)!r}: it is a directory")
+    if not stat.S_ISREG(st.st_mode):
+        raise OutputWriteError(f"cannot write {str(path)!r}: it is not a regular file (a device, FIFO or socket); "
+                               "give a file path with -o")
+    if isinstance(model, (str, os.PathLike)):
+        with contextlib.suppress(OSError):
+            if os.path.samefile(path, model):
+                raise OutputWriteError(f"cannot write {str(path)!r}: it is the model being compiled; choose another "
+                                       "-o path")
 
 
 def _check_written(f) -> None:
     f.flush()
+    problem = None
     with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m, memoryview(m) as data:
-        check_bundle(data)
+        try:
+            check_bundle(data)
+        except BundleError as e:  # raised below, once its traceback (views of the mapping) is gone
+            problem = str(e)
+    if problem is not None:
+        raise BundleError(problem)
 
 
 class AtomicWriter:
@@ -133,7 +199,13 @@ class AtomicWriter:
     def _error(self, e: OSError) -> OutputWriteError:
         return OutputWriteError(f"cannot write {str(self.path)!r}: {e.strerror or e}")
 
+    def _on_sigterm(self, signum, frame) -> None:
+        raise SystemExit(128 + signum)  # unwinds through __exit__, which removes the temp file
+
     def __enter__(self) -> AtomicWriter:
+        # SIGTERM (kill, a CI timeout) must not leave the temp file: turn it into an exception while we
+        # hold one, unless the application installed its own handler (or this is not the main thread).
+        self._old_term = None
         if self.path.is_dir():
             raise OutputWriteError(f"cannot write {str(self.path)!r}: it is a directory")
         folder = self.path.parent if str(self.path.parent) else Path(".")
@@ -142,6 +214,8 @@ class AtomicWriter:
         except OSError as e:
             raise self._error(e) from None
         self._file = os.fdopen(fd, "wb")
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            self._old_term = signal.signal(signal.SIGTERM, self._on_sigterm)
         return self
 
     def write(self, data: bytes) -> None:
@@ -170,4 +244,6 @@ class AtomicWriter:
             if self._tmp is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(self._tmp)
+            if self._old_term is not None:
+                signal.signal(signal.SIGTERM, self._old_term)
 

@@ -42,6 +42,9 @@ from svodrt.format import (
 from svodrt.trust import signed_message
 
 ZSTD_LEVEL = 10
+# Informational manifest entries no runtime check depends on (docs/bundle-format.md "Optional entries"):
+# the compile options and the op type of every ONNX node kernels name in their provenance.
+EXTRA_KEYS = ("options", "node_ops")
 
 
 def _buffer_entry(b: Buffer) -> dict:
@@ -136,11 +139,12 @@ def _signature(manifest: dict, key_path: str | os.PathLike) -> dict:
 
 def write_bundle_to(out: BinaryIO, program: Program, images: list[tuple[Target, CodeImage]], model_digest: str,
                     test_vectors: list[dict] | None = None, gpu_images: list[GpuImage] = (),
-                    sign_key: str | os.PathLike | None = None) -> None:
+                    sign_key: str | os.PathLike | None = None, extra: dict | None = None) -> None:
     """Write the bundle to a seekable binary file positioned at its start. test_vectors: manifest
     entries from svodc.testvec (optional); gpu_images: GPU variants, after the CPU ones; sign_key: an
-    Ed25519 private key (PEM file) to sign the bundle with. Weights go from their arrays straight to
-    `out` (one copy: the write itself), hashed on the way."""
+    Ed25519 private key (PEM file) to sign the bundle with; extra: optional manifest entries
+    (EXTRA_KEYS: svodc.api's recorded options and node op types). Weights go from their arrays straight
+    to `out` (one copy: the write itself), hashed on the way."""
     sections: list[tuple[dict, bytes]] = []  # code sections; the weights section streams separately
     byte_order = _byte_order(images, gpu_images)
     variants = []
@@ -193,8 +197,8 @@ def write_bundle_to(out: BinaryIO, program: Program, images: list[tuple[Target, 
         "sections": table,
         "variants": variants,
         "buffers": [_buffer_entry(b) for b in program.weights + program.scratch],
-        "kernels": [{"name": k.name, "params": [b.id for b in k.params], "provenance": k.provenance}
-                    for k in program.kernels],
+        "kernels": [{"name": k.name, "params": [b.id for b in k.params], "provenance": k.provenance,
+                     "kind": k.kind} for k in program.kernels],
     }
     if any(b.dtype is dtypes.string for b in program.inputs):  # format 1.4; the bindings cover it
         manifest["vocabulary"] = list(program.vocabulary)
@@ -204,6 +208,10 @@ def write_bundle_to(out: BinaryIO, program: Program, images: list[tuple[Target, 
             v["gpu_binding"] = gpu_binding(v, table[v["cubin"]]["sha256"] if "cubin" in v else None)
     if test_vectors:
         manifest["test_vectors"] = test_vectors
+    for key, value in (extra or {}).items():
+        if key not in EXTRA_KEYS:
+            raise BundleError(f"manifest entry {key!r} is not one of {EXTRA_KEYS}")
+        manifest[key] = value
     if sign_key is not None:  # last: it signs everything before it
         manifest["signature"] = _signature(manifest, sign_key)
     raw = msgpack.packb(manifest, use_bin_type=True)
@@ -228,10 +236,10 @@ def check_bundle(data: bytes | memoryview) -> None:
 
 def write_bundle(program: Program, images: list[tuple[Target, CodeImage]], model_digest: str,
                  test_vectors: list[dict] | None = None, gpu_images: list[GpuImage] = (),
-                 sign_key: str | os.PathLike | None = None) -> bytes:
+                 sign_key: str | os.PathLike | None = None, extra: dict | None = None) -> bytes:
     """The bundle's bytes (write_bundle_to into memory)."""
     buf = io.BytesIO()
-    write_bundle_to(buf, program, images, model_digest, test_vectors, gpu_images, sign_key)
+    write_bundle_to(buf, program, images, model_digest, test_vectors, gpu_images, sign_key, extra)
     data = buf.getvalue()
     check_bundle(data)
     return data

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from svodc.errors import SvodcError
+from svodrt_tools.launch import version_line
 
 
 def _pairs(values: tuple[str, ...], what: str) -> list[tuple[str, str]]:
@@ -49,8 +50,8 @@ class _Group(click.Group):
 
         try:
             return super().invoke(ctx)
-        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
-            raise  # click's own usage errors and exits
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, BrokenPipeError):
+            raise  # click's own usage errors and exits; a closed stdout ends quietly (svodrt_tools/launch.py)
         except (SvodcError, SvodError, OSError) as e:
             if ctx.obj and ctx.obj.get("debug"):
                 raise
@@ -62,12 +63,12 @@ class _Group(click.Group):
             msg = " ".join(f"{type(e).__name__}: {e}".split())[:300]
             click.echo(f"svodc: internal error: {msg} (a bug in svodc: rerun with --debug for the traceback "
                        "and please report it)", err=True)
-            sys.exit(2)
+            sys.exit(1)
 
 
 @click.group(cls=_Group)
 @click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
-@click.version_option(package_name="svod", prog_name="svodc")
+@click.version_option(version="", message=version_line("svodc"))
 @click.pass_context
 def main(ctx: click.Context, debug: bool) -> None:
     """Svod ahead-of-time compiler: ONNX model -> .svod bundle."""
@@ -113,25 +114,64 @@ def compile(model: str, output: str | None, target: str, dims: tuple[str, ...], 
     options = CompileOptions(dims=dim_map, input_shapes=shape_map, input_values=value_map, weights=tuple(weights),
                              opt_level=opt_level, jobs=jobs, test_vectors=test_vectors, sign_key=sign_key)
     t0 = time.perf_counter()
-
     show = not quiet and (verbose or sys.stderr.isatty())
 
-    def progress(stage: str) -> None:
-        if show:
-            click.echo(f"  {stage} ({time.perf_counter() - t0:.2f}s)", err=True)
+    def progress(line: str) -> None:
+        if show or (not quiet and line.startswith("warning:")):
+            click.echo(f"  {line}", err=True)
 
-    path = compile_to_file(model, out, target=target, options=options, progress=progress)
+    bar = _KernelBar() if not quiet and sys.stderr.isatty() else None
+    path = compile_to_file(model, out, target=target, options=options, progress=progress,
+                           kernels_done=bar.update if bar else None)
     if not quiet:
         click.echo(f"wrote {path} ({path.stat().st_size:,} bytes) in {time.perf_counter() - t0:.2f}s")
+        if "host" in target.split(","):
+            click.echo(host_note(path), err=True)
+
+
+class _KernelBar:
+    """click's progress bar over the LLVM modules of one target at a time (a TTY only)."""
+
+    def __init__(self) -> None:
+        self.bar = None
+
+    def update(self, done: int, total: int) -> None:
+        if self.bar is None:
+            self.bar = click.progressbar(length=total, label="  compiling kernels", file=sys.stderr)
+        self.bar.update(1)
+        if done == total:
+            self.bar.render_finish()
+            self.bar = None
+
+
+def host_note(path: Path) -> str:
+    """What a --target host bundle needs of a CPU, and how to make one that runs elsewhere."""
+    from svodrt.bundle import parse_bundle
+
+    cpu = [v for v in parse_bundle(path.read_bytes()).variants if v.kind == "cpu"]
+    needs = "; ".join(f"{v.arch}:{v.cpu} needs {len(v.features)} CPU features ({', '.join(v.features) or 'none'})"
+                      for v in cpu)
+    arch = cpu[0].arch if cpu else "x86_64"
+    # the default CPU of every other architecture is its most portable one (svodc/arches.py)
+    portable = "x86_64:x86-64-v3,x86-64 (a fat bundle: v3 where it runs, else baseline)" if arch == "x86_64" else arch
+    return (f"note: --target host compiles for this machine's CPU: {needs}; the bundle runs only where all of them "
+            f"are present. For one that runs on any {arch} machine: --target {portable}")
 
 
 @main.command()
 @click.argument("bundle", type=click.Path(exists=True, dir_okay=False))
-def inspect(bundle: str) -> None:
+@click.option("--graph", "graph", type=click.Path(dir_okay=False), metavar="FILE.svg|FILE.dot",
+              help="Draw the kernel graph with each kernel's ONNX nodes (.dot text; .svg/.png need Graphviz).")
+def inspect(bundle: str, graph: str | None) -> None:
     """Describe a bundle: inputs, outputs, code variants, kernels, memory."""
     from svodrt_tools.describe import describe
 
     click.echo(describe(bundle, verbose=True))
+    if graph:
+        from svodc.graph_draw import write_graph
+        from svodrt.bundle import parse_bundle
+
+        write_graph(parse_bundle(Path(bundle).read_bytes()), graph)
 
 
 if __name__ == "__main__":

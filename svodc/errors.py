@@ -28,10 +28,12 @@ class UnsupportedNode:
     # Graph inputs whose values this node needs at compile time (fixing them with
     # CompileOptions.input_values / --input-value would make it compile).
     needs_values: tuple[str, ...] = ()
+    shape_error: bool = False  # the node's input shapes do not fit it (e.g. after --input-shape)
 
     def __str__(self) -> str:
         dom = self.domain or "ai.onnx"
-        return f"{self.name or '<unnamed>'} ({dom}::{self.op_type}, opset {self.opset}): {self.reason}"
+        opset = f", opset {self.opset}" if self.opset else ""  # 0: the model imports no opset of the domain
+        return f"{self.name or '<unnamed>'} ({dom}::{self.op_type}{opset}): {self.reason}"
 
 
 class UnsupportedModelError(SvodcError):

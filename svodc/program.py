@@ -33,6 +33,7 @@ class ImportedGraph:
     producer: str  # "name version" of the tool that made the model, for the manifest
     expanded_ops: frozenset[str] = frozenset()  # ops imported through their ONNX function bodies
     vocabulary: tuple[str, ...] = ()  # the model's strings; string id i is vocabulary[i] (frontend/strings.py)
+    op_types: dict[str, str] | None = None  # node name -> op type (graph_import.GraphImporter.op_types)
 
 
 class BufferKind(enum.Enum):
@@ -68,6 +69,7 @@ class Kernel:
     ast: UOp  # loop-level SINK(STORE ...)
     params: list[Buffer]  # PARAM i <-> params[i]; params[0] is written, the rest are read
     provenance: list[str] = field(default_factory=list)  # ONNX node names this kernel computes
+    kind: str = "loop"  # "gemm" (a contraction kernel), "loop" (generic loops) or "copy"; informative
 
 
 @dataclass

@@ -17,18 +17,27 @@ The reference input is drawn from a fixed seed, so the same model gives the same
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
 
 import numpy as np
 
 from svodc.errors import TestVectorError
 from svodc.ir.dtypes import dtypes, to_storage
-from svodc.ir.interpret import evaluate
+from svodc.ir.interpret import EvaluationTimeout, evaluate
+from svodc.ir.ops import Ops
+from svodc.ir.uop import UOp, toposort
 from svodc.program import Buffer, ImportedGraph, Program
 from svodrt.format import FLOAT_FORMATS
 
 # Vectors are embedded by default when the inputs and outputs together take at most this many bytes.
 DEFAULT_LIMIT = 1 << 20
+# The reference interpreter's budget (over_budget, evaluate's deadline): past it the vectors are skipped
+# with a warning (an error under --test-vectors), never a hang or an out-of-memory compiler.
+EVAL_MAX_BYTES = 1 << 30  # any one tensor it materializes
+EVAL_TOTAL_BYTES = 16 << 30  # all of them (a proxy for its time)
+EVAL_SECONDS = 120.0
 SEED = 0
 # Tolerance on max |got - want| for float outputs: ATOL + RTOL * max |want|, scaled by the output
 # (a softmax over 1000 classes has values near 1e-3: a floor of 1e-3 would accept anything). Loose
@@ -71,6 +80,28 @@ def _le_bytes(a: np.ndarray, b: Buffer) -> bytes:
     return np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<")).tobytes()
 
 
+def over_budget(roots: list[UOp]) -> str | None:
+    """Why the reference interpreter should not run on this graph (a tensor it would materialize is too
+    large, or all of them together are), or None. A 164-byte model can ask for 4 TB (ConstantOfShape
+    [1e6, 1e6] -> ReduceSum): without this the compiler would run out of memory or never finish."""
+    total = 0
+    for n in toposort(roots):
+        if n.op is Ops.SINK or not n.dtype.itemsize:
+            continue
+        try:
+            nbytes = math.prod(int(d) for d in n.shape) * n.dtype.itemsize
+        except (TypeError, ValueError):  # a shape the interpreter computes at run time: not estimated
+            continue
+        if nbytes > EVAL_MAX_BYTES:
+            return (f"the reference interpreter would materialize a {n.dtype.name}{list(n.shape)} tensor "
+                    f"({nbytes / 2**30:.1f} GiB, over {EVAL_MAX_BYTES >> 20} MiB)")
+        total += nbytes
+    if total > EVAL_TOTAL_BYTES:
+        return (f"the reference interpreter would compute {total / 2**30:.1f} GiB of tensors "
+                f"(over {EVAL_TOTAL_BYTES >> 30} GiB)")
+    return None
+
+
 def build_test_vectors(graph: ImportedGraph, program: Program, wanted: bool | None,
                        say: Callable[[str], None]) -> list[dict]:
     """Manifest entries for the bundle's `test_vectors` (empty when not wanted or not possible).
@@ -82,22 +113,28 @@ def build_test_vectors(graph: ImportedGraph, program: Program, wanted: bool | No
             say(f"test vectors: skipped, inputs and outputs take {size} bytes (over {DEFAULT_LIMIT}; "
                 "--test-vectors embeds them anyway)")
         return []
-    problem = None
     rng = np.random.default_rng(SEED)
     feeds = {b.name: reference_input(b, rng, len(graph.vocabulary)) for b in program.inputs}
+    roots = [o for _, o in graph.outputs]
+    problem = over_budget(roots)
+    budget = problem is not None
     try:
-        with np.errstate(all="ignore"):
-            outs = evaluate([o for _, o in graph.outputs], feeds)
+        if problem is None:
+            with np.errstate(all="ignore"):
+                outs = evaluate(roots, feeds, deadline=time.monotonic() + EVAL_SECONDS)
+    except EvaluationTimeout as e:
+        problem, budget = str(e), True
     except Exception as e:  # the interpreter lacks an op, or numpy refuses: no vector, said why
         problem = f"the reference interpreter failed: {type(e).__name__}: {e}"
-    else:
+    if problem is None:
         for b, o in zip(program.outputs, outs, strict=True):
             if tuple(o.shape) != tuple(b.shape) or o.dtype != b.dtype.np:
                 problem = f"the interpreter gave output {b.name!r} as {o.dtype}{list(o.shape)}"
     if problem is not None:
         if wanted:
             raise TestVectorError(f"cannot make test vectors: {problem}")
-        say(f"test vectors: skipped, {problem}")
+        # past the interpreter's budget it is a warning (the user may want --no-test-vectors); else a note
+        say(f"{'warning: ' if budget else ''}test vectors: skipped, {problem}")
         return []
     return [{
         "inputs": [_le_bytes(feeds[b.name], b) for b in program.inputs],

@@ -19,6 +19,7 @@ from svodrt.errors import (
 from svodrt.host import Host, detect_host
 from svodrt.model import Model
 from svodrt.runner import Runner
+from svodrt.session import InferenceSession, NodeArg, SessionOptions
 from svodrt.trust import TrustSpec
 
 __version__ = "0.1.0"
@@ -33,12 +34,13 @@ def load(source: str | os.PathLike | bytes, threads: int | None = None, host: Ho
     threads: at most this many threads per inference (default: the host's cores; a model that runs in
     under 0.3 ms on one thread uses one). host: choose the code variant for
     this host instead of the detected one (e.g. `detect_host().limited_to("x86-64-v2")`).
-    verify_weights: check the weights' sha256 (default: when they are at most 16 MiB, or a trust policy is
-    set; see docs/architecture.md). variant: use this variant (index) instead of the first the host can run.
-    device: "cpu", or a GPU: "cuda:N" / "hip:N" (svodrt/gpu_model.py; untested on hardware so far, see
-    README); graph: launch a GPU model's kernels as one captured graph (else one by one). trust: a
-    trust policy, the Ed25519 public keys (PEM file paths or bytes) whose signed bundles alone load
-    (docs/bundle-format.md "Trust model"); the model's `signer` names the key that signed it."""
+    verify_weights: check the weights' sha256 too (default: only under a trust policy; `svodrt verify`
+    checks them once, see docs/architecture.md "Runtime"). variant: use this variant (index) instead
+    of the first the host can run. device: "cpu", or a GPU: "cuda:N" / "hip:N" (svodrt/gpu_model.py;
+    untested on hardware so far, see README); graph: launch a GPU model's kernels as one captured graph
+    (else one by one). trust: a trust policy, the Ed25519 public keys (PEM file paths or bytes)
+    whose signed bundles alone load (docs/bundle-format.md "Trust model"); the model's `signer` names
+    the key that signed it."""
     if device != "cpu":
         from svodrt.gpu_model import GpuModel
 
@@ -46,6 +48,6 @@ def load(source: str | os.PathLike | bytes, threads: int | None = None, host: Ho
     return Model(source, threads=threads, host=host, verify_weights=verify_weights, variant=variant, trust=trust)
 
 
-__all__ = ["BundleFormatError", "BundleVersionError", "DeviceError", "Host", "InputError", "Model", "ModelClosedError",
-           "Runner", "RuntimeFailure", "SvodError", "UnsupportedHostError", "UntrustedBundleError", "detect_host",
-           "load"]
+__all__ = ["BundleFormatError", "BundleVersionError", "DeviceError", "Host", "InferenceSession", "InputError", "Model",
+           "ModelClosedError", "NodeArg", "Runner", "RuntimeFailure", "SessionOptions", "SvodError",
+           "UnsupportedHostError", "UntrustedBundleError", "detect_host", "load"]

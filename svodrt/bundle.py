@@ -7,13 +7,9 @@ bounded by the file's size (docs/architecture.md "Runtime", bounded parsing)."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from dataclasses import dataclass, fields
-
-import msgpack
-import zstandard
 
 from svodrt import format as fmt
 from svodrt.errors import BundleFormatError, BundleVersionError
@@ -126,6 +122,7 @@ def read_header(data: bytes | memoryview | Source) -> fmt.Header:
 def _unpack(raw: bytes, file_size: int) -> object:
     """msgpack with every length capped and at most OBJECTS_PER_BYTE objects per file byte: the hooks
     count each list and map as it is built (with its items), so a bomb stops before it is built."""
+    import msgpack  # here, not at `import svodrt`: imports are most of a cold start
     budget = [OBJECTS_PER_BYTE * file_size + OBJECTS_FLOOR]
 
     def count(x):
@@ -145,9 +142,11 @@ def _unpack(raw: bytes, file_size: int) -> object:
 
 
 def read_manifest(data: bytes | memoryview | Source, h: fmt.Header) -> dict:
+    import hashlib
     src = as_source(data)
     stored = src.read(h.manifest_offset, h.manifest_size)
     if h.flags & fmt.FLAG_MANIFEST_ZSTD:
+        import zstandard
         try:  # max_output_size bounds the memory a lying frame header can make us allocate
             raw = zstandard.ZstdDecompressor().decompress(stored, max_output_size=h.manifest_raw_size)
         except zstandard.ZstdError as e:
@@ -201,6 +200,7 @@ def _sections(m: dict, h: fmt.Header, src: Source) -> list[Section]:
 
 def check_section(data: bytes | memoryview | Source, sec: Section, content: bytes | memoryview | None = None) -> None:
     """sha256 of one section (`content`: its bytes, already read); costs about 0.6 ms per MB."""
+    import hashlib
     if content is None:
         content = as_source(data).read(sec.offset, sec.length)
     if hashlib.sha256(content).digest() != sec.sha256:

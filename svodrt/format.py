@@ -6,12 +6,9 @@ then the zstd-compressed msgpack manifest ending the file.
 
 from __future__ import annotations
 
-import hashlib
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-import msgpack
 
 MAGIC = b"SVOD\x00\r\n\x1a"
 FORMAT_MAJOR = 1
@@ -82,6 +79,9 @@ def variant_binding(variant: Mapping, code_sha256: bytes, manifest: Mapping) -> 
               sig(manifest["outputs"]), manifest["arena_size"], manifest["weights_size"]]
     if any(isinstance(t, Mapping) and t.get("dtype") == STRING for t in manifest["inputs"]):
         fields.append(list(manifest.get("vocabulary", ())))
+    import hashlib  # only when a bundle is read or written, not at `import svodrt`
+
+    import msgpack
     return hashlib.sha256(msgpack.packb(fields, use_bin_type=True)).digest()
 
 
@@ -98,6 +98,9 @@ def gpu_binding(variant: Mapping, cubin_sha256: bytes | None) -> bytes:
     [binding, kind, cubin sha256 or empty, [[kernel, symbol, grid, block] per launch]]."""
     launches = [[x["kernel"], x["symbol"], list(x["grid"]), list(x["block"])] for x in variant["launches"]]
     fields = [bytes(variant["binding"]), variant["kind"], bytes(cubin_sha256 or b""), launches]
+    import hashlib  # only when a bundle is read or written, not at `import svodrt`
+
+    import msgpack
     return hashlib.sha256(msgpack.packb(fields, use_bin_type=True)).digest()
 
 

@@ -9,7 +9,6 @@ targets"). Fixup words are native 64-bit integers: a bundle only runs on its own
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import mmap
 import os
 import platform
@@ -76,6 +75,7 @@ def map_code(data: bytes | memoryview, fixups: tuple[int, ...], sha256: bytes, w
     then make it read+execute. Checking the copy means the bytes that run are the bytes that were
     verified: nothing can change them afterwards (another process rewriting the file), and a file
     truncated after loading cannot fault the code pages (SIGBUS)."""
+    import hashlib  # here, not at `import svodrt`
     length = len(data)
     m = _map(length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0, what)
     ctypes.memmove(m.address, bytes(data), length)

@@ -162,12 +162,12 @@ class Model(Runner):
             self._end()
         return [(k.name, float(np.median(t)), k.provenance) for k, t in zip(self.bundle.kernels, times, strict=True)]
 
-    def _call(self, arrays: list[np.ndarray], run=None) -> list[np.ndarray]:
-        """Outputs allocated, an arena lent, the buffer table and sync block made (svodrt/abi.py), and
-        run(table, sync) called (default: the entry, on as many threads as pay off). The hot path."""
+    def _call(self, arrays: list[np.ndarray], run=None, outs: list[np.ndarray] | None = None) -> list[np.ndarray]:
+        """Outputs allocated (or given, checked: svodrt/session.py), an arena lent, the buffer table and sync
+        block made (svodrt/abi.py), run(table, sync) called (default: the entry, on as many threads as pay off)."""
         self._begin()
         try:
-            outs = [np.empty(shape, dtype) for shape, dtype in self._output_specs]
+            outs = outs if outs is not None else [np.empty(shape, dtype) for shape, dtype in self._output_specs]
             arena = self._arena()
             try:
                 table = self._table_type()

@@ -6,12 +6,9 @@ extra) is imported only to check a signature."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Iterable
 from pathlib import Path
-
-import msgpack
 
 from svodrt.errors import BundleFormatError, UntrustedBundleError
 
@@ -21,12 +18,16 @@ TrustSpec = str | os.PathLike | bytes | Iterable[str | os.PathLike | bytes]
 def signed_message(manifest: dict) -> bytes:
     """A domain tag, the sha256 of the manifest without its signature (one canonical msgpack
     re-encoding of the parsed objects: signer and verifier hash the same objects), every section's sha256."""
+    import hashlib  # here, not at `import svodrt`
+
+    import msgpack
     unsigned = msgpack.packb({k: v for k, v in manifest.items() if k != "signature"}, use_bin_type=True)
     return (b"svod bundle signature v1\x00" + hashlib.sha256(unsigned).digest()
             + b"".join(bytes(s["sha256"]) for s in manifest["sections"]))
 
 
 def fingerprint(key: bytes) -> str:
+    import hashlib
     return "ed25519:" + hashlib.sha256(key).hexdigest()[:16]
 
 

@@ -1,38 +1,90 @@
-"""svodrt command line: run and info. Needs only the runtime's dependencies (argparse, not click).
-
-Errors print one line and exit non-zero; --debug shows the traceback."""
+"""svodrt command line: run, verify, profile and info. Needs only the runtime's dependencies (argparse,
+not click). Errors print one line and exit 1, usage errors exit 2 (as svodc); --debug shows the traceback."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import stat
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
 from svodrt.errors import SvodError
+from svodrt_tools.launch import quiet_broken_pipe, suggest, version_line
 
 
-def _load_inputs(specs: list[str]) -> dict[str, np.ndarray]:
+class _Parser(argparse.ArgumentParser):
+    """argparse with 'did you mean' for a misspelt command or option."""
+
+    def error(self, message: str):
+        words = message.split("'")
+        if "invalid choice" in message and len(words) > 1:
+            message += suggest(words[1], [a for act in self._actions if act.choices for a in act.choices])
+        elif message.startswith("unrecognized arguments"):
+            subs = [act.choices.values() for act in self._actions if isinstance(act.choices, dict)]
+            parsers = [self, *(c for group in subs for c in group)]
+            opts = [o for p in parsers for act in p._actions for o in act.option_strings]
+            message += suggest(message.split(": ", 1)[1].split()[0].split("=")[0], opts)
+        super().error(message)
+
+
+def _bundle(path: str) -> str:
+    """The bundle path, or a one-line error for a missing path, a folder or something not a file."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise SvodError(f"cannot open bundle {path!r}: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise SvodError(f"bundle {path!r} is {'a directory' if stat.S_ISDIR(st.st_mode) else 'not a regular file'}")
+    return path
+
+
+def _npz(path: str) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except Exception as e:  # numpy raises OSError, ValueError, zipfile.BadZipFile, EOFError...
+        raise SvodError(f"input file {path} is not a readable .npy/.npz: {type(e).__name__}: {e}") from None
+
+
+def load_inputs(specs: list[str]) -> dict[str, np.ndarray]:
+    """-i NAME=FILE.npy, -i NAME=FILE.npz (the array NAME in it) or -i FILE.npz (all of its arrays)."""
     feeds: dict[str, np.ndarray] = {}
     for spec in specs:
         name, sep, path = spec.partition("=")
-        try:
-            if not sep:  # a bare .npz: every array in it, by key
-                with np.load(spec, allow_pickle=False) as z:
-                    feeds.update({k: z[k] for k in z.files})
-            elif path.endswith(".npz"):
-                with np.load(path, allow_pickle=False) as z:
-                    if name not in z.files:
-                        raise SvodError(f"{path} has no array named {name!r} (it has {z.files})")
-                    feeds[name] = z[name]
-            else:
+        if not sep:
+            if not spec.endswith(".npz"):
+                raise SvodError(f"-i {spec}: name the input, -i NAME={spec} (a bare file must be a .npz of named "
+                                "arrays)")
+            feeds.update(_npz(spec))
+        elif path.endswith(".npz"):
+            arrays = _npz(path)
+            if name not in arrays:
+                raise SvodError(f"{path} has no array named {name!r} (it has {sorted(arrays)})")
+            feeds[name] = arrays[name]
+        else:
+            try:
                 feeds[name] = np.load(path, allow_pickle=False)
-        except (SvodError, OSError):
-            raise
-        except Exception as e:  # numpy and zipfile raise many types for a damaged file
-            raise SvodError(f"input file {path or spec} is not a readable .npy/.npz: {type(e).__name__}: {e}") from None
+            except Exception as e:
+                raise SvodError(f"input file {path} is not a readable .npy/.npz: {type(e).__name__}: {e}") from None
     return feeds
+
+
+def drop_fixed_inputs(model, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """An inputs file made for the ONNX model may hold inputs the bundle fixed at compile time
+    (--input-value): those are ignored, with a warning, since the bundle computes with its own value."""
+    fixed = model.bundle.manifest.get("options", {}).get("input_values", [])
+    names = {t.name for t in model.inputs}
+    dropped = sorted(k for k in feeds if k not in names and k in fixed)
+    if dropped:
+        print(f"svodrt: warning: ignoring input{'s' if len(dropped) > 1 else ''} {dropped}: fixed at compile time "
+              "(--input-value) in this bundle", file=sys.stderr)
+    return {k: v for k, v in feeds.items() if k not in dropped}
 
 
 def _summary(a: np.ndarray) -> str:
@@ -51,31 +103,48 @@ def _host(args: argparse.Namespace):
     return host.limited_to(args.as_cpu) if args.as_cpu else host
 
 
+def _output_file(path: str):
+    """A temp file next to `path`, made before the model runs (so a bad -o fails first)."""
+    target = Path(path)
+    if target.is_dir() or (target.exists() and not target.is_file()):
+        raise SvodError(f"cannot write {path!r}: it is not a regular file")
+    try:
+        return tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp", delete=False)
+    except OSError as e:
+        raise SvodError(f"cannot write {path!r}: {e.strerror}") from None
+
+
 def cmd_run(args: argparse.Namespace) -> None:
     import svodrt
 
-    t0 = time.perf_counter()
-    model = svodrt.load(args.bundle, threads=args.threads, host=_host(args), verify_weights=args.verify_weights,
-                        device=args.device, trust=args.trust)
-    t1 = time.perf_counter()
-    feeds = _load_inputs(args.input)
-    t2 = time.perf_counter()
-    outs = model.run(feeds)
-    t3 = time.perf_counter()
-    for _ in range(max(0, args.repeat - 1)):
-        model.run(feeds)
-    t4 = time.perf_counter()
-    if args.output:
-        tmp = args.output + ".tmp.npz"
-        np.savez(tmp, **outs)
-        import os
-
-        os.replace(tmp, args.output)
+    out = _output_file(args.output) if args.output else None
+    try:
+        t0 = time.perf_counter()
+        model = svodrt.load(_bundle(args.bundle), threads=args.threads, host=_host(args),
+                            verify_weights=args.verify_weights, device=args.device, trust=args.trust)
+        t1 = time.perf_counter()
+        feeds = drop_fixed_inputs(model, load_inputs(args.input))
+        t2 = time.perf_counter()
+        outs = model.run(feeds)
+        t3 = time.perf_counter()
+        for _ in range(max(0, args.repeat - 1)):
+            model.run(feeds)
+        t4 = time.perf_counter()
+        if out is not None:
+            np.savez(out, **outs)
+            out.close()
+            os.replace(out.name, args.output)
+    except BaseException:
+        if out is not None:
+            out.close()
+            with contextlib.suppress(OSError):
+                os.unlink(out.name)
+        raise
     for name, a in outs.items():
         print(f"{name}: {_summary(a)}")
     per = (t4 - t2) / args.repeat if args.repeat > 1 else t3 - t2
     where = f"{model.threads} threads, " if args.device == "cpu" else f"{args.device}, "
-    unchecked = "" if model.weights_verified else "; weights over 16 MiB not checksummed: --verify-weights checks them"
+    unchecked = "" if model.weights_verified else "; weights not checksummed (svodrt verify, --verify-weights do)"
     print(f"load {1e3 * (t1 - t0):.2f} ms, run {1e3 * per:.2f} ms ({where}{model.variant.describe()}){unchecked}",
           file=sys.stderr)
 
@@ -83,7 +152,8 @@ def cmd_run(args: argparse.Namespace) -> None:
 def cmd_verify(args: argparse.Namespace) -> None:
     from svodrt_tools.verify import verify
 
-    report = verify(args.bundle, host=_host(args), threads=args.threads or 1, device=args.device, trust=args.trust)
+    report = verify(_bundle(args.bundle), host=_host(args), threads=args.threads or 1, device=args.device,
+                    trust=args.trust)
     print(report.text())
     if not report.ok:
         raise SvodError(f"{args.bundle} failed verification: {report.failures[0]}")
@@ -91,28 +161,29 @@ def cmd_verify(args: argparse.Namespace) -> None:
 
 def cmd_profile(args: argparse.Namespace) -> None:
     import svodrt
+    from svodrt_tools.profile import kernel_rows, print_table, write_chart, write_trace
 
-    model = svodrt.load(args.bundle, threads=1)
-    rows = model.profile(_load_inputs(args.input), repeat=args.repeat)
-    total = sum(t for _, t, _ in rows)
-    rows_sorted = sorted(rows, key=lambda r: -r[1])[: args.top]
-    print(f"{'kernel':40s} {'ms':>8s} {'%':>6s}  onnx nodes")
-    for name, t, prov in rows_sorted:
-        nodes = ", ".join(prov[:3]) + (f" (+{len(prov) - 3})" if len(prov) > 3 else "")
-        print(f"{name[:40]:40s} {1e3 * t:8.3f} {100 * t / total:6.1f}  {nodes}")
-    print(f"{'total (sum of medians)':40s} {1e3 * total:8.3f}")
+    with svodrt.load(_bundle(args.bundle), threads=1) as model:
+        feeds = drop_fixed_inputs(model, load_inputs(args.input))
+        rows = kernel_rows(model, model.profile(feeds, repeat=args.repeat))
+    print_table(rows, args.top)
+    if args.trace:
+        write_trace(rows, args.trace)
+    if args.chart:
+        write_chart(rows, args.chart, Path(args.bundle).name)
 
 
 def cmd_info(args: argparse.Namespace) -> None:
     from svodrt_tools.describe import describe
 
-    print(describe(args.bundle, verbose=args.verbose))
+    print(describe(_bundle(args.bundle), verbose=args.verbose))
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="svodrt", description="Run .svod bundles.")
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="svodrt", description="Run .svod bundles.")
+    p.add_argument("--version", action="version", version=version_line("svodrt"))
     p.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     r = sub.add_parser("run", help="run a bundle on inputs from .npy/.npz files")
     r.add_argument("bundle")
     r.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy|FILE.npz",
@@ -121,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--threads", type=int, default=None, help="threads per inference (default: all cores)")
     r.add_argument("--repeat", type=int, default=1, help="run this many times and report the mean time")
     r.add_argument("--verify-weights", action="store_true", default=None,
-                   help="check the weights' sha256 even when they are large")
+                   help="check the weights' sha256 too (svodrt verify checks everything)")
     r.set_defaults(fn=cmd_run)
     v = sub.add_parser("verify", help="check a bundle completely and run its test vectors on this machine")
     v.add_argument("bundle")
@@ -138,19 +209,31 @@ def main(argv: list[str] | None = None) -> None:
     pr.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy|FILE.npz")
     pr.add_argument("--repeat", type=int, default=10, help="runs per kernel; the median is shown")
     pr.add_argument("--top", type=int, default=25, help="show the slowest N kernels")
+    pr.add_argument("--trace", metavar="TRACE.json", help="write a Chrome/Perfetto trace (one event per kernel)")
+    pr.add_argument("--chart", metavar="PROFILE.svg", help="draw time by op type and the slowest kernels (SVG)")
     pr.set_defaults(fn=cmd_profile)
     i = sub.add_parser("info", help="describe a bundle")
     i.add_argument("bundle")
     i.add_argument("-v", "--verbose", action="store_true", help="list kernels with their ONNX nodes")
     i.set_defaults(fn=cmd_info)
-    args = p.parse_args(argv)
+    return p
+
+
+def _main(argv: list[str] | None) -> None:
+    args = parser().parse_args(argv)
     try:
         args.fn(args)
+    except BrokenPipeError:
+        raise
     except (SvodError, OSError, ValueError) as e:
         if args.debug:
             raise
         print(f"svodrt: error: {e}", file=sys.stderr)
         sys.exit(1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    quiet_broken_pipe(lambda: _main(argv))
 
 
 if __name__ == "__main__":

@@ -49,9 +49,10 @@ def describe_bundle(b: Bundle, host: Host | None = None, verbose: bool = False) 
     lines += [f"  {s.name}: {_size(s.length)} at offset {s.offset}" for s in b.sections]
     lines.append(f"kernels: {len(b.kernels)}")
     if verbose:
-        for k in b.kernels:
+        kinds = [k.get("kind") if isinstance(k, dict) else None for k in m.get("kernels", [])]
+        for k, kind in zip(b.kernels, kinds, strict=False):
             src = ", ".join(k.provenance[:6]) + (f" (+{len(k.provenance) - 6})" if len(k.provenance) > 6 else "")
-            lines.append(f"  {k.name}: {src or '-'}")
+            lines.append(f"  {k.name}{f' [{kind}]' if isinstance(kind, str) else ''}: {src or '-'}")
     return "\n".join(lines)
 
 

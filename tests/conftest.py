@@ -95,9 +95,9 @@ def checked_compilations(llvm_workers):
 
     real = svodc.api._compile_parts
 
-    def compile_parts(model, target, options, progress, workers, **kw):
+    def compile_parts(model, target, options, progress, kernels_done=None, workers=None, **kw):
         options = dataclasses.replace(options or CompileOptions(**kw), check_ir=True)
-        return real(model, target, options, progress, workers or llvm_workers)
+        return real(model, target, options, progress, kernels_done, workers or llvm_workers)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(svodc.api, "_compile_parts", compile_parts)

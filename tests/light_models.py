@@ -62,7 +62,42 @@ def random_weight_variant(name: str, seed: int = 0) -> onnx.ModelProto:
         g.initializer.append(numpy_helper.from_array(data, node.output[0]))
     del g.node[:]
     g.node.extend(nodes)
-    softmax = [n for n in g.node if n.op_type == "Softmax"]
+    return expose_logits(model)
+
+
+def expose_logits(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with the input of its final Softmax (the logits) as an extra output, if it has one."""
+    softmax = [n for n in model.graph.node if n.op_type == "Softmax"]
     if softmax:
-        g.output.append(helper.make_tensor_value_info(softmax[-1].input[0], onnx.TensorProto.FLOAT, None))
+        model.graph.output.append(helper.make_tensor_value_info(softmax[-1].input[0], onnx.TensorProto.FLOAT, None))
     return model
+
+
+def contractions_off_the_gemm_path(model: onnx.ModelProto, kernels: list[dict], min_macs: int) -> list[str]:
+    """The Conv/Gemm/MatMul nodes of a light model as shipped (every weight a ConstantOfShape splat)
+    that no GEMM kernel of the bundle's kernel list (manifest `kernels`: kind, provenance) computes,
+    except those the generic path runs by design: depthwise convolutions (one input channel per
+    group), and products whose splat weight leaves less than `min_macs` multiply-adds (one row sum
+    of the input per output row, broadcast: a classifier's Gemm or 1x1 Conv of a 1 x K vector)."""
+    inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
+    on_gemm = {name for k in kernels if k["kind"] == "gemm" for name in k["provenance"]}
+    off = []
+    for node in model.graph.node:
+        if node.op_type not in ("Conv", "Gemm", "MatMul"):
+            continue
+        name = node.name or node.output[0]
+        x, w = shapes[node.input[0]], shapes[node.input[1]]
+        groups = next((a.i for a in node.attribute if a.name == "group"), 1)
+        if node.op_type == "Conv" and groups > 1 and w[1] == 1:
+            continue
+        # multiply-adds of the product with the weight's splat axis collapsed: a convolution sums
+        # N x C x kernel values per output position, a Gemm/MatMul K per row of its input
+        y = shapes[node.output[0]]
+        collapsed = int(np.prod(x[:2]) * np.prod(w[2:]) * np.prod(y[2:])) if node.op_type == "Conv" else int(np.prod(x))
+        if collapsed < min_macs:
+            continue
+        if name not in on_gemm:
+            off.append(f"{name} ({node.op_type} {x} x {w})")
+    return off

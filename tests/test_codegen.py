@@ -161,7 +161,7 @@ def test_a_chain_of_20000_sin_nodes_lowers_and_emits_without_recursion():
     the policy's max_fused_ops nodes, each ~40 ops deep after the polynomial rewrite) goes through every
     pass and LLVM IR emission at the interpreter's default recursion limit."""
     from svodc.codegen.compile import prepare_kernel
-    from svodc.codegen.llvm_ir import render_kernel
+    from svodc.codegen.llvm_ir import render_body
     from svodc.ir.dtypes import dtypes
     from svodc.ir.ops import InputArg, Ops
     from svodc.ir.provenance import Provenance
@@ -179,7 +179,7 @@ def test_a_chain_of_20000_sin_nodes_lowers_and_emits_without_recursion():
     assert len(program.kernels) >= 20_000 // DEFAULT_POLICY.max_fused_ops
     target = parse_target("x86_64:x86-64")[0]
     deepest = program.kernels[0]  # a full one: max_fused_ops Sin nodes
-    text, _, _ = render_kernel(prepare_kernel(deepest, target), len(program.inputs), target)
+    text, _, _ = render_body(prepare_kernel(deepest, target), target)
     assert text.count("fmuladd") + text.count("fmul") > DEFAULT_POLICY.max_fused_ops // 2  # the polynomials are all there
 
 
@@ -192,3 +192,31 @@ def test_a_deep_chain_compiles_and_computes():
     x = np.arange(-4, 4, dtype=np.float32)
     got = compile_and_run(model, {"t0": x}, opt_level=0, test_vectors=False)[f"t{n}"]
     np.testing.assert_array_equal(got, x * (n + 1))  # small integers: every partial sum is exact
+
+
+def test_identical_kernels_share_one_compiled_body():
+    """Kernels with the same code over different buffers (two equal convolutions with their own
+    weights, and their epilogues) are compiled once: one body, a wrapper per kernel."""
+    from svodc.codegen.compile import prepare_kernel
+    from svodc.codegen.module import kernel_modules
+    from svodc.frontend.importer import import_model
+    from svodc.options import CompileOptions
+    from svodc.passes.pipeline import build_program
+    from svodc.target import host_target
+
+    r = np.random.default_rng(5)
+    w1, w2 = (r.standard_normal((16, 16, 3, 3)).astype(np.float32) * 0.1 for _ in range(2))
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c2"], ["y"])]
+    model = make_model(nodes, {"x": (np.float32, [1, 16, 12, 12])}, ["y"], {"w1": w1, "w2": w2})
+    program = build_program(import_model(model), CompileOptions())
+    target = host_target()
+    kernels = [prepare_kernel(k, target) for k in program.kernels]
+    modules = kernel_modules(kernels, len(program.inputs), target, per_module=4)
+    wrappers = sum(len(ks) for ks, _ in modules)
+    bodies = sum(ir.count("define internal void @") for _, ir in modules)
+    assert wrappers == len(kernels) and bodies < len(kernels), (bodies, len(kernels))
+    x = r.standard_normal((1, 16, 12, 12)).astype(np.float32)
+    from tests.onnx_util import reference
+
+    np.testing.assert_allclose(compile_and_run(model, {"x": x})["y"], reference(model, {"x": x})[0], rtol=1e-4, atol=1e-4)

@@ -334,15 +334,12 @@ def test_5_dims_are_checked_before_strings_are_interned(monkeypatch):
 
 
 # 6 ---------------------------------------------------------------- large weights
-def test_6_unchecked_large_weights_are_a_visible_decision(small_bundle, monkeypatch):
-    import svodrt.program
-
+def test_6_unchecked_weights_are_a_visible_decision(small_bundle):
     data = bytearray(path_bytes(small_bundle))
     w = parse_bundle(bytes(data)).weights
     data[w.offset + 8] ^= 0x40
-    monkeypatch.setattr(svodrt.program, "WEIGHTS_CHECK_LIMIT", w.length - 1)  # as if they were > 16 MiB
     with svodrt.load(bytes(data)) as m:
-        assert not m.weights_verified  # the default above the limit: loads, and says so
+        assert not m.weights_verified  # the default (checked once, by svodrt verify): loads, and says so
     with pytest.raises(svodrt.BundleFormatError, match="'weights' .* fails its sha256"):
         svodrt.load(bytes(data), verify_weights=True)
 

@@ -1,7 +1,8 @@
 """The onnx package's 9 light models, end to end.
 
 - through the CLIs (`svodc compile`, `svodrt run`) and through the Python API, against the reference
-  outputs shipped next to the models, with the inputs the onnx backend runner makes for them;
+  outputs shipped next to the models, with the inputs the onnx backend runner makes for them; through
+  the API also the logits against onnxruntime, and every Conv/Gemm/MatMul on a GEMM kernel;
 - random-weight variants through the Python API against onnxruntime, including the logits before
   the final Softmax (the shipped references are a uniform 0.001: too weak alone, see light_models.py).
 """
@@ -18,7 +19,17 @@ import pytest
 
 import svodc
 import svodrt
-from tests.light_models import LIGHT_MODELS, dummy_inputs, model_path, random_weight_variant, reference_output
+from svodc.policy import DEFAULT_POLICY
+from svodrt.bundle import parse_bundle
+from tests.light_models import (
+    LIGHT_MODELS,
+    contractions_off_the_gemm_path,
+    dummy_inputs,
+    expose_logits,
+    model_path,
+    random_weight_variant,
+    reference_output,
+)
 from tests.onnx_util import reference
 
 BIN = os.path.dirname(sys.executable)
@@ -45,10 +56,19 @@ def test_light_model_through_the_clis(name, tmp_path):
 
 @pytest.mark.parametrize("name", LIGHT_MODELS)
 def test_light_model_through_the_api(name):
-    feeds = dummy_inputs(onnx.load(str(model_path(name))))
-    with svodrt.load(svodc.compile(str(model_path(name)))) as m:
-        got = m.run(feeds)
-    np.testing.assert_allclose(next(iter(got.values())), reference_output(name), rtol=1e-3, atol=1e-5)
+    """As shipped (ConstantOfShape weights, folded at compile time): the shipped reference output,
+    the logits against onnxruntime, and every contraction on the GEMM path (issue 13: a weight is a
+    weight whatever made it), read from the bundle's kernel list."""
+    model = expose_logits(onnx.load(str(model_path(name))))
+    feeds = dummy_inputs(model)
+    bundle = svodc.compile(model)
+    with svodrt.load(bundle) as m:
+        got = list(m.run(feeds).values())
+    np.testing.assert_allclose(got[0], reference_output(name), rtol=1e-3, atol=1e-5)
+    for g, w in zip(got, reference(model, feeds), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-5 * max(float(np.abs(w).max()), 1.0))
+    kernels = parse_bundle(bundle).manifest["kernels"]
+    assert contractions_off_the_gemm_path(model, kernels, DEFAULT_POLICY.gemm_min_macs) == []
 
 
 @pytest.mark.parametrize("name", LIGHT_MODELS)

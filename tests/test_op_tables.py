@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from svodc.codegen.compile import prepare_kernel
-from svodc.codegen.llvm_ir import render_kernel
+from svodc.codegen.llvm_ir import render_body
 from svodc.ir import tensor as T
 from svodc.ir.dtypes import dtypes
 from svodc.ir.interpret import evaluate
@@ -135,5 +135,5 @@ def test_op_goes_through_every_table(op):
         graph = ImportedGraph(inputs, [("y", root)], Provenance(), "test")
         program = build_program(graph, CompileOptions(check_ir=True))
         for kernel in program.kernels:
-            text, _, _ = render_kernel(prepare_kernel(kernel, target, check_ir=True), len(inputs), target)
-            assert f"define void @{kernel.name}(" in text
+            text, _, _ = render_body(prepare_kernel(kernel, target, check_ir=True), target)
+            assert f"define internal void @{kernel.name}.body(" in text

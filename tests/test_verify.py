@@ -76,12 +76,16 @@ def test_damaged_code_is_never_run(small_bundle):
 
 
 def test_weights_checksum_policy(small_bundle, tmp_path):
-    # Small weights are checked at every load.
+    # Weights are checked on request and by verify, never at every load (docs/architecture.md
+    # "Runtime"): damage changes numbers, never memory safety.
     data = small_bundle[0].read_bytes()
     w = manifest_of(data)["sections"][0]
+    damaged = _flip(data, w["offset"] + 5)
+    svodrt.load(damaged).close()
     with pytest.raises(svodrt.BundleFormatError, match="section 'weights' at offset 64 .* fails its sha256"):
-        svodrt.load(_flip(data, w["offset"] + 5))
-    # Large ones (over 16 MiB) only on request or by verify; damage changes numbers, never memory safety.
+        svodrt.load(damaged, verify_weights=True)
+    assert not verify(damaged).ok
+    # Large ones the same way, through a mapped file.
     n = (17 << 20) // 4
     big = make_model([helper.make_node("Add", ["x", "w"], ["y"])], {"x": (np.float32, [n])}, ["y"],
                      {"w": np.arange(n, dtype=np.float32)})

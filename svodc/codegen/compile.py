@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from svodc.codegen.elf import read_object
 from svodc.codegen.emulate import pm_emulate_for
 from svodc.codegen.link import CodeImage, link
-from svodc.codegen.module import entry_module, kernel_module, parallel_parts
+from svodc.codegen.module import entry_module, kernel_modules, parallel_parts
 from svodc.codegen.transcendental import pm_transcendental
 from svodc.codegen.worker import WorkerPool, borrow
 from svodc.errors import CodegenError
@@ -88,33 +89,29 @@ def prepare_kernel(kernel: Kernel, target: Target | None = None, check_ir: bool 
     ast = graph_rewrite(ast, pm_symbolic)
     if check_ir:
         verify(ast)
-    return Kernel(kernel.name, ast, kernel.params, kernel.provenance)
+    return Kernel(kernel.name, ast, kernel.params, kernel.provenance, kernel.kind)
 
 
-# Kernels per LLVM module. The split depends only on the kernel count, never on the number of workers
+# Distinct kernel bodies per LLVM module (kernels with identical code share one body, compiled once:
+# module.kernel_modules). The split depends only on the program, never on the number of workers
 # (-j, cores): module boundaries change the code layout, and the same model with the same options
 # must give the same bytes on every build machine.
 KERNELS_PER_MODULE = 4
 
 
-def _chunks(items: list, n: int) -> list[list]:
-    n = max(1, min(n, len(items)))
-    return [items[i::n] for i in range(n)]
-
-
 def compile_program(program: Program, target: Target, options: CompileOptions,
+                    jobs_done: Callable[[int, int], None] | None = None,
                     workers: WorkerPool | None = None) -> CodeImage:
-    """The program's code image for one CPU target. LLVM runs on `workers` (the caller's pool; without
-    one, a pool of options.jobs workers for this call)."""
+    """The program's code image for one CPU target. jobs_done(done, total): after each LLVM module.
+    LLVM runs on `workers` (the caller's pool; without one, a pool of options.jobs workers for this call)."""
     kernels = [prepare_kernel(k, target, options.check_ir) for k in program.kernels]
     nin = len(program.inputs)
     dbg = debug_level()
     jobs = []
-    for i, chunk in enumerate(_chunks(kernels, -(-len(kernels) // KERNELS_PER_MODULE))):
+    for chunk, ir in kernel_modules(kernels, nin, target, KERNELS_PER_MODULE):
         jobs.append(LLVMJob(f"kernels[{', '.join(k.name for k in chunk[:4])}{'...' if len(chunk) > 4 else ''}]",
-                            kernel_module(chunk, nin, target, f"chunk{i}"), target.triple, target.llvm_cpu,
-                            target.llvm_features, options.opt_level, target.codemodel, dbg >= 4,
-                        abiname=target.abiname))
+                            ir, target.triple, target.llvm_cpu, target.llvm_features, options.opt_level,
+                            target.codemodel, dbg >= 4, abiname=target.abiname))
     entry = entry_module([(k.name, parallel_parts(k, target)) for k in kernels], target)
     jobs.append(LLVMJob("entry", entry, target.triple, target.llvm_cpu,
                         target.llvm_features, options.opt_level, target.codemodel, dbg >= 4,
@@ -123,7 +120,7 @@ def compile_program(program: Program, target: Target, options: CompileOptions,
         for j in jobs:
             print(f"===== LLVM IR {j.name} =====\n{j.ir}", file=sys.stderr)
     with borrow(workers, worker_count(options)) as pool:
-        results = run_jobs(jobs, pool)
+        results = run_jobs(jobs, pool, jobs_done)
     if dbg >= 4:
         for j, (_, asm) in zip(jobs, results, strict=True):
             print(f"===== assembly {j.name} =====\n{asm}", file=sys.stderr)
@@ -135,14 +132,15 @@ def worker_count(options: CompileOptions) -> int:
     return options.jobs or os.cpu_count() or 1
 
 
-def run_jobs(jobs: list[LLVMJob], workers: WorkerPool) -> list[tuple[bytes, str]]:
+def run_jobs(jobs: list[LLVMJob], workers: WorkerPool,
+             jobs_done: Callable[[int, int], None] | None = None) -> list[tuple[bytes, str]]:
     """Compile jobs on the worker pool; results in job order."""
 
     def crashed(job: LLVMJob, message: str) -> CodegenError:
         return CodegenError(f"LLVM crashed while compiling {job.name}: {message}; rerun with SVOD_DEBUG=3 to see "
                             "the IR, and please report it")
 
-    replies = workers.run(jobs, crashed)
+    replies = workers.run(jobs, crashed, jobs_done)
     out = []
     for job, reply in zip(jobs, replies, strict=True):
         if reply[0] == "error":

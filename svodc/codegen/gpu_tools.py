@@ -1,7 +1,7 @@
 """External tools for GPU code objects, and the check of what they produce.
 
 - AMD: LLVM emits a relocatable object; the HIP/HSA loaders need a shared object, which ld.lld makes
-  (`ld.lld -shared`). Found as: the `ziglang` package (a dependency of svod[compiler]: it ships LLD,
+  (`ld.lld -shared`). Found as: the `ziglang` package (the svod[gpu] extra: it ships LLD,
   run as `python -m ziglang ld.lld`), else `ld.lld-NN` or `ld.lld` on PATH if it is LLVM 18 or newer
   (Debian's plain `lld` is 14: too old for gfx12). None: ToolMissingError saying what to install.
 - NVIDIA: `ptxas` (CUDA toolkit) turns PTX into a cubin when it is on the build machine; without it
@@ -55,7 +55,7 @@ def find_lld() -> tuple[str, ...]:
         if path and _version([path]) >= LLD_MIN_VERSION:
             return (path,)
     raise ToolMissingError(f"AMD GPU targets need ld.lld (LLVM {LLD_MIN_VERSION} or newer) to link code objects: "
-                           "pip install ziglang (part of svod[compiler]), or apt-get install lld-22")
+                           "pip install 'svod[gpu]' (the ziglang package), or apt-get install lld-22")
 
 
 @functools.cache

@@ -266,11 +266,20 @@ def param_pointer(buf: Buffer, nin: int) -> tuple[int, int]:
     return output_slot(nin, buf.slot), 0
 
 
-def render_kernel(kernel: Kernel, nin: int, target: Target) -> tuple[str, set[str], dict[str, str]]:
-    """The kernel's body function and its buffer-table wrapper, the intrinsics they declare, and the
-    shared helper functions they call (name -> definition; one copy per module)."""
+def render_body(kernel: Kernel, target: Target) -> tuple[str, set[str], dict[str, str]]:
+    """The kernel's body function `@<name>.body(params..., part, nparts)`, the intrinsics it declares
+    and the shared helper functions it calls (name -> definition; one copy per module)."""
     em = KernelEmitter(kernel.name, kernel.ast, target)
-    body = em.render_body(len(kernel.params))
+    return em.render_body(len(kernel.params)), em.uses_intrinsics, em.shared_functions
+
+
+def body_name(kernel: Kernel) -> str:
+    return f"{kernel.name}.body"
+
+
+def render_wrapper(kernel: Kernel, nin: int, body: str) -> str:
+    """`@<name>(bufs, dims, part, nparts)`: the kernel's buffer-table entry point, which finds its
+    parameters in the table and calls `@<body>` (its own body, or an identical kernel's)."""
     lines = [f"define void @{kernel.name}(ptr %bufs, ptr %dims, i32 %part, i32 %nparts) #0 {{", "entry:"]
     if getattr(kernel.ast.arg, "serial", False):  # one part only (module.parallel_parts says 1)
         lines += ["  %not_first = icmp ne i32 %part, 0", "  br i1 %not_first, label %skip, label %run",
@@ -282,6 +291,7 @@ def render_kernel(kernel: Kernel, nin: int, target: Target) -> tuple[str, set[st
         lines.append(f"  %b{i} = load ptr, ptr %s{i}")
         lines.append(f"  %a{i} = getelementptr inbounds i8, ptr %b{i}, i64 {offset}")
         args.append(f"ptr %a{i}")
-    lines.append(f"  call void @{kernel.name}.body({', '.join(args)}, i32 %part, i32 %nparts)")
+    lines.append(f"  call void @{body}({', '.join(args)}, i32 %part, i32 %nparts)")
     lines += ["  ret void", "}"]
-    return body + "\n\n" + "\n".join(lines), em.uses_intrinsics, em.shared_functions
+    return "\n".join(lines)
+

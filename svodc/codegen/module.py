@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from svodc.codegen.llvm_ir import FN_ATTRS, render_kernel
+from svodc.codegen.llvm_ir import FN_ATTRS, body_name, render_body, render_wrapper
 from svodc.gemm_plan import cpu_plan
 from svodc.ir.ops import GemmArg, Ops, RangeKind
 from svodc.program import Kernel
@@ -47,17 +47,47 @@ def _attrs(target: Target) -> list[str]:
     return [f"attributes #0 = {{ {FN_ATTRS}{tune} }}"]
 
 
-def kernel_module(kernels: list[Kernel], nin: int, target: Target, name: str) -> str:
+# A unit is the kernels that share one body: identical code over different buffers (ResNet-50's
+# repeated blocks: 97 kernels, 47 bodies). Its first kernel's rendering is the body they all call.
+Unit = list[tuple[Kernel, tuple[str, set[str], dict[str, str]]]]
+
+
+def _render_units(kernels: list[Kernel], target: Target) -> list[Unit]:
+    """The kernels grouped by their rendered body (the text with the kernel's name taken out: equal
+    text is equal code, whatever made the kernels look alike), in order of first appearance."""
+    units: dict[str, Unit] = {}
+    for k in kernels:
+        rendered = render_body(k, target)
+        key = rendered[0].replace(f"@{body_name(k)}(", "@(", 1)
+        units.setdefault(key, []).append((k, rendered))
+    return list(units.values())
+
+
+def _module(units: list[Unit], nin: int, target: Target, name: str) -> str:
     bodies = []
     declares: set[str] = set()
     shared: dict[str, str] = {}
-    for k in kernels:
-        text, intrinsics, helpers = render_kernel(k, nin, target)
-        bodies.append(text)
+    for unit in units:
+        first, (body, intrinsics, helpers) = unit[0]
+        bodies.append(body)
         declares |= intrinsics
         shared.update(helpers)
+        bodies += [render_wrapper(k, nin, body_name(first)) for k, _ in unit]
     helpers_text = [shared[n] for n in sorted(shared)]
     return "\n".join([*_header(target, name), *sorted(declares), "", *helpers_text, *bodies, "", *_attrs(target), ""])
+
+
+def kernel_modules(kernels: list[Kernel], nin: int, target: Target, per_module: int) -> list[tuple[list[Kernel], str]]:
+    """The kernels' LLVM modules, about `per_module` distinct bodies each: each body is compiled once,
+    however many kernels run it (the units are dealt round-robin, a function of the program only, so
+    the same model always gives the same modules). (kernels of the module, IR text) per module."""
+    units = _render_units(kernels, target)
+    n = max(1, min(-(-len(units) // per_module), len(units)))
+    out = []
+    for i in range(n):
+        chunk = units[i::n]
+        out.append(([k for unit in chunk for k, _ in unit], _module(chunk, nin, target, f"chunk{i}")))
+    return out
 
 
 def _spin_hint(target: Target) -> tuple[str, str]:

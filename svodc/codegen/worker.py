@@ -94,9 +94,12 @@ class WorkerPool:
                 return _Worker()
         return self._idle.get()
 
-    def run(self, jobs: list[Any], on_crash) -> list[Any]:
-        """Run jobs on the pool; results in job order. on_crash(job, message) -> exception to raise."""
+    def run(self, jobs: list[Any], on_crash, on_done=None) -> list[Any]:
+        """Run jobs on the pool; results in job order. on_crash(job, message) -> exception to raise;
+        on_done(done, total) after each job, called by one thread at a time."""
         results: list[Any] = [None] * len(jobs)
+        done = [0]
+        done_lock = threading.Lock()
         errors: list[BaseException] = []
         todo: queue.Queue[int] = queue.Queue()
         for i in range(len(jobs)):
@@ -119,6 +122,10 @@ class WorkerPool:
                     errors.append(on_crash(jobs[i], msg))
                     return
                 self._idle.put(w)
+                if on_done is not None:
+                    with done_lock:
+                        done[0] += 1
+                        on_done(done[0], len(jobs))
 
         threads = [threading.Thread(target=drain) for _ in range(min(self.size, len(jobs)))]
         for t in threads:

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 
@@ -77,6 +78,7 @@ class GraphImporter:
         self.weight_of_initializer = weight_of_initializer  # onnx.TensorProto -> UOp
         self.vocabulary = vocabulary  # the model's strings (frontend/strings.py)
         self.expanded: set[str] = set()  # op types imported through their function bodies
+        self.op_types: dict[str, str] = {}  # node name (as provenance names it) -> op type, for profiles
         self._ids = itertools.count()
 
     # ------------------------------------------------------------------ graphs
@@ -111,6 +113,7 @@ class GraphImporter:
         domain = "" if node.domain == "ai.onnx" else node.domain
         opset = opsets.get(domain)
         label = UnsupportedNode(node.name, node.op_type, domain, opset or 0, "")
+        self.op_types[node.name or node.output[0]] = f"{domain}.{node.op_type}" if domain else node.op_type
         if opset is None:
             problems.append(_with(label, f"the model imports no opset for domain {domain!r}"))
             return self._poison(node, scope)
@@ -155,7 +158,7 @@ class GraphImporter:
             problems.append(_with(label, str(e), e.inputs))
             return self._poison(node, scope)
         except (Unsupported, UnsupportedDType, ShapeError) as e:
-            problems.append(_with(label, str(e)))
+            problems.append(dataclasses.replace(_with(label, str(e)), shape_error=isinstance(e, ShapeError)))
             return self._poison(node, scope)
         outs += [None] * (len(node.output) - len(outs))
         for name, o in zip(node.output, outs, strict=False):

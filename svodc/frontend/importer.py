@@ -9,6 +9,7 @@ handled is collected, and all of them are reported at once.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from svodc.errors import (
 from svodc.frontend.boundary import graph_input, graph_output
 from svodc.frontend.dtypes import UnsupportedDType, onnx_to_dtype
 from svodc.frontend.graph_import import POISON, GraphImporter, Scope
+from svodc.frontend.option_check import check_options, describe_inputs, fixes_unknown_dims
 from svodc.frontend.strings import Vocabulary
 from svodc.frontend.weights import ExternalData, weight_files
 from svodc.ir.dtypes import dtypes
@@ -47,8 +49,12 @@ def load_model(source: ModelSource) -> onnx.ModelProto:
         if isinstance(source, bytes):
             return onnx.load_from_string(source)
         path = Path(source)
-        if not path.is_file():
+        if path.is_dir():
+            raise ModelLoadError(f"model path {str(path)!r} is a directory, not an .onnx file")
+        if not path.exists():
             raise ModelLoadError(f"model file {str(path)!r} does not exist")
+        if not path.is_file():
+            raise ModelLoadError(f"model path {str(path)!r} is not a regular file (a FIFO or device)")
         # external data stays where it is: frontend/weights.py maps it relative to the model's folder
         return onnx.load(str(path), load_external_data=False)
     except ModelLoadError:
@@ -71,6 +77,14 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
     opsets = {o.domain if o.domain != "ai.onnx" else "": o.version for o in model.opset_import}
     if not opsets:  # (a model may import only other domains: ai.onnx.ml alone, say)
         raise InvalidModelError("the model imports no opset")
+    for domain, version in opsets.items():
+        newest = newest_opset(domain)
+        if newest is not None and version > newest:
+            raise InvalidModelError(f"the model imports {domain or 'ai.onnx'} opset {version}, newer than the "
+                                    f"{newest} this onnx package ({onnx.__version__}) knows: upgrade onnx, or convert "
+                                    f"the model down with onnx.version_converter")
+    if not model.graph.output:
+        raise InvalidModelError("the model declares no graph outputs: there is nothing to compute")
     graph = model.graph
     prov = Provenance()
     scope = Scope()
@@ -84,6 +98,7 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
         raise UnsupportedModelError([UnsupportedNode(init.values.name, "sparse_initializer", "", opsets.get("", 0),
                                                      "sparse initializers are not supported")])
     names = {vi.name for vi in graph.input}
+    check_options(graph, options, {init.name for init in graph.initializer})
     unknown = {n for n in options.input_values if n not in names and n.split("[")[0] not in names}
     if unknown:
         raise InputShapeError(f"--input-value names {sorted(unknown)}, which are not inputs of the model")
@@ -115,10 +130,27 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
                 problems.append(UnsupportedNode(name, "graph output", "", 0, "string outputs are not supported "
                                                 "(string tensors can be inputs, compared and mapped to numbers)"))
             outputs.append((name, x))
+    if problems and all(p.shape_error for p in problems) and fixes_unknown_dims(graph, options):
+        given = " ".join([f"--input-shape {k}={'x'.join(map(str, v))}" for k, v in options.input_shapes.items()]
+                         + [f"--dim {k}={v}" for k, v in options.dims.items()])
+        inputs = describe_inputs(graph, {init.name for init in graph.initializer})
+        raise InputShapeError(f"with the shapes given ({given}) the model does not compute: {problems[0]}; check "
+                              f"them against the model's inputs {inputs}")
     if problems:
         raise UnsupportedModelError(problems)
     producer = f"{model.producer_name} {model.producer_version}".strip()
-    return ImportedGraph(inputs, outputs, prov, producer, frozenset(importer.expanded), vocabulary.strings)
+    return ImportedGraph(inputs, outputs, prov, producer, frozenset(importer.expanded), vocabulary.strings,
+                         importer.op_types)
+
+
+@functools.cache
+def newest_opset(domain: str) -> int | None:
+    """The newest opset of an ONNX domain that the installed onnx package has schemas for; None for
+    custom domains (their versions are the model's business)."""
+    if domain == "":
+        return onnx.defs.onnx_opset_version()
+    versions = [s.since_version for s in onnx.defs.get_all_schemas_with_history() if s.domain == domain]
+    return max(versions) if versions else None
 
 
 def _weight(init: onnx.TensorProto, external: ExternalData, vocabulary: Vocabulary) -> UOp:

@@ -17,6 +17,7 @@ import json
 import math
 import mmap
 import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -40,9 +41,15 @@ _PACKED = frozenset({TensorProto.INT4, TensorProto.UINT4, TensorProto.FLOAT4E2M1
 
 
 def _map(path: Path, what: str) -> mmap.mmap:
+    """Map a weights file read-only. Opened with O_NONBLOCK and checked to be a regular file first: a
+    FIFO or device in its place would otherwise block the compiler forever or map nonsense."""
     try:
-        with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size == 0:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with open(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise WeightsError(f"{what}: {str(path)!r} is not a regular file (a FIFO, device or socket)")
+            if st.st_size == 0:
                 raise WeightsError(f"{what}: {str(path)!r} is empty")
             return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except OSError as e:

@@ -6,6 +6,7 @@ leaves are all constants) and the tests (every pass must preserve what this comp
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
 import numpy as np
@@ -35,12 +36,20 @@ class InterpretError(RuntimeError):
     pass
 
 
-def evaluate(roots: list[UOp], inputs: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:
+class EvaluationTimeout(Exception):
+    """evaluate() passed its deadline (checked between nodes)."""
+
+
+def evaluate(roots: list[UOp], inputs: Mapping[str, np.ndarray] | None = None,
+             deadline: float | None = None) -> list[np.ndarray]:
+    """deadline: a time.monotonic() value; past it (checked between nodes) EvaluationTimeout is raised."""
     inputs = inputs or {}
     values: dict[UOp, np.ndarray] = {}
-    for n in toposort(roots):
+    for i, n in enumerate(toposort(roots)):
         if n.op is Ops.SINK:
             continue
+        if deadline is not None and time.monotonic() > deadline:
+            raise EvaluationTimeout(f"the reference interpreter ran out of time after {i} nodes")
         values[n] = eval_node(n, [values[s] for s in n.src], inputs)
     return [values[r] for r in roots]
 

@@ -21,20 +21,26 @@ class Provenance:
 
     def tag_new(self, outputs: Iterable[UOp], stop: Iterable[UOp], names: Iterable[str]) -> None:
         """Tag every node reachable from outputs without crossing `stop` (a handler's inputs) and
-        not tagged yet: the nodes one ONNX node's handler created."""
+        not tagged yet: the nodes one ONNX node's handler created. An output that is already tagged
+        was made by an equal ONNX node before (hash-consing merges them): it and what lies below it,
+        down to the inputs, computes this node too and gets its names as well."""
         stop_set = set(stop)
         names = frozenset(names)
-        stack = list(outputs)
+        stack = [(o, True) for o in outputs]  # (node, reached only through already-tagged nodes)
         seen: set[UOp] = set()
         while stack:
-            n = stack.pop()
+            n, duplicate = stack.pop()
             if n in seen or n in stop_set:
                 continue
-            seen.add(n)
             if n in self._table:
+                if duplicate:
+                    seen.add(n)
+                    self._table[n] |= names
+                    stack.extend((s, True) for s in n.src)
                 continue
+            seen.add(n)
             self._table[n] = names
-            stack.extend(n.src)
+            stack.extend((s, False) for s in n.src)
 
     def inherit(self, new: UOp, old: UOp) -> None:
         names = self._table.get(old)

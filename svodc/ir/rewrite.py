@@ -15,6 +15,7 @@ import os
 import sys
 from typing import Any
 
+from svodc.ir.ops import MOVEMENT, Ops
 from svodc.ir.pattern import PatternMatcher
 from svodc.ir.provenance import Provenance
 from svodc.ir.uop import UOp
@@ -73,15 +74,64 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, ctx: Any = None, prov: Provenan
             if dbg:
                 print(f"[{pm.name}] {rule.name}: {nn.op.name} -> {replacement.op.name}", file=sys.stderr)
             if prov is not None:
-                prov.inherit(replacement, n)
-                if nn is not n:
-                    prov.inherit(replacement, nn)
+                _pass_on_provenance(prov, n, nn, replacement, done)
             stack.append((_ALIAS, n, replacement))
             stack.append((_VISIT, replacement, None))
         else:  # _ALIAS: n becomes whatever its replacement rewrote to
             assert target is not None
             _finish(done, in_progress, n, done[target], prov)
     return done[root]
+
+
+MATCH_DEPTH = 3  # how deep below the rewritten node a rule's pattern reaches (MUL(ADD(CONV, b), a))
+
+
+def _pass_on_provenance(prov: Provenance, n: UOp, nn: UOp, replacement: UOp, done: dict[UOp, UOp]) -> None:
+    """The replacement, and every node the rule built for it, comes from the rewritten node and from
+    the nodes of the match it consumed (CONV * a -> CONV' names both the BatchNormalization and the
+    Conv): kernels rooted at any of them are named after those ONNX nodes. A node the rule built that
+    already existed (hash-consing: two Convs of one input share an im2col view or a product) is named
+    after both."""
+    match: set[UOp] = set()  # the nodes a pattern can have matched: nn and its sources, MATCH_DEPTH deep
+    level = [nn]
+    for _ in range(MATCH_DEPTH + 1):
+        level = [x for x in dict.fromkeys(level) if x not in match]
+        match.update(level)
+        level = [s for x in level for s in x.src]
+    used: set[UOp] = set()  # nodes of the match the replacement still uses
+    built: list[UOp] = []
+    stack, seen = [replacement], set()
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        if x in match and x is not nn:
+            used.add(x)
+        elif x in done:
+            built.append(x)  # existed already; its own sources are not this rule's
+        else:
+            built.append(x)
+            stack.extend(x.src)
+    still = set()  # ... and what they reach inside the match: not consumed either
+    while used:
+        x = used.pop()
+        if x not in still:
+            still.add(x)
+            used.update(s for s in x.src if s in match)
+    names = set(prov.get(n)) | prov.get(nn)
+    for x in match - still - {nn}:
+        if not _is_constant(x):  # constants are shared by every node of equal value: no one's in particular
+            names |= prov.get(x)
+    for x in built:
+        if not _is_constant(x):
+            prov.tag(x, names)
+
+
+def _is_constant(x: UOp) -> bool:
+    while x.op in MOVEMENT:
+        x = x.src[0]
+    return x.op in (Ops.WEIGHT, Ops.CONST)
 
 
 def _finish(done: dict[UOp, UOp], in_progress: set[UOp], n: UOp, result: UOp, prov: Provenance | None) -> None:

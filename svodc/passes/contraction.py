@@ -8,6 +8,10 @@ convolutions into matrix products the GEMM kernels run.
   is only materialized when it is not a plain strided view of x (a 1x1 convolution with stride 1 and
   no padding reads x in place). Depthwise convolutions (one input channel per group) stay on the
   generic path, which vectorizes them directly.
+- `collapse_splat_operand` (in `pm_conv_to_matmul`): a splat operand (one scalar, e.g. a
+  ConstantOfShape weight) makes every row (A) or column (B) of the product the same, so the MATMUL
+  computes one row or column and broadcasts it: M (or N) times less work, and the packed operand is
+  K values instead of M x K.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from svodc.ir.interpret import evaluate
 from svodc.ir.ops import ConvArg, Ops
 from svodc.ir.pattern import PatternMatcher, UPat
 from svodc.ir.uop import UOp
-from svodc.passes.fold import is_folded_constant, splat_value
+from svodc.passes.fold import broadcast_weight, is_folded_constant, splat_value
 from svodc.passes.views import affine_view
 from svodc.policy import OptimizationPolicy
 
@@ -42,10 +46,8 @@ def channel_vector(c: UOp, channels: int, axis: int = 1) -> np.ndarray | None:
 def _scaled_conv(conv: UOp, scale: np.ndarray) -> UOp:
     x, w = conv.src
     data = evaluate([w])[0] * scale.reshape((-1,) + (1,) * (w.ndim - 1))
-    from svodc.ir.ops import ConstData
-
-    w2 = UOp(Ops.WEIGHT, w.dtype, (), ConstData(np.ascontiguousarray(data.astype(w.dtype.np))))
-    return conv.replace(src=(x, w2))
+    # stored without its constant axes: a splat weight scaled by a uniform scale stays a splat
+    return conv.replace(src=(x, broadcast_weight(w.dtype, data.astype(w.dtype.np))))
 
 
 def fold_scale(conv: UOp, a: UOp) -> UOp | None:
@@ -62,9 +64,7 @@ def fold_scale_bias(conv: UOp, b: UOp, a: UOp) -> UOp | None:
     scale, bias = channel_vector(a, channels), channel_vector(b, channels)
     if scale is None or bias is None:
         return None
-    from svodc.ir.ops import ConstData
-
-    new_bias = UOp(Ops.WEIGHT, conv.dtype, (), ConstData((bias * scale).astype(np.float32)))
+    new_bias = broadcast_weight(conv.dtype, (bias * scale).astype(np.float32))
     shape = (1, channels) + (1,) * (conv.ndim - 2)
     return T.alu(Ops.ADD, _scaled_conv(conv, scale), T.broadcast_to(T.reshape(new_bias, shape), conv.shape))
 
@@ -99,8 +99,6 @@ def conv_to_matmul(n: UOp, min_macs: int) -> UOp | None:
     K = cg * math.prod(kernel)
     if cg == 1 or og * K * math.prod(n.shape[2:]) < min_macs:
         return None  # depthwise or tiny: the generic path does better
-    if splat_value(w) is not None:
-        return None  # one scalar for every weight: packing would materialize it for nothing
     xp = T.pad(x, [(0, 0), (0, 0), *arg.pads])
     win = T.window(xp, range(2, 2 + nsp), kernel, arg.strides, arg.dilations)  # [N, C, *OS, *K]
     out_sp = win.shape[2:2 + nsp]
@@ -112,7 +110,25 @@ def conv_to_matmul(n: UOp, min_macs: int) -> UOp | None:
     return T.reshape(UOp(Ops.MATMUL, n.dtype, (w2, col)), (N, O, *out_sp))
 
 
+def collapse_splat_operand(n: UOp) -> UOp | None:
+    """MATMUL(splat a, b) = every row equal to MATMUL(a's first row, b), broadcast over M (and the
+    same for a splat b over N). The collapsed splat is a [1, K] (or [K, 1]) constant the GEMM packs."""
+    a, b = n.src
+    *batch, m, k = a.shape
+    sa, sb = splat_value(a), splat_value(b)
+    if sa is not None and m > 1:
+        row = T.const(sa.arg, a.dtype, (*batch, 1, k))
+        return T.expand(UOp(Ops.MATMUL, n.dtype, (row, b)), n.shape)
+    if sb is not None and b.shape[-1] > 1:
+        column = T.const(sb.arg, b.dtype, (*batch, k, 1))
+        return T.expand(UOp(Ops.MATMUL, n.dtype, (a, column)), n.shape)
+    return None
+
+
 def pm_conv_to_matmul(policy: OptimizationPolicy) -> PatternMatcher:
-    """The conv_to_matmul step; convolutions under policy.gemm_min_macs stay on the generic path."""
-    return PatternMatcher([(UPat(Ops.CONV, name="n"), lambda n: conv_to_matmul(n, policy.gemm_min_macs))],
-                          name="conv_to_matmul")
+    """Splat operands of MATMULs collapsed, and with the conv_to_matmul step, convolutions as MATMULs
+    (those under policy.gemm_min_macs stay on the generic path)."""
+    rules = [(UPat(Ops.MATMUL, name="n"), collapse_splat_operand)]
+    if policy.conv_to_matmul:
+        rules.append((UPat(Ops.CONV, name="n"), lambda n: conv_to_matmul(n, policy.gemm_min_macs)))
+    return PatternMatcher(rules, name="conv_to_matmul")

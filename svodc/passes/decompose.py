@@ -36,20 +36,18 @@ def decompose_conv(n: UOp) -> UOp:
 
 
 def gemm_eligible(n: UOp, policy: OptimizationPolicy) -> bool:
-    """MATMULs the GEMM kernels run (the gemm step): float32, at least policy.gemm_min_macs, and no
-    operand a splat constant (a splat would be materialized into panels; the generic path multiplies
-    by the scalar instead)."""
+    """MATMULs the GEMM kernels run (the gemm step): float32 and at least policy.gemm_min_macs. (A splat
+    operand was collapsed to one row or column by contraction.collapse_splat_operand, so packing it
+    costs K values.)"""
     from svodc.ir.dtypes import dtypes
-    from svodc.passes.fold import splat_value
 
     if not policy.gemm:
         return False
-    a, b = n.src
+    a, _ = n.src
     macs = a.shape[-1]
     for d in n.shape:
         macs *= d
-    return (n.dtype is dtypes.float32 and macs >= policy.gemm_min_macs and splat_value(a) is None
-            and splat_value(b) is None)
+    return n.dtype is dtypes.float32 and macs >= policy.gemm_min_macs
 
 
 def decompose_matmul(n: UOp, policy: OptimizationPolicy) -> UOp | None:

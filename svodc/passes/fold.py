@@ -14,7 +14,7 @@ import numpy as np
 
 from svodc.ir import tensor as T
 from svodc.ir.alu import fold_scalar
-from svodc.ir.dtypes import dtypes
+from svodc.ir.dtypes import DType, dtypes
 from svodc.ir.interpret import evaluate
 from svodc.ir.ops import ALU, MOVEMENT, ConstData, Ops, PadArg, ShapeArg
 from svodc.ir.pattern import PatternMatcher, UPat
@@ -71,22 +71,22 @@ def make_fold_computed(limit: int):
             return None
         if n.op is Ops.REDUCE and splat_value(n.src[0]) is not None:
             return None
-        value = evaluate([n])[0]
-        return _broadcast_weight(n, value)
+        return broadcast_weight(n.dtype, evaluate([n])[0])
     return fold_computed
 
 
-def _broadcast_weight(n: UOp, value: np.ndarray) -> UOp:
+def broadcast_weight(dtype: DType, value: np.ndarray) -> UOp:
     """A WEIGHT of value, stored without the axes along which it is constant (an ALU of
     per-channel constants broadcast to an activation's shape stays per-channel: the bundle does not
-    carry the broadcast copy) and EXPANDed back to n's shape."""
+    carry the broadcast copy) and EXPANDed back to value's shape. A uniform value becomes a
+    one-element WEIGHT, which `weight_scalar_to_splat` turns into a splat."""
     small = value
     for axis in range(value.ndim):
         if small.shape[axis] > 1:
             first = small.take([0], axis=axis)
             if np.array_equal(small, np.broadcast_to(first, small.shape)):  # NaNs: kept full, never merged
                 small = first
-    w = UOp(Ops.WEIGHT, n.dtype, (), ConstData(np.ascontiguousarray(small)))
+    w = UOp(Ops.WEIGHT, dtype, (), ConstData(np.ascontiguousarray(small)))
     return w if small.shape == value.shape else T.expand(w, value.shape)
 
 

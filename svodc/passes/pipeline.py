@@ -46,9 +46,8 @@ def optimize(graph: ImportedGraph, options: CompileOptions, policy: Optimization
     _after_pass("fold", sink, options)
     sink = graph_rewrite(sink, pm_fold_into_conv + fold, prov=prov)
     _after_pass("fold into conv", sink, options)
-    if policy.conv_to_matmul:
-        sink = graph_rewrite(sink, pm_conv_to_matmul(policy), prov=prov)
-        _after_pass("conv to matmul", sink, options)
+    sink = graph_rewrite(sink, pm_conv_to_matmul(policy), prov=prov)
+    _after_pass("conv to matmul", sink, options)
     sink = graph_rewrite(sink, pm_decompose(policy), prov=prov)
     _after_pass("decompose", sink, options)
     sink = graph_rewrite(sink, fold, prov=prov)
@@ -106,7 +105,8 @@ def build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimiz
             written.setdefault(plan.root, out)
             if plan.root in realized:
                 buffers.realized.setdefault(plan.root, out)
-        kernels.append(Kernel(name, ast, params, prov))
+        kind = "copy" if plan.copy else "gemm" if mm is not None else "loop"
+        kernels.append(Kernel(name, ast, params, prov, kind))
         _after_pass(f"lowering kernel {name}", ast, options)
 
     weight_list = list(buffers.weights.values())

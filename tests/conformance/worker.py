@@ -122,7 +122,7 @@ def run_case(case: Case, workers: WorkerPool) -> Result:
         expanded = sorted(getattr(graph, "expanded_ops", ()))
         program = build_program(graph, options)
         target, = parse_target("host")
-        bundle = write_bundle(program, [(target, compile_program(program, target, options, workers))], "conformance")
+        bundle = write_bundle(program, [(target, compile_program(program, target, options, workers=workers))], "conformance")
     except UnsupportedModelError as e:
         return Result(case.name, "unsupported", _unsupported_reason(e), time.perf_counter() - t0, expanded=expanded,
                       fixed_inputs=sorted(fixed))

@@ -5,7 +5,9 @@ bundle and `done I OUTCOME MUTATOR DESCRIPTION DETAIL` after, flushing both, so 
 the attempt in flight if this process crashes or hangs. Imports only the runtime (no compiler).
 
 Outcomes: format_error (BundleFormatError, the expected refusal), refused_host (UnsupportedHostError),
-identical (it loaded and ran, and every output equals the original's for the same code image); and
+identical (it loaded and ran, and every output equals the original's for the same code image),
+damaged_weights (it ran with other outputs because the damage is in the weights, which a load does
+not checksum, and a load with verify_weights=True refuses it: docs/architecture.md "Runtime"); and
 failures: different, error (any other exception), verify_error (svodrt verify raised instead of
 reporting), over_budget (a load that raised this process's peak memory by more than LOAD_MB above
 the bundle's declared weights and I/O, or took longer than LOAD_S seconds; LOAD_S 0: no time limit,
@@ -25,7 +27,7 @@ import svodrt
 from svodrt_tools.verify import verify
 from tests.fuzzing.mutations import Target, mutate
 
-OK_OUTCOMES = ("format_error", "refused_host", "identical")
+OK_OUTCOMES = ("format_error", "refused_host", "identical", "damaged_weights")
 LOAD_MB = 100
 
 
@@ -74,8 +76,18 @@ def attempt(data: bytes | Path, feeds: dict, expected: dict, threads: int, load_
             return "error", f"run: {type(e).__name__}: {e}"
         want = expected.get(model.variant.section.sha256)
         if want is None or not _same(got, want):
-            return "different", f"variant {model.variant.describe()}"
+            return _different(data, model), f"variant {model.variant.describe()}"
     return "identical", ""
+
+
+def _different(data: bytes | Path, model: svodrt.Model) -> str:
+    """damaged_weights when the weights checksum explains other outputs, else different."""
+    try:
+        svodrt.load(data, threads=1, verify_weights=True, variant=model.variant.index).close()
+    except svodrt.BundleFormatError as e:
+        if "section 'weights'" in str(e):
+            return "damaged_weights"
+    return "different"
 
 
 def _budget(peak_mb: float, t0: float, declared: int, load_s: float) -> tuple[str, str] | None:
@@ -102,8 +114,11 @@ def main(argv: list[str]) -> None:
         if i % 4 == 0 and outcome in OK_OUTCOMES:
             try:
                 report = verify(data)
-                if outcome == "identical" and not report.ok and not report.failures[0].startswith("test vector"):
-                    outcome, detail = "verify_error", f"loads and runs but verify fails: {report.failures[0]}"
+                first = report.failures[0] if report.failures else ""
+                if outcome == "identical" and not report.ok and "section 'weights'" in first:
+                    outcome = "damaged_weights"  # damage a load does not look for, changing no output
+                elif outcome == "identical" and not report.ok and not first.startswith("test vector"):
+                    outcome, detail = "verify_error", f"loads and runs but verify fails: {first}"
             except Exception as e:
                 outcome, detail = "verify_error", f"{type(e).__name__}: {e}"
         detail = " ".join(detail.split())[:300]

@@ -32,7 +32,7 @@ EM_CUDA = 190
 
 
 def c_compiler() -> list[str] | None:
-    """A C compiler: cc/gcc/clang on PATH, else zig's (the ziglang package svodc depends on)."""
+    """A C compiler: cc/gcc/clang on PATH, else zig's (the ziglang package, in the gpu and dev extras)."""
     for name in ("cc", "gcc", "clang"):
         if shutil.which(name):
             return [name]

@@ -58,10 +58,13 @@ def if_(ctx: NodeContext) -> list[Value | None]:
         try:
             branches.append(ctx.run_subgraph(g, []))
         except Unsupported as e:  # e.g. a branch that is invalid for these input shapes (it fails in ORT too)
-            needs = _graph_inputs(cond) + tuple(n for p in getattr(e, "problems", ()) for n in p.needs_values)
-            raise NeedsConstant(f"the condition depends on run-time values, so both branches are compiled, and "
-                                f"the {name} branch cannot be: {e}. With the condition known at compile time only "
-                                "the branch it takes is compiled", tuple(dict.fromkeys(needs))) from e
+            needs = tuple(dict.fromkeys(_graph_inputs(cond) + tuple(n for p in getattr(e, "problems", ())
+                                                                    for n in p.needs_values)))
+            fix = " ".join(f"--input-value {n}=FILE.npy" for n in needs) or "--input-value"
+            raise NeedsConstant(f"the condition depends on run-time values{f' ({list(needs)})' if needs else ''}, so "
+                                f"both branches are compiled, and the {name} branch cannot be: {e}. With the "
+                                f"condition known at compile time only the branch it takes is compiled: {fix}",
+                                needs) from e
     a, b = branches
     return [select(cond, x, y, f"output {i}") for i, (x, y) in enumerate(zip(a, b, strict=True))]
 

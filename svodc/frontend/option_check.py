@@ -1,0 +1,69 @@
+"""CompileOptions checked against the model before anything is imported: every --dim names a symbolic
+dim of some graph input, every --input-shape names an input and agrees with the dims the model fixes,
+and every value is an integer. A misspelt name is an error listing what the model has, never ignored."""
+
+from __future__ import annotations
+
+import onnx
+
+from svodc.errors import InputShapeError
+from svodc.options import CompileOptions
+
+
+def _declared(vi: onnx.ValueInfoProto) -> list[int | str | None] | None:
+    """A tensor input's declared shape (ints, dim names, None for unknown), or None if it has none."""
+    t = vi.type
+    if t.WhichOneof("value") != "tensor_type" or not t.tensor_type.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else (d.dim_param or None)
+            for d in t.tensor_type.shape.dim]
+
+
+def describe_inputs(graph: onnx.GraphProto, skip: set[str]) -> str:
+    parts = []
+    for vi in graph.input:
+        if vi.name not in skip:
+            shape = _declared(vi)
+            parts.append(f"{vi.name}{['?' if d is None else d for d in shape] if shape is not None else ''}")
+    return ", ".join(parts) or "none"
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_options(graph: onnx.GraphProto, options: CompileOptions, initializers: set[str]) -> None:
+    inputs = {vi.name: vi for vi in graph.input if vi.name not in initializers}
+    listing = describe_inputs(graph, initializers)
+    dim_names = sorted({d for vi in inputs.values() for d in (_declared(vi) or []) if isinstance(d, str)})
+    for name, value in options.dims.items():
+        if not _is_int(value) or value < 0:
+            raise InputShapeError(f"dims[{name!r}] = {value!r} ({type(value).__name__}): a dim must be an int >= 0, "
+                                  f"e.g. dims={{{name!r}: 1}}")
+        if name not in dim_names:
+            raise InputShapeError(f"--dim {name}: the model has no symbolic dim {name!r}; its dims are {dim_names} "
+                                  f"(inputs: {listing})")
+    for name, shape in options.input_shapes.items():
+        if not isinstance(shape, tuple | list) or not all(_is_int(d) and d >= 0 for d in shape):
+            raise InputShapeError(f"input_shapes[{name!r}] = {shape!r}: a shape must be a tuple of ints >= 0")
+        base = name.split("[")[0] if name not in inputs else name
+        if base not in inputs:
+            raise InputShapeError(f"--input-shape {name}: the model has no input {name!r}; its inputs are {listing}")
+        declared = _declared(inputs[name]) if name in inputs else None
+        if declared is None or len(declared) != len(shape):
+            continue  # rank mismatches and sequence elements are the importer's (frontend/boundary.py)
+        for i, (want, got) in enumerate(zip(declared, shape, strict=True)):
+            if _is_int(want) and want != got:
+                given, shown = "x".join(map(str, shape)), ["?" if d is None else d for d in declared]
+                raise InputShapeError(f"--input-shape {name}={given}: dim {i} is {got}, but the model fixes it to "
+                                      f"{want} (the model declares {name}{shown})")
+
+
+def fixes_unknown_dims(graph: onnx.GraphProto, options: CompileOptions) -> bool:
+    """Whether the options decide a dim the model leaves open (a --dim, or an --input-shape over a symbolic
+    or unknown dim): then a node whose shapes do not fit is more likely the options' fault than svodc's."""
+    if options.dims:
+        return True
+    declared = {vi.name: _declared(vi) for vi in graph.input}
+    return any(name not in declared or declared[name] is None or any(not _is_int(d) for d in declared[name])
+               for name in options.input_shapes)

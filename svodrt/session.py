@@ -1,0 +1,106 @@
+"""InferenceSession: onnxruntime's session API over Model (README "Coming from onnxruntime"). Outputs numpy has
+no type for are ml_dtypes arrays if ml_dtypes imports, else their storage ints (bfloat16/float8 bits, int4 values).
+run(..., out=...) fills preallocated outputs (list or dict by name): a serving loop allocates nothing."""
+
+from __future__ import annotations
+
+import warnings
+from collections import namedtuple
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from svodrt.errors import InputError
+from svodrt.format import BITS_OF, DTYPES
+from svodrt.model import Model
+from svodrt.runner import NARROW_INTS
+
+_ORT_TYPE = {"float32": "float", "float64": "double"}  # onnxruntime's 'tensor(float)'; the rest by name
+_ML_NAME = {v: k for k, v in BITS_OF.items()} | {n: n for n in NARROW_INTS}  # bundle dtype -> ml_dtypes name
+PROVIDERS = ["CPUExecutionProvider"]
+NodeArg = namedtuple("NodeArg", "name shape type")  # shape: ints, and dim names where the bundle has them
+ModelMetadata = namedtuple("ModelMetadata", "producer_name graph_name domain description version custom_metadata_map")
+
+
+class SessionOptions:
+    """intra_op_num_threads: threads per run (0: all cores). Other attributes are accepted, without effect."""
+    intra_op_num_threads = 0
+
+
+def _converter(dtype: str):
+    """Makes an output of a type numpy lacks an ml_dtypes array; None: nothing to do, or no ml_dtypes."""
+    try:
+        import ml_dtypes  # the svod[dtypes] extra
+
+        ml = np.dtype(getattr(ml_dtypes, _ML_NAME[dtype]))
+    except (KeyError, ImportError, AttributeError):
+        return None
+    return (lambda a: a.astype(ml)) if dtype in NARROW_INTS else (lambda a: a.view(ml))
+
+
+def _shape(entry: Mapping, static: tuple[int, ...]) -> list[int | str]:
+    """Dim names from a manifest entry's `dims` (a name, int or {"name": ...} per axis); else the ints."""
+    dims = entry.get("dims")
+    names = [d.get("name") if isinstance(d, Mapping) else d for d in dims] if (
+        isinstance(dims, list) and len(dims) == len(static)) else static
+    return [d if isinstance(d, str) and d else n for d, n in zip(names, static, strict=True)]
+
+
+class InferenceSession(Model):
+    """A Model (svodrt.load's) that speaks onnxruntime: InferenceSession(path_or_bytes, sess_options, providers)."""
+
+    def __init__(self, path_or_bytes, sess_options: SessionOptions | None = None, providers: Sequence | None = None):
+        names = [p[0] if isinstance(p, tuple) else p for p in (providers or PROVIDERS)]
+        if "CPUExecutionProvider" not in names:  # onnxruntime falls back to CPU too, and says so
+            warnings.warn(f"providers {names} are not available in svodrt; using CPUExecutionProvider", stacklevel=2)
+        super().__init__(path_or_bytes, threads=(sess_options or SessionOptions()).intra_op_num_threads or None)
+        m, self._infos = self.bundle.manifest, self.outputs
+        self._args = {k: [NodeArg(t.name, _shape(e, tuple(t.shape)), f"tensor({_ORT_TYPE.get(t.dtype, t.dtype)})")
+                          for t, e in zip(ts, m[k], strict=True)] for ts, k in ((self.inputs, "inputs"),
+                                                                                 (self._infos, "outputs"))}
+        self._index = {t.name: i for i, t in enumerate(self._infos)}
+        self._convert = [_converter(t.dtype) for t in self._infos]
+
+    def get_inputs(self) -> list[NodeArg]:
+        return list(self._args["inputs"])
+
+    def get_outputs(self) -> list[NodeArg]:
+        return list(self._args["outputs"])
+
+    def get_providers(self) -> list[str]:
+        return list(PROVIDERS)
+
+    def get_modelmeta(self) -> ModelMetadata:  # custom_metadata_map: compiler, options, model_sha256, format
+        m = self.bundle.manifest
+        model, producer = m.get("model", {}), m.get("producer", {})
+        return ModelMetadata(str(model.get("producer", "")), "", "", "", 0, {
+            "compiler": f"{producer.get('name', '')} {producer.get('version', '')}".strip(),
+            "model_sha256": str(model.get("sha256", "")), "options": repr(m.get("options", {})),
+            "format": ".".join(map(str, m.get("format", [])))})
+
+    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, object], run_options: object = None,
+            out: Sequence[np.ndarray] | Mapping[str, np.ndarray] | None = None) -> list:
+        """The outputs named (None: all), in that order; with out=, those arrays, filled in place."""
+        if unknown := [n for n in output_names or () if n not in self._index]:
+            raise InputError(f"unknown outputs {unknown}; the model's outputs are {list(self._index)}")
+        picked = range(len(self._infos)) if output_names is None else [self._index[n] for n in output_names]
+        arrays = self.check_inputs(input_feed)
+        if out is None:
+            outs = self._call(arrays)
+            return [outs[i] if self._convert[i] is None else self._convert[i](outs[i]) for i in picked]
+        given = [out.get(t.name) for t in self._infos] if isinstance(out, Mapping) else list(out)
+        self._call(arrays, outs=self._storage(given))
+        return [given[i] for i in picked]
+
+    def _storage(self, given: list) -> list[np.ndarray]:  # checked, viewed as the storage type the code writes
+        bufs = []
+        for t, a in zip(self._infos, given + [None] * (len(self._infos) - len(given)), strict=True):
+            want = np.dtype(DTYPES[t.dtype][0])
+            if not (isinstance(a, np.ndarray) and a.shape == tuple(t.shape) and a.flags.c_contiguous
+                    and a.flags.writeable and a.flags.aligned and (a.dtype == want or (
+                        t.dtype not in NARROW_INTS and a.dtype.name == _ML_NAME.get(t.dtype)))):
+                raise InputError(f"out[{t.name!r}] must be a writeable C-contiguous {t.dtype}{list(t.shape)} array "
+                                 f"(np.empty({tuple(t.shape)}, {want.name!r})), got {getattr(a, 'dtype', a)!s:.40}"
+                                 f"{list(getattr(a, 'shape', ()))}")
+            bufs.append(a.view(want))
+        return bufs
