@@ -4,8 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test test-fast test-models test-gpu test-cross cross-tools lint bench clean onnx-coverage fuzz \
-	test-install
+.PHONY: setup demo test test-fast test-models test-dynamic test-gpu test-cross cross-tools lint bench bench-serve clean onnx-coverage \
+	fuzz test-install
 BENCH_STAMP := $(VENV)/.bench-stamp
 
 # constraints.txt pins every version (pyproject.toml has the ranges users get), so runs are reproducible.
@@ -21,8 +21,8 @@ demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
 test: $(STAMP)
-	$(BIN)/ruff check svodc svodrt svodrt_tools tests scripts bench
-	$(BIN)/python -m pytest -q -m "not gpu_sweep" --ignore=tests/test_cross_emulated.py
+	$(BIN)/ruff check svodc svodrt svodrt_tools svodrt_serve tests scripts bench
+	$(BIN)/python -m pytest -q -m "not gpu_sweep and not dynamic_models" --ignore=tests/test_cross_emulated.py
 
 # Everything but the end-to-end model tests and the conformance suite.
 test-fast: $(STAMP)
@@ -30,9 +30,11 @@ test-fast: $(STAMP)
 		--ignore=tests/test_gpu_light_models.py --ignore=tests/test_cross_emulated.py
 
 # All 9 light models for gfx942, gfx1100, sm_90 and sm_80, run on the stand-in driver with emulated
-# kernels (make test runs two of them). No GPU needed; scripts/gpu_check.py is the on-hardware check.
+# kernels (make test runs two of them); and gfx1100 machine code run by the RDNA3 emulator
+# (tests/gpu/rdna3/). No GPU needed; scripts/gpu_check.py is the on-hardware check.
 test-gpu: $(STAMP)
-	$(BIN)/python -m pytest -q tests/test_gpu_light_models.py tests/test_gpu_codegen.py tests/test_gpu_runtime.py
+	$(BIN)/python -m pytest -q tests/test_gpu_light_models.py tests/test_gpu_codegen.py tests/test_gpu_runtime.py \
+		tests/test_gpu_rdna3.py tests/test_rdna3_instructions.py
 
 # Cross-compiled code (aarch64, riscv64, ppc64le, s390x) executed under qemu-user: about 15 minutes
 # on 2 idle cores (docs/architecture.md "Cross targets"), so not part of `make test`. Installs
@@ -47,6 +49,11 @@ test-cross: $(STAMP) cross-tools
 # with the max error per model printed.
 test-models: $(STAMP)
 	$(BIN)/python -m pytest -q tests/test_models.py
+
+# One bundle per model for a range of batch sizes (issue 12), against onnxruntime at every size, with
+# the heavier models make test leaves out (mobilenetv2, ppocr cls: about 2 minutes on 2 cores).
+test-dynamic: $(STAMP)
+	$(BIN)/python -m pytest -q tests/test_dynamic.py tests/test_dynamic_models.py
 
 # Run every onnx node test case and regenerate docs/onnx-coverage.md (also part of `make test`,
 # which checks the pass count against tests/conformance/thresholds.json).
@@ -65,13 +72,18 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP)
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
+# Not a test: `svodrt serve` under 8 concurrent clients x 250 requests (squeezenet, gpt2_small_random at seq 32),
+# REST and gRPC, next to the in-process rate; writes docs/serving-bench.md (docs/serving.md).
+bench-serve: $(STAMP)
+	$(BIN)/python bench/serve.py $(BENCH_ARGS)
+
 # The installs a user makes, each in a fresh venv (pip's cache or index; a few minutes, so not in `make
 # test`): `pip install .` runs a bundle and its svodc names the extra; `pip install '.[compiler]'` compiles.
 test-install:
 	bash scripts/test_install.sh $(PY)
 
 lint: $(STAMP)
-	$(BIN)/ruff check svodc svodrt svodrt_tools tests scripts bench
+	$(BIN)/ruff check svodc svodrt svodrt_tools svodrt_serve tests scripts bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -29,7 +29,9 @@ def _median_noise(rows: list[dict], threads: list[int]) -> str:
     return f"\u00b1{100 * xs[len(xs) // 2]:.0f} %" if xs else "-"
 
 
-def write(out: Path, machine: dict, rows: list[dict], gemm_rows: list[dict], threads: list[int]) -> None:
+def write(out: Path, machine: dict, rows: list[dict], gemm_rows: list[dict], threads: list[int],
+          extra: list[str] = ()) -> None:
+    """extra: more report lines (sections of other benchmarks), before the chart."""
     out.mkdir(parents=True, exist_ok=True)
     ok = [r for r in rows if "error" not in r]
     lines = ["# Benchmarks", "",
@@ -81,7 +83,7 @@ def write(out: Path, machine: dict, rows: list[dict], gemm_rows: list[dict], thr
             cells = " | ".join(f"{g[f't{t}']['svod_gflops']:.1f} | {g[f't{t}']['numpy_gflops']:.1f} | "
                                f"{g[f't{t}']['ratio']:.2f}" for t in threads)
             lines.append(f"| {g['shape']} | {cells} |")
-    lines += ["", "![ratios](benchmarks.png)", ""]
+    lines += [*extra, "", "![ratios](benchmarks.png)", ""]
     (out / "benchmarks.md").write_text("\n".join(lines))
     _chart(out / "benchmarks.png", ok, threads)
 

@@ -27,7 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import gemm, report  # noqa: E402
+from bench import dynamic, gemm, report  # noqa: E402
 from bench.models import all_models, load  # noqa: E402
 
 COLD = r"""
@@ -232,6 +232,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=30, help="timed runs per engine and thread count")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--no-gemm", action="store_true")
+    p.add_argument("--no-dynamic", action="store_true", help="skip the bounded-dims comparison (bench/dynamic.py)")
     p.add_argument("--out", default=str(ROOT / "docs"))
     args = p.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
@@ -245,8 +246,9 @@ def main() -> None:
             rows.append(row)
     gemm_rows = [] if args.no_gemm else gemm.run(threads)
     # the 1-minute load average: other work on the machine during the run (ours adds about 1 per thread)
+    dynamic_rows = [] if args.no_dynamic else dynamic.run(args.repeat)
     load = {"before": load_before, "after": os.getloadavg()[0]}
-    report.write(Path(args.out), {**machine(), "load": load}, rows, gemm_rows, threads)
+    report.write(Path(args.out), {**machine(), "load": load}, rows, gemm_rows, threads, dynamic.report(dynamic_rows))
 
 
 if __name__ == "__main__":

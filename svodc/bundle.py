@@ -47,8 +47,27 @@ ZSTD_LEVEL = 10
 EXTRA_KEYS = ("options", "node_ops")
 
 
+def _shape_entry(b: Buffer) -> list:
+    """The shape, with each axis a bounded dim sizes written as its name ("NAME", or "NAME*K" for K times
+    it; format 1.5): the runtime's size at the bound is hi * K. A runtime before 1.5 refuses the entry."""
+    if not b.dims:
+        return list(b.shape)
+    return [d if ax is None else ax.dim if ax.factor == 1 else f"{ax.dim}*{ax.factor}"
+            for d, ax in zip(b.shape, b.dims, strict=True)]
+
+
+def _dims_table(program: Program) -> list[dict]:
+    """Format 1.5: each bounded dim, in the order of the entry's `dims` array, and the input axes it sizes."""
+    uses: dict[str, list] = {d.name: [] for d in program.dims}
+    for b in program.inputs:
+        for axis, ax in enumerate(b.dims):
+            if ax is not None:
+                uses[ax.dim].append([b.name, axis])
+    return [{"name": d.name, "lo": d.lo, "hi": d.hi, "inputs": uses[d.name]} for d in program.dims]
+
+
 def _buffer_entry(b: Buffer) -> dict:
-    entry = {"id": b.id, "kind": b.kind.value, "name": b.name, "dtype": b.dtype.name, "shape": list(b.shape)}
+    entry = {"id": b.id, "kind": b.kind.value, "name": b.name, "dtype": b.dtype.name, "shape": _shape_entry(b)}
     if b.kind in (BufferKind.INPUT, BufferKind.OUTPUT):
         entry["slot"] = b.slot
     else:
@@ -202,6 +221,8 @@ def write_bundle_to(out: BinaryIO, program: Program, images: list[tuple[Target, 
     }
     if any(b.dtype is dtypes.string for b in program.inputs):  # format 1.4; the bindings cover it
         manifest["vocabulary"] = list(program.vocabulary)
+    if program.dims:  # format 1.5; the bindings cover it
+        manifest["dims"] = _dims_table(program)
     for v in variants:
         v["binding"] = variant_binding(v, table[v["section"]]["sha256"], manifest)
         if "launches" in v:

@@ -35,6 +35,17 @@ def _int(v: str, what: str) -> int:
     return n
 
 
+def _size(v: str, what: str) -> int | tuple[int, int]:
+    """`N` or `LO..HI` (a bounded symbolic dim, svodc/frontend/dims.py)."""
+    lo, sep, hi = v.partition("..")
+    if not sep:
+        return _int(v, what)
+    a, b = _int(lo, what), _int(hi, what)
+    if not 1 <= a <= b:
+        raise click.BadParameter(f"{v!r}: a range LO..HI needs 1 <= LO <= HI", param_hint=what)
+    return (a, b)
+
+
 def _npy(path: str):
     import numpy as np
 
@@ -82,8 +93,10 @@ def main(ctx: click.Context, debug: bool) -> None:
               help="Comma-separated variants: host, ARCH[-linux-gnu][:CPU[+FEATURE...]] (x86_64, aarch64, riscv64, "
                    "ppc64le, s390x), a CPU continuing the previous ARCH, or a GPU (sm_80, sm_90, gfx942, gfx1100, "
                    "gfx1151, gfx1200). E.g. x86_64:x86-64-v3,x86-64,aarch64,sm_90.")
-@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Fix a symbolic input dimension.")
-@click.option("--input-shape", "shapes", multiple=True, metavar="NAME=DxDx...", help="Fix an input's shape.")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=N|LO..HI",
+              help="Fix a symbolic input dimension (N) or bound it (LO..HI: one bundle for every size in the range).")
+@click.option("--input-shape", "shapes", multiple=True, metavar="NAME=DxDx...",
+              help="An input's shape; each D is N or LO..HI (a bounded dim).")
 @click.option("--input-value", "values", multiple=True, metavar="NAME=FILE.npy",
               help="Fix an input's value at compile time (inputs that decide shapes); it leaves the bundle's inputs.")
 @click.option("--weights", "weights", multiple=True, type=click.Path(dir_okay=False), metavar="FILE.safetensors",
@@ -105,10 +118,10 @@ def compile(model: str, output: str | None, target: str, dims: tuple[str, ...], 
     from svodc.api import compile_to_file
     from svodc.options import CompileOptions
 
-    dim_map = {n: _int(v, "--dim") for n, v in _pairs(dims, "--dim")}
+    dim_map = {n: _size(v, "--dim") for n, v in _pairs(dims, "--dim")}
     shape_map = {}
     for n, v in _pairs(shapes, "--input-shape"):
-        shape_map[n] = tuple(_int(d, "--input-shape") for d in v.lower().split("x"))
+        shape_map[n] = tuple(_size(d, "--input-shape") for d in v.lower().split("x"))
     value_map = {n: _npy(v) for n, v in _pairs(values, "--input-value")}
     out = Path(output) if output else Path(model).with_suffix(".svod")
     options = CompileOptions(dims=dim_map, input_shapes=shape_map, input_values=value_map, weights=tuple(weights),

@@ -11,9 +11,11 @@ from svodc.policy import OptimizationPolicy
 
 @dataclass(frozen=True)
 class CompileOptions:
-    # Fix symbolic input dims by name (`--dim batch=1`) or whole input shapes (`--input-shape x=1x3x224x224`).
-    dims: dict[str, int] = field(default_factory=dict)
-    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # Symbolic input dims by name: fixed (`--dim batch=1`, 1) or bounded (`--dim seq=1..512`, (1, 512)); whole
+    # input shapes, each dim fixed or bounded (`--input-shape x=1..8x3x224x224`, ((1, 8), 3, 224, 224)).
+    # A bounded dim makes one bundle for every size in the range (frontend/dims.py).
+    dims: dict[str, int | tuple[int, int]] = field(default_factory=dict)
+    input_shapes: dict[str, tuple[int | tuple[int, int], ...]] = field(default_factory=dict)
     # safetensors files (`--weights`) that supply or override initializers by name (mmapped, checked
     # against the model's declared dtype and shape).
     weights: tuple[str, ...] = ()

@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from svodc.ir.dtypes import DType
 from svodc.ir.ops import ConstData
 from svodc.ir.provenance import Provenance
 from svodc.ir.shapes import prod
 from svodc.ir.uop import UOp
+
+if TYPE_CHECKING:  # an annotation only: the frontend (and onnx) stays out of the passes' imports
+    from svodc.frontend.dims import DimSpec
 
 
 @dataclass
@@ -34,6 +38,10 @@ class ImportedGraph:
     expanded_ops: frozenset[str] = frozenset()  # ops imported through their ONNX function bodies
     vocabulary: tuple[str, ...] = ()  # the model's strings; string id i is vocabulary[i] (frontend/strings.py)
     op_types: dict[str, str] | None = None  # node name -> op type (graph_import.GraphImporter.op_types)
+    # Bounded symbolic dims (frontend/dims.py), in the order met, and which input axes each sizes; the
+    # INPUT nodes have their upper bounds.
+    dims: tuple[DimSpec, ...] = ()
+    input_dims: dict[str, dict[int, str]] = field(default_factory=dict)
 
 
 class BufferKind(enum.Enum):
@@ -53,6 +61,9 @@ class Buffer:
     data: ConstData | None = None  # weights only
     slot: int = -1  # inputs and outputs: index among the graph's inputs / outputs
     offset: int = -1  # weights: offset in the weights section; scratch: offset in the arena
+    # inputs and outputs of a bundle with bounded dims: per axis a passes.dynamic.SymAxis or None
+    # (`shape` is the upper bound); () when every axis is static
+    dims: tuple = ()
 
     @property
     def nbytes(self) -> int:
@@ -83,3 +94,4 @@ class Program:
     weights_size: int = 0
     producer: str = ""  # the tool that made the source model
     vocabulary: tuple[str, ...] = ()  # string id i stands for vocabulary[i] (svodc/frontend/strings.py)
+    dims: tuple = ()  # bounded input dims (frontend.dims.DimSpec), in the order of the entry's `dims` array

@@ -39,8 +39,10 @@ def table_slots(n_inputs: int, n_outputs: int) -> int:
     return FIRST_IO_SLOT + n_inputs + n_outputs
 
 
-# dims: the values of symbolic dimensions, DIM_SIZE bytes (int64) each, in the manifest's order.
-# Reserved: no format-1 bundle has symbolic dimensions, so callers pass NULL and code never reads it.
+# dims: the values of the bounded dims, DIM_SIZE bytes (int64) each, in the manifest's `dims` order
+# (format 1.5; svodrt/dims.py checks each against its range first). A bundle without `dims` never
+# reads it (callers pass NULL); in one with them, every input and output buffer has the layout of
+# its shape at the bounds and the code touches only the elements inside the real shapes.
 DIM_SIZE = 8
 
 # sync: SYNC_SIZE bytes, zeroed by the caller before each call, shared by the call's threads. One

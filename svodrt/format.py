@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 MAGIC = b"SVOD\x00\r\n\x1a"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 4  # 1.1 big-endian, 1.2 GPU variants, 1.3 narrow dtypes, 1.4 strings (docs/bundle-format.md)
+FORMAT_MINOR = 5  # 1.1 big-endian, 1.2 GPU, 1.3 narrow dtypes, 1.4 strings, 1.5 bounded dims (docs/bundle-format.md)
 HEADER = struct.Struct("<8sHHIIIQQQQ8s")
 FLAG_MANIFEST_ZSTD = 1
 HEADER_SIZE = HEADER.size  # 64
@@ -70,7 +70,7 @@ def variant_binding(variant: Mapping, code_sha256: bytes, manifest: Mapping) -> 
     checks cannot tell a plausible but wrong entry offset, fixup, feature list, shape or arena size
     from the right one. sha256 of the msgpack array [arch, cpu, features, feature_bits, code sha256,
     entry, kernels, fixups, [[name, dtype, shape] per input], [... per output], arena_size,
-    weights_size], plus the `vocabulary` when an input is a string (format 1.4: ids are code too)."""
+    weights_size], plus the `vocabulary` when an input is a string (1.4: ids are code too), and `dims` (1.5)."""
     def sig(ts) -> list:
         return [[t["name"], t["dtype"], list(t["shape"])] for t in ts]
 
@@ -79,6 +79,8 @@ def variant_binding(variant: Mapping, code_sha256: bytes, manifest: Mapping) -> 
               sig(manifest["outputs"]), manifest["arena_size"], manifest["weights_size"]]
     if any(isinstance(t, Mapping) and t.get("dtype") == STRING for t in manifest["inputs"]):
         fields.append(list(manifest.get("vocabulary", ())))
+    if "dims" in manifest:
+        fields.append(manifest["dims"])
     import hashlib  # only when a bundle is read or written, not at `import svodrt`
 
     import msgpack

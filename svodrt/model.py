@@ -19,6 +19,7 @@ import numpy as np
 
 from svodrt.abi import ARENA_SLOT, FIRST_IO_SLOT, SYNC_SIZE, SYNC_YIELD, WEIGHTS_SLOT, table_slots
 from svodrt.bundle import Bundle, Variant
+from svodrt.dims import at_bound, dim_values, real_output
 from svodrt.errors import ModelClosedError, RuntimeFailure, UnsupportedHostError
 from svodrt.features import feature_names
 from svodrt.format import GPU_KINDS
@@ -138,8 +139,22 @@ class Model(Runner):
 
     def run(self, feeds: MappingT[str, object]) -> dict[str, np.ndarray]:
         """Run the model: {input name: array} -> {output name: array}. Safe to call from many threads."""
-        outs = self._call(self.check_inputs(feeds))
-        return dict(zip(self._output_names, outs, strict=True))
+        return dict(zip(self._output_names, self._outputs(feeds), strict=True))
+
+    def _outputs(self, feeds: MappingT[str, object]) -> list[np.ndarray]:
+        """Checked inputs in, outputs at their real shapes out (cut from the bound's: svodrt/dims.py)."""
+        arrays, dims = self._prepare(feeds)
+        outs = self._call(arrays, dims=dims)
+        if dims is None:
+            return outs
+        return [real_output(t, o, dims, self._dim_slots) for t, o in zip(self.bundle.outputs, outs, strict=True)]
+
+    def _prepare(self, feeds: MappingT[str, object]) -> tuple[list[np.ndarray], object]:
+        """The checked inputs as the code reads them and the `dims` array (None: static; svodrt/dims.py)."""
+        arrays, ins = self.check_inputs(feeds), self.bundle.inputs
+        if not self.bundle.dims:
+            return arrays, None
+        return [at_bound(t, a) for t, a in zip(ins, arrays, strict=True)], dim_values(ins, arrays, self.bundle.dims)
 
     def profile(self, feeds: MappingT[str, object], repeat: int = 10) -> list[tuple[str, float, tuple[str, ...]]]:
         """Time each kernel alone (single-threaded, its own entry point): [(kernel, median seconds,
@@ -150,21 +165,24 @@ class Model(Runner):
             fns = [KERNEL_FN(self._code.address + off) for off in self.variant.kernels]
             times: list[list[float]] = [[] for _ in fns]
 
-            def each_kernel(table, _sync) -> None:
+            def each_kernel(table, _sync, dims=None) -> None:
                 for _ in range(repeat):
                     for i, fn in enumerate(fns):
                         t0 = time.thread_time()
-                        fn(table, None, 0, 1)
+                        fn(table, dims, 0, 1)
                         times[i].append(time.thread_time() - t0)
 
-            self._call(self.check_inputs(feeds), each_kernel)
+            arrays, dims = self._prepare(feeds)
+            self._call(arrays, each_kernel, dims=dims)
         finally:
             self._end()
         return [(k.name, float(np.median(t)), k.provenance) for k, t in zip(self.bundle.kernels, times, strict=True)]
 
-    def _call(self, arrays: list[np.ndarray], run=None, outs: list[np.ndarray] | None = None) -> list[np.ndarray]:
+    def _call(self, arrays: list[np.ndarray], run=None, outs: list[np.ndarray] | None = None,
+              dims=None) -> list[np.ndarray]:
         """Outputs allocated (or given, checked: svodrt/session.py), an arena lent, the buffer table and sync
-        block made (svodrt/abi.py), run(table, sync) called (default: the entry, on as many threads as pay off)."""
+        block made (svodrt/abi.py), run(table, sync[, dims]) called (default: the entry, on as many threads
+        as pay off). dims: the bounded dims' values (svodrt/dims.py), None in a static bundle."""
         self._begin()
         try:
             outs = outs if outs is not None else [np.empty(shape, dtype) for shape, dtype in self._output_specs]
@@ -175,7 +193,8 @@ class Model(Runner):
                 table[FIRST_IO_SLOT:] = [a.ctypes.data for a in (*arrays, *outs)]
                 sync = (ctypes.c_uint64 * (SYNC_SIZE // 8))()
                 sync[SYNC_YIELD // 8] = YIELD_FN
-                (run or self._enter)(table, sync)
+                fn = run or self._enter
+                fn(table, sync) if dims is None else fn(table, sync, dims)
             finally:  # _enter returns only once no thread uses the arena
                 with self._arena_lock:
                     self._arenas.append(arena)
@@ -183,13 +202,13 @@ class Model(Runner):
             self._end()
         return outs
 
-    def _enter(self, table, sync) -> None:
+    def _enter(self, table, sync, dims=None) -> None:
         n = self.threads
         if n > 1 and self._solo_runs < 2:
             # The first two calls run on one thread and are timed; a model faster than
             # AUTO_PARALLEL_MIN_S stays single-threaded (waking helpers would cost more than it saves).
             t0 = time.perf_counter()
-            self._entry(table, None, 0, 1, sync)
+            self._entry(table, dims, 0, 1, sync)
             self._solo_best = min(self._solo_best, time.perf_counter() - t0)
             self._solo_runs += 1
             if self._solo_runs == 2 and self._solo_best < AUTO_PARALLEL_MIN_S:
@@ -202,13 +221,13 @@ class Model(Runner):
                     from concurrent.futures import ThreadPoolExecutor  # here: its import costs ~3 ms
 
                     self._pool = ThreadPoolExecutor(n - 1, thread_name_prefix="svodrt")
-                futures += [self._pool.submit(self._entry, table, None, i, n, sync) for i in range(1, n)]
-                self._entry(table, None, 0, n, sync)
+                futures += [self._pool.submit(self._entry, table, dims, i, n, sync) for i in range(1, n)]
+                self._entry(table, dims, 0, n, sync)
             finally:
                 _join(futures)
                 self._team.release()
         else:
-            self._entry(table, None, 0, 1, sync)
+            self._entry(table, dims, 0, 1, sync)
 
     def close(self) -> None:
         """Refuse new runs, wait for running ones to finish, then release the code and weights."""

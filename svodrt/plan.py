@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from svodrt import format as fmt
 from svodrt import schema as sc
 from svodrt.features import FEATURES, to_bits
-from svodrt.schema import KernelInfo, Launch, Section, TensorInfo, TestVector, Variant
+from svodrt.schema import Dim, KernelInfo, Launch, Section, TensorInfo, TestVector, Variant
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,7 @@ class Plan:
     placement: dict[int, tuple[str, int]]
     # Format 1.4: what string ids below len(vocabulary) stand for; () when no input is a string.
     vocabulary: tuple[str, ...]
+    dims: tuple[Dim, ...]  # format 1.5: the bounded dims in the entry's `dims` order; () in a static bundle
 
 
 @dataclass(frozen=True)
@@ -40,11 +41,11 @@ class _Buffer:
     offset: int
 
 
-def _io(m: dict, group: str) -> tuple[list[TensorInfo], list[int]]:
+def _io(m: dict, group: str, dims: dict[str, Dim]) -> tuple[list[TensorInfo], list[int]]:
     tensors, ids = [], []
     for i, t in enumerate(sc.items(m, group, "manifest")):
         where = f"{group}[{i}]"
-        tensors.append(sc.tensor(t, where))
+        tensors.append(sc.tensor(t, where, dims))
         if sc.uint(t, "slot", where) != i:
             raise sc.fail(f"{where}.slot", f"is {t['slot']}, must be its position {i}")
         ids.append(sc.uint(t, "id", where))
@@ -223,8 +224,11 @@ def _test_vectors(m: dict, inputs: list[TensorInfo], outputs: list[TensorInfo]) 
 
 
 def parse_plan(m: dict, sections: list[Section], weights: Section) -> Plan:
-    inputs, in_ids = _io(m, "inputs")
-    outputs, out_ids = _io(m, "outputs")
+    dims = sc.dim_table(m)
+    inputs, in_ids = _io(m, "inputs", dims)
+    outputs, out_ids = _io(m, "outputs", dims)
+    if set(dims) - {d.name for t in inputs for _, d, _ in t.dims}:
+        raise sc.fail("dims", "a dim sizes no input: no call could give its value")
     arena = sc.uint(m, "arena_size", "manifest", fmt.MAX_BYTES)
     weights_size = sc.uint(m, "weights_size", "manifest", fmt.MAX_BYTES)
     if weights.length < weights_size:
@@ -239,5 +243,5 @@ def parse_plan(m: dict, sections: list[Section], weights: Section) -> Plan:
     if not variants:
         raise sc.fail("variants", "the bundle has no code variant")
     return Plan(inputs, outputs, kernels, variants, arena, weights_size, _test_vectors(m, inputs, outputs), placement,
-                vocab)
+                vocab, tuple(dims.values()))
 

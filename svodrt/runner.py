@@ -29,6 +29,7 @@ class Runner:
         self._output_specs = [(tuple(t.shape), np.dtype(DTYPES[t.dtype][0])) for t in self.bundle.outputs]
         self._output_names = [t.name for t in self.bundle.outputs]
         self._string_inputs = [t for t in self.bundle.inputs if t.dtype == STRING]
+        self._dim_slots = {d.name: i for i, d in enumerate(self.bundle.dims)}
         self._strings = StringTable(self.bundle.vocabulary) if self._string_inputs else None
 
     # ------------------------------------------------------------------ description
@@ -41,8 +42,7 @@ class Runner:
         return list(self.bundle.outputs)
 
     def __repr__(self) -> str:
-        ins = ", ".join(f"{t.name}: {t.dtype}{list(t.shape)}" for t in self.inputs)
-        outs = ", ".join(f"{t.name}: {t.dtype}{list(t.shape)}" for t in self.outputs)
+        ins, outs = ", ".join(map(str, self.inputs)), ", ".join(map(str, self.outputs))
         return f"<svodrt.Model ({ins}) -> ({outs}) on {self.variant.describe()}>"
 
     # ------------------------------------------------------------------ running
@@ -120,8 +120,12 @@ def check_shape(t: TensorInfo, value: object) -> None:
     if value.ndim != len(t.shape):
         raise InputError(f"input {t.name!r} has rank {value.ndim} (shape {list(value.shape)}), expected rank "
                          f"{len(t.shape)} (shape {list(t.shape)})")
-    i = next(i for i, (got, exp) in enumerate(zip(value.shape, t.shape, strict=True)) if got != exp)
-    raise InputError(f"input {t.name!r} dim {i}: got {value.shape[i]}, expected {t.shape[i]}")
+    bounded = {axis: d for axis, d, _ in t.dims}  # format 1.5: a size in the dim's range
+    for i, (got, exp) in enumerate(zip(value.shape, t.shape, strict=True)):
+        if (d := bounded.get(i)) is not None and not d.lo <= got <= d.hi:
+            raise InputError(f"input {t.name!r} dim {i} ({d.name!r}): got {got}, expected {d.lo}..{d.hi}")
+        if d is None and got != exp:
+            raise InputError(f"input {t.name!r} dim {i}: got {got}, expected {exp}")
 
 
 def check_input(t: TensorInfo, value: object) -> np.ndarray:
@@ -136,6 +140,6 @@ def check_input(t: TensorInfo, value: object) -> np.ndarray:
     check_shape(t, value)
     if not value.flags.c_contiguous or value.ctypes.data % want.itemsize:
         value = np.array(value, order="C", copy=True)  # numpy allocations are aligned
-    if value.nbytes != t.nbytes:  # shapes matched; this guards the size arithmetic itself
+    if value.nbytes != t.nbytes and not t.dims:  # shapes matched; this guards the size arithmetic itself
         raise InputError(f"input {t.name!r} is {value.nbytes} bytes, expected {t.nbytes}")
     return value

@@ -69,22 +69,60 @@ class Section:
 
 
 @dataclass(frozen=True)
+class Dim:  # a bounded dim (format 1.5): its size is chosen per call in [lo, hi]
+    name: str
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True)
 class TensorInfo:
     name: str
     dtype: str
-    shape: tuple[int, ...]
+    shape: tuple[int, ...]  # at the dims' upper bounds: the memory the code is laid out for
+    dims: tuple[tuple[int, Dim, int], ...] = ()  # (axis, dim, factor): that axis is factor * the dim's value
 
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * DTYPES[self.dtype][1]
 
+    def __str__(self) -> str:
+        shown: list = list(self.shape)
+        for axis, d, k in self.dims:
+            shown[axis] = f"{d.name}={d.lo}..{d.hi}" if k == 1 else f"{k}*{d.name}={k * d.lo}..{k * d.hi}"
+        return f"{self.name}: {self.dtype}[{', '.join(map(str, shown))}]"
 
-def tensor(d: Any, where: str) -> TensorInfo:
+
+def dim_table(m: Any) -> dict[str, Dim]:
+    """The manifest's `dims` (format 1.5) in `dims` array order ({} if absent); `inputs` is descriptive."""
+    if "dims" not in m:
+        return {}
+    out: dict[str, Dim] = {}
+    for i, d in enumerate(items(m, "dims", "manifest")):
+        dim = Dim(name(d, "name", f"dims[{i}]"), uint(d, "lo", f"dims[{i}]"), uint(d, "hi", f"dims[{i}]"))
+        if not 1 <= dim.lo <= dim.hi or dim.name in out:
+            raise fail(f"dims[{i}]", f"{dim.name!r} {dim.lo}..{dim.hi} must be a new name with 1 <= lo <= hi")
+        out[dim.name] = dim
+    return out
+
+
+def _dim_axis(v: str, dims: dict[str, Dim] | None, where: str) -> tuple[Dim, int]:
+    dim_name, _, k = v.partition("*")
+    if dim_name not in (dims or {}) or not (k == "" or (k.isdigit() and 0 < int(k) <= MAX_BYTES)):
+        raise fail(where, f"{v[:40]!r} is neither a size nor a bounded dim of the manifest's dims")
+    return dims[dim_name], int(k or 1)
+
+
+def tensor(d: Any, where: str, dims: dict[str, Dim] | None = None) -> TensorInfo:
     t_name = name(d, "name", where)
     dtype = field(d, "dtype", str, where)
     if dtype not in DTYPES:
         raise fail(f"{where}.dtype", f"{dtype[:40]!r} is not one of {', '.join(DTYPES)}")
-    shape = tuple(uints(d, "shape", where, MAX_BYTES))
+    raw = list(items(d, "shape", where))
+    sym = tuple((i, *_dim_axis(v, dims, f"{where}.shape[{i}]")) for i, v in enumerate(raw) if isinstance(v, str))
+    for i, dim, k in sym:
+        raw[i] = dim.hi * k
+    shape = tuple(check_uint(x, f"{where}.shape[{i}]") for i, x in enumerate(raw))
     if len(shape) > MAX_RANK:
         raise fail(f"{where}.shape", f"has rank {len(shape)}, over the limit {MAX_RANK}")
     # Each dim is at most MAX_BYTES, and the running product is checked, so no product is huge.
@@ -93,7 +131,7 @@ def tensor(d: Any, where: str) -> TensorInfo:
         n *= dim
         if n > MAX_BYTES:
             raise fail(where, f"shape {list(shape)} is over {MAX_BYTES} bytes")
-    return TensorInfo(t_name, dtype, shape)
+    return TensorInfo(t_name, dtype, shape, sym)
 
 
 def vocabulary(m: Any) -> tuple[str, ...]:

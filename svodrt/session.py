@@ -14,6 +14,7 @@ from svodrt.errors import InputError
 from svodrt.format import BITS_OF, DTYPES
 from svodrt.model import Model
 from svodrt.runner import NARROW_INTS
+from svodrt.schema import TensorInfo
 
 _ORT_TYPE = {"float32": "float", "float64": "double"}  # onnxruntime's 'tensor(float)'; the rest by name
 _ML_NAME = {v: k for k, v in BITS_OF.items()} | {n: n for n in NARROW_INTS}  # bundle dtype -> ml_dtypes name
@@ -38,12 +39,12 @@ def _converter(dtype: str):
     return (lambda a: a.astype(ml)) if dtype in NARROW_INTS else (lambda a: a.view(ml))
 
 
-def _shape(entry: Mapping, static: tuple[int, ...]) -> list[int | str]:
-    """Dim names from a manifest entry's `dims` (a name, int or {"name": ...} per axis); else the ints."""
-    dims = entry.get("dims")
-    names = [d.get("name") if isinstance(d, Mapping) else d for d in dims] if (
-        isinstance(dims, list) and len(dims) == len(static)) else static
-    return [d if isinstance(d, str) and d else n for d, n in zip(names, static, strict=True)]
+def _shape(t: TensorInfo) -> list[int | str]:
+    """The ints, with a bounded dim's name on the axes it sizes (format 1.5), as onnxruntime names them."""
+    shape: list[int | str] = list(t.shape)
+    for axis, d, k in t.dims:
+        shape[axis] = d.name if k == 1 else f"{k}*{d.name}"
+    return shape
 
 
 class InferenceSession(Model):
@@ -54,10 +55,9 @@ class InferenceSession(Model):
         if "CPUExecutionProvider" not in names:  # onnxruntime falls back to CPU too, and says so
             warnings.warn(f"providers {names} are not available in svodrt; using CPUExecutionProvider", stacklevel=2)
         super().__init__(path_or_bytes, threads=(sess_options or SessionOptions()).intra_op_num_threads or None)
-        m, self._infos = self.bundle.manifest, self.outputs
-        self._args = {k: [NodeArg(t.name, _shape(e, tuple(t.shape)), f"tensor({_ORT_TYPE.get(t.dtype, t.dtype)})")
-                          for t, e in zip(ts, m[k], strict=True)] for ts, k in ((self.inputs, "inputs"),
-                                                                                 (self._infos, "outputs"))}
+        self._infos = self.outputs
+        self._args = {k: [NodeArg(t.name, _shape(t), f"tensor({_ORT_TYPE.get(t.dtype, t.dtype)})") for t in ts]
+                      for ts, k in ((self.inputs, "inputs"), (self._infos, "outputs"))}
         self._index = {t.name: i for i, t in enumerate(self._infos)}
         self._convert = [_converter(t.dtype) for t in self._infos]
 
@@ -84,10 +84,12 @@ class InferenceSession(Model):
         if unknown := [n for n in output_names or () if n not in self._index]:
             raise InputError(f"unknown outputs {unknown}; the model's outputs are {list(self._index)}")
         picked = range(len(self._infos)) if output_names is None else [self._index[n] for n in output_names]
-        arrays = self.check_inputs(input_feed)
         if out is None:
-            outs = self._call(arrays)
+            outs = self._outputs(input_feed)
             return [outs[i] if self._convert[i] is None else self._convert[i](outs[i]) for i in picked]
+        if self.bundle.dims:
+            raise InputError("out= needs outputs of one shape; this bundle has bounded dims (format 1.5)")
+        arrays = self.check_inputs(input_feed)
         given = [out.get(t.name) for t in self._infos] if isinstance(out, Mapping) else list(out)
         self._call(arrays, outs=self._storage(given))
         return [given[i] for i in picked]

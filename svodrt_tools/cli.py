@@ -179,6 +179,19 @@ def cmd_info(args: argparse.Namespace) -> None:
     print(describe(_bundle(args.bundle), verbose=args.verbose))
 
 
+def cmd_serve(args: argparse.Namespace) -> None:
+    try:
+        from svodrt_serve.server import ServeOptions, serve
+    except ImportError as e:  # the serve extra is not installed: its packages are the only imports missing
+        raise SvodError(f"svodrt serve needs the serve extra: pip install 'svod[serve]' (missing: {e.name})") from None
+    options = ServeOptions(host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
+                           metrics_port=args.metrics_port, threads=args.threads, verify=args.verify,
+                           max_request_bytes=int(args.max_request_mb * (1 << 20)), trust=tuple(args.trust or ()))
+    failure = serve(args.path, options)
+    if failure:
+        raise SvodError(f"svodrt serve stopped: {failure}")
+
+
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="svodrt", description="Run .svod bundles.")
     p.add_argument("--version", action="version", version=version_line("svodrt"))
@@ -216,6 +229,19 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("bundle")
     i.add_argument("-v", "--verbose", action="store_true", help="list kernels with their ONNX nodes")
     i.set_defaults(fn=cmd_info)
+    s = sub.add_parser("serve", help="serve bundles over the Open Inference Protocol, REST and gRPC (svod[serve])")
+    s.add_argument("path", help="a bundle, or a folder of NAME.svod bundles and/or NAME/VERSION/*.svod versions")
+    s.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
+    s.add_argument("--http-port", type=int, default=8080)
+    s.add_argument("--grpc-port", type=int, default=8081)
+    s.add_argument("--metrics-port", type=int, default=8082, help="Prometheus /metrics (0: off)")
+    s.add_argument("--threads", type=int, default=None, help="threads per inference (default: all cores)")
+    s.add_argument("--no-verify", dest="verify", action="store_false",
+                   help="skip the checksums and test vectors before the server reports ready")
+    s.add_argument("--max-request-mb", type=float, default=64.0, help="largest request body (413 beyond)")
+    s.add_argument("--trust", action="append", metavar="PUBKEY.pem",
+                   help="serve only bundles signed by this Ed25519 public key (repeatable)")
+    s.set_defaults(fn=cmd_serve)
     return p
 
 

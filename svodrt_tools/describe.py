@@ -24,10 +24,10 @@ def describe_bundle(b: Bundle, host: Host | None = None, verbose: bool = False) 
     producer = m.get("producer", {})
     lines = [f"format {b.header.major}.{b.header.minor}, made by {producer.get('name')} {producer.get('version')}",
              "inputs:"]
-    lines += [f"  {t.name}: {t.dtype}{list(t.shape)}" for t in b.inputs]
+    lines += [f"  {t}" for t in b.inputs]  # bounded dims by name with their bounds (format 1.5)
     if any(t.dtype == "string" for t in b.inputs):
         lines.append(f"  (string inputs: numpy arrays of str; the model knows {len(b.vocabulary)} strings)")
-    lines += ["outputs:"] + [f"  {t.name}: {t.dtype}{list(t.shape)}" for t in b.outputs]
+    lines += ["outputs:"] + [f"  {t}" for t in b.outputs]
     lines.append("code variants (the first one this host's CPU can run is used, unless a GPU device is asked for):")
     chosen = None
     for v in b.variants:

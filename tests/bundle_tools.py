@@ -4,6 +4,7 @@ the edit reaches the runtime's deeper checks instead of stopping at the manifest
 from __future__ import annotations
 
 import hashlib
+import struct
 
 import msgpack
 import zstandard
@@ -32,3 +33,49 @@ def repack(data: bytes, manifest: object, rebind: bool = False) -> bytes:
                          len(body) + len(stored), h.manifest_offset, len(stored), len(raw),
                          hashlib.sha256(raw).digest()[:8])
     return header.pack() + body[HEADER_SIZE:] + stored
+
+
+def with_wrong_test_vector(data: bytes) -> bytes:
+    """A float32 bundle whose first test vector expects output 0's first value off by 0.5: every checksum
+    still matches, only running the vector shows it."""
+    m = manifest_of(data)
+    want = bytearray(m["test_vectors"][0]["outputs"][0])
+    want[0:4] = struct.pack("<f", struct.unpack("<f", want[0:4])[0] + 0.5)
+    m["test_vectors"][0]["outputs"][0] = bytes(want)
+    return repack(data, m)
+
+
+def old_runtime_load(commit: str, minor: int, bundle: bytes, tmp_path) -> str:
+    """Load `bundle` with the svodrt of `commit` (this repository's history; a format 1.`minor` runtime)
+    in a fresh interpreter: what it prints (the BundleFormatError it raises, or nothing). Skips when
+    the commit is not in this checkout's history."""
+    import subprocess
+    import sys
+    import tarfile
+    from io import BytesIO
+    from pathlib import Path
+
+    import pytest
+
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run(["git", "-C", str(root), "archive", commit, "svodrt"], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"the format 1.{minor} runtime (commit {commit}) is not in this checkout's history: "
+                    f"{r.stderr.decode(errors='replace').strip()[:200]}")
+    with tarfile.open(fileobj=BytesIO(r.stdout)) as tar:
+        tar.extractall(tmp_path, filter="data")
+    (tmp_path / "b.svod").write_bytes(bundle)
+    script = f"""
+import svodrt, sys
+assert svodrt.__file__.startswith(sys.argv[1]), svodrt.__file__
+from svodrt.format import FORMAT_MINOR
+assert FORMAT_MINOR == {minor}
+try:
+    svodrt.load(sys.argv[1] + "/b.svod")
+except svodrt.BundleFormatError as e:
+    print(e)
+"""
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
+                         cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout

@@ -205,6 +205,23 @@ def test_host_features_from_hwcap_and_isa_strings():
     assert host.arch == "x86_64" and host.features <= {f.name for f in FEATURES["x86_64"]}
 
 
+@pytest.mark.parametrize("spec", ["aarch64", "riscv64"])
+def test_a_bundle_with_bounded_dims_runs_under_unicorn_at_two_sizes(spec):
+    """Bounded dims (format 1.5) on another architecture: the `dims` array in the entry ABI, run-time
+    loop bounds and GEMM tiles, the same bundle at two batch sizes."""
+    from tests.test_dynamic import _cnn, _feeds
+
+    t = parse_target(spec)[0]
+    model = _cnn()
+    bundle = svodc.compile(model, target=spec, dims={"N": (1, 9)})
+    for n in (2, 9):
+        feeds = _feeds(n)
+        got = run_unicorn(bundle, t.arch, set(t.features), feeds)
+        for (name, g), w in zip(got.items(), reference(model, feeds), strict=True):
+            assert g.shape == w.shape
+            np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-4 * float(np.abs(w).max()), err_msg=f"{spec} {name} {n}")
+
+
 @pytest.mark.parametrize("spec", ["aarch64", "aarch64:cortex-a76", "riscv64"])  # unicorn lacks Zba/Zbb, SVE, RVV
 def test_cross_code_runs_under_unicorn(spec, small_model):
     """The real bundle bytes, laid out as svodrt does, executed on an emulated aarch64/riscv64 CPU."""

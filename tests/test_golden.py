@@ -22,7 +22,8 @@ def test_goldens_exist_for_format_1():
 
 
 def test_the_current_format_version_has_goldens_with_its_new_features():
-    """Each minor version adds a folder; 1.4's holds a bundle with string inputs (the vocabulary)."""
+    """Each minor version adds a folder; 1.4's holds a bundle with string inputs (the vocabulary), 1.5's one
+    with a bounded dim."""
     from svodrt.format import FORMAT_MAJOR, FORMAT_MINOR
 
     current = {p.name for p in GOLDENS if p.parent.name == f"v{FORMAT_MAJOR}.{FORMAT_MINOR}"}
@@ -30,6 +31,9 @@ def test_the_current_format_version_has_goldens_with_its_new_features():
     assert "string_codes.svod" in {p.name for p in GOLDENS if p.parent.name == "v1.4"}
     with svodrt.load(ARTIFACTS / "v1.4" / "string_codes.svod", threads=1) as m:
         assert [t.dtype for t in m.inputs] == ["string", "string"] and m.bundle.vocabulary
+    assert "bounded_batch.svod" in {p.name for p in GOLDENS if p.parent.name == "v1.5"}
+    with svodrt.load(ARTIFACTS / "v1.5" / "bounded_batch.svod", threads=1) as m:  # its input is at N=3 of 1..8
+        assert [d.name for d in m.bundle.dims] == ["N"] and [str(t) for t in m.outputs] == ["y: float32[N=1..8, 5]"]
 
 
 @pytest.mark.parametrize("path", GOLDENS, ids=[f"{p.parent.name}/{p.stem}" for p in GOLDENS])

@@ -113,7 +113,7 @@ def test_runtime_imports_only_its_dependencies():
     import svodrt_tools
 
     allowed = {"numpy", "msgpack", "zstandard", "svodrt", "svodrt_tools", "__future__"} | sys.stdlib_module_names
-    optional = {"cryptography", "ml_dtypes"}  # the svod[sign] and svod[dtypes] extras
+    optional = {"cryptography", "ml_dtypes", "svodrt_serve"}  # svod[sign], svod[dtypes]; svod[serve]'s `svodrt serve`
     roots = [os.path.dirname(svodrt.__file__), os.path.dirname(svodrt_tools.__file__)]
     seen_lazy = set()
     for root, name in ((r, n) for r in roots for n in os.listdir(r) if n.endswith(".py")):

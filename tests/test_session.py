@@ -15,8 +15,7 @@ from onnx import TensorProto, helper
 import svodc
 import svodrt
 from svodrt.errors import InputError
-from svodrt.session import _shape
-from tests.onnx_util import make_model
+from tests.onnx_util import make_model, reference
 
 
 def _model() -> onnx.ModelProto:
@@ -69,10 +68,23 @@ def test_an_onnxruntime_script_runs_unchanged_on_the_bundle(paths):
             np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
 
 
-def test_dim_names_come_from_the_bundle_where_it_has_them():
-    assert _shape({"dims": ["batch", 3, {"name": "seq", "max": 512}]}, (1, 3, 7)) == ["batch", 3, "seq"]
-    assert _shape({"shape": [1, 3]}, (1, 3)) == [1, 3]  # a static bundle: ints
-    assert _shape({"dims": ["a"]}, (1, 3)) == [1, 3]  # a malformed entry never invents names
+def test_dim_names_come_from_the_bundle_where_it_has_them(paths):
+    """A bundle with bounded dims (format 1.5) names them as onnxruntime does, and runs at any size in
+    range; a static bundle has ints."""
+    from tests.test_dynamic import _cnn, _feeds
+
+    model = _cnn()
+    with svodrt.InferenceSession(svodc.compile(model, dims={"N": (1, 9)})) as sess:
+        assert [a.shape for a in sess.get_inputs()] == [["N", 3, 16, 16], ["N", 10]]
+        assert [a.shape for a in sess.get_outputs()] == [["N", 10], ["N", 16, 16, 16]]
+        for n in (2, 7):
+            feeds = _feeds(n)
+            for g, w in zip(sess.run(None, feeds), reference(model, feeds), strict=True):
+                np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+        with pytest.raises(svodrt.InputError, match="bounded dims"):
+            sess.run(None, _feeds(2), out=[np.empty((9, 10), np.float32), np.empty((9, 16, 16, 16), np.float32)])
+    with svodrt.InferenceSession(paths[1]) as sess:
+        assert all(isinstance(d, int) for a in sess.get_inputs() for d in a.shape)
 
 
 def test_metadata_names_the_compiler_options_and_the_onnx_digest(paths):

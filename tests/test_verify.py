@@ -16,7 +16,7 @@ import svodc
 import svodrt
 from svodrt.format import FORMAT_MAJOR, FORMAT_MINOR, HEADER_SIZE, unpack_header
 from svodrt_tools.verify import max_error, verify
-from tests.bundle_tools import manifest_of, repack
+from tests.bundle_tools import manifest_of, repack, with_wrong_test_vector
 from tests.onnx_util import make_model
 
 BIN = os.path.dirname(sys.executable)
@@ -40,13 +40,8 @@ def test_verify_passes_on_a_good_bundle(fat_bundle):
 
 
 def test_verify_fails_on_a_tampered_test_vector(small_bundle, tmp_path):
-    data = small_bundle[0].read_bytes()
-    m = manifest_of(data)
-    want = bytearray(m["test_vectors"][0]["outputs"][0])
-    want[0:4] = struct.pack("<f", struct.unpack("<f", want[0:4])[0] + 0.5)
-    m["test_vectors"][0]["outputs"][0] = bytes(want)
     bad = tmp_path / "tampered.svod"
-    bad.write_bytes(repack(data, m))
+    bad.write_bytes(with_wrong_test_vector(small_bundle[0].read_bytes()))
     with svodrt.load(bad) as model:  # it still loads and runs: the vector is only checked by verify
         assert model.run(small_bundle[1])["y"].shape == (2, 10)
     r = svodrt_cli("verify", str(bad))

@@ -1,5 +1,6 @@
 """GPU code for GEMM nodes: a shared-memory tiled kernel (the first correct version; the matrix units
--- MFMA, WMMA, mma.sync -- are not used yet).
+-- MFMA, WMMA, mma.sync -- are not used by it; gpu_wmma.py is a first float16 WMMA kernel for gfx11,
+not yet wired into model compilation).
 
 C[b, m, n] = sum_k A[b, m, k] * B[b, k, n]. One block of THREADS = 16 x 16 threads computes a
 BM x BN = 64 x 64 tile of C; thread (ty, tx) = (t / 16, t % 16) owns the 4 x 4 elements

@@ -12,12 +12,17 @@ small, see emit_gemm). For each tile a micro-kernel keeps rows x (lanes/vw) vect
 whole K loop, then stores the tile to C. The epilogue (the kernel's STORE over m and n) rewrites the
 tile in place while it is still in cache.
 
-Every size is a compile-time constant: each kernel gets micro-kernels specialized for its strides,
-plus tail variants for the last row and lane tiles (masked vector loads and stores at the edge).
+Sizes are compile-time constants, except a bounded dim (passes/dynamic.py) sizing the outermost batch
+axis, m, n or k, read from the entry's `dims`: the tile loop then covers the run-time tiles, the last
+row tile picks the micro-kernel for its run-time row count (one per count, 1..rows), the last lane tile
+the one for its vector count (the last vector masked to the run-time lanes). Each kernel
+gets micro-kernels specialized for its strides, plus tail variants for the last row and lane tiles
+(masked vector loads and stores at the edge).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -129,6 +134,14 @@ def micro_kernel(rows: int, nvec: int, vw: int, masked: bool, packed: bool, scat
     return "\n".join(L)
 
 
+def _runtime_tiles(em: KernelEmitter, total: str, tile: int) -> tuple[str, str, str]:
+    """(tiles, index of the last one, its size in 1..tile) of a run-time extent `total` >= 1."""
+    top = em.stack[0]
+    count = em.emit_line(top, f"udiv i64 {em.emit_line(top, f'add nsw i64 {total}, {tile - 1}')}, {tile}")
+    last = em.emit_line(top, f"sub nsw i64 {count}, 1")
+    return count, last, em.emit_line(top, f"sub nsw i64 {total}, {em.emit_line(top, f'mul nsw i64 {last}, {tile}')}")
+
+
 def operand_offset(em: KernelEmitter, scope: Scope, op: GemmOperand, batch: list[str],
                    terms: list[tuple[str, int]] | None = None) -> str:
     """op.offset + sum(batch_i * batch_stride_i) + sum(value * coef) as an i64 SSA value (CPU and GPU)."""
@@ -167,27 +180,59 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target) -> None:
     rt_n, lt_n, tiles = plan.row_tiles, plan.lane_tiles, plan.tiles
     rows_tail, lanes_tail = plan.rows_tail, plan.lanes_tail
     s_side, v_side, c_row, c_lane = _sides(arg)
+    row_sizes = {rows, rows_tail}
+    top = em.stack[0]
+    # row / lane tiles, the last tile's index and its rows / lanes: constants, or run-time values for a
+    # bounded m or n (any count of the last tile is possible then: 1..rows rows, 1..lanes lanes)
+    rt_count, last_start, tail_rt = str(rt_n), str(rt_n - 1), str(rows_tail)
+    lt_count, last_lane_tile, lanes_rt = str(lt_n), str(lt_n - 1), str(lanes_tail)
+    if arg.m_var is not None:
+        row_sizes = set(range(1, rows + 1))
+        rt_count, last_start, tail_rt = _runtime_tiles(em, em.dim_value(arg.m_var.slot), rows)
+    if arg.n_var is not None:
+        lt_count, last_lane_tile, lanes_rt = _runtime_tiles(em, em.dim_value(arg.n_var.slot), lanes)
+        nvec_rt = em.emit_line(top, f"udiv i64 {em.emit_line(top, f'add nsw i64 {lanes_rt}, {vw - 1}')}, {vw}")
+        vec_tail = em.emit_line(top, f"sub nsw i64 {lanes_rt}, {em.emit_line(top, f'mul nsw i64 {nvec_rt}, {vw}')}")
+        vec_tail = em.emit_line(top, f"add nsw i64 {vec_tail}, {vw}")  # lanes of the last vector: 1..vw
+    k_size = str(arg.k) if arg.k_var is None else em.dim_value(arg.k_var.slot)
     calls = {}
-    for r in {rows, rows_tail}:
+    for r in row_sizes:
+        if arg.n_var is not None:  # the last lane tile: nvec vectors, the last one masked to vec_tail lanes
+            for nvec in range(1, lanes // vw + 1):
+                mode = (True, v_side.packed_panels, c_lane != 1)
+                name = micro_kernel_name(r, nvec, vw, *mode)
+                em.shared_functions[name] = micro_kernel(r, nvec, vw, *mode, em.uses_intrinsics)
+                calls[(r, -nvec)] = (f"@{name}", f"i64 {k_size}, i64 {s_side.k_stride}, i64 {s_side.row_stride}, "
+                                                 f"i64 {v_side.k_stride}, i64 {v_side.panel_stride}, i64 {c_row}, "
+                                                 f"i64 {c_lane}, i64 {vec_tail}")
         for c in {lanes, lanes_tail}:
             nvec = -(-c // vw)
             tail = c - (nvec - 1) * vw
             mode = (tail != vw, v_side.packed_panels, c_lane != 1)
             name = micro_kernel_name(r, nvec, vw, *mode)
             em.shared_functions[name] = micro_kernel(r, nvec, vw, *mode, em.uses_intrinsics)
-            calls[(r, c)] = (f"@{name}", f"i64 {arg.k}, i64 {s_side.k_stride}, i64 {s_side.row_stride}, "
+            calls[(r, c)] = (f"@{name}", f"i64 {k_size}, i64 {s_side.k_stride}, i64 {s_side.row_stride}, "
                                          f"i64 {v_side.k_stride}, i64 {v_side.panel_stride}, i64 {c_row}, "
                                          f"i64 {c_lane}, i64 {tail}")
 
     t_range = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, tiles),), RangeArg(-1, RangeKind.PARALLEL))
-    start, stop = em.part_split(str(tiles))
+    run_tiles = str(tiles)
+    if arg.runtime:  # tiles are batch-major: the first ones run
+        lead = em.dim_value(arg.batch_var.slot) if arg.batch_var is not None else str(math.prod(arg.batch[:1]))
+        inner = math.prod(arg.batch[1:])
+        inner = str(inner * lt_n) if arg.n_var is None else em.emit_line(top, f"mul nsw i64 {lt_count}, {inner}")
+        per_lead = em.emit_line(top, f"mul nsw i64 {rt_count}, {inner}")
+        run_tiles = em.emit_line(top, f"mul nsw i64 {lead}, {per_lead}", "tiles")
+    start, stop = em.part_split(run_tiles)
     em.open_loop(t_range, start, stop)
     sc = em.stack[-1]
     t = sc.ivar
     line = em.emit_line
     # Tile order (gemm_plan.py): lane tiles innermost when the vector panels are small, else row tiles,
-    # reusing each vector panel (k x lanes) across the row blocks while it is in L1/L2.
-    inner, outer, *batch = em.split_index(sc, t, plan.loop_sizes)
+    # reusing each vector panel (k x lanes) across the row blocks while it is in L1/L2. The tile counts
+    # are run-time values for a bounded m or n.
+    inner_n, outer_n = (lt_count, rt_count) if plan.lanes_first else (rt_count, lt_count)
+    inner, outer, *batch = em.split_index(sc, t, (inner_n, outer_n, *reversed(arg.batch)))
     batch.reverse()
     rt, lt = (outer, inner) if plan.lanes_first else (inner, outer)
     r0 = line(sc, f"mul nuw nsw i64 {rt}, {rows}")
@@ -206,13 +251,29 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target) -> None:
                            ((pa, a_off), (pb, b_off), (pc, c_off)))
     s_ptr, v_ptr = (b_ptr, a_ptr) if arg.transposed else (a_ptr, b_ptr)
     call_args = f"ptr {s_ptr}, ptr {v_ptr}, ptr {c_ptr}"
-    last_r = line(sc, f"icmp eq i64 {rt}, {rt_n - 1}") if rows_tail != rows else "false"
-    last_l = line(sc, f"icmp eq i64 {lt}, {lt_n - 1}") if lanes_tail != lanes else "false"
+    last_r = line(sc, f"icmp eq i64 {rt}, {last_start}") if rows_tail != rows or arg.m_var else "false"
+    last_l = line(sc, f"icmp eq i64 {lt}, {last_lane_tile}") if lanes_tail != lanes or arg.n_var else "false"
     k = em.fresh_label()
-    sc.lines.append(f"  br i1 {last_r}, label %T{k}.t, label %T{k}.f")
-    for tag, r in (("f", rows), ("t", rows_tail)):
+    if arg.m_var is None:
+        sc.lines.append(f"  br i1 {last_r}, label %T{k}.t, label %T{k}.f")
+        variants = (("f", rows), ("t", rows_tail))
+    else:  # the run-time rows of this tile pick the micro-kernel
+        nrows = line(sc, f"select i1 {last_r}, i64 {tail_rt}, i64 {rows}")
+        cases = " ".join(f"i64 {r}, label %T{k}.r{r}" for r in range(1, rows))
+        sc.lines.append(f"  switch i64 {nrows}, label %T{k}.r{rows} [ {cases} ]")
+        variants = tuple((f"r{r}", r) for r in range(1, rows + 1))
+    for tag, r in variants:
         sc.lines += [f"T{k}.{tag}:", f"  br i1 {last_l}, label %T{k}.{tag}t, label %T{k}.{tag}f"]
         for sub, c in (("f", lanes), ("t", lanes_tail)):
+            if sub == "t" and arg.n_var is not None:  # the run-time vectors of the last lane tile pick the kernel
+                most = lanes // vw
+                cases = " ".join(f"i64 {v}, label %T{k}.{tag}t{v}" for v in range(1, most))
+                sc.lines += [f"T{k}.{tag}t:", f"  switch i64 {nvec_rt}, label %T{k}.{tag}t{most} [ {cases} ]"]
+                for v in range(1, most + 1):
+                    fn, sizes = calls[(r, -v)]
+                    sc.lines += [f"T{k}.{tag}t{v}:", f"  call void {fn}({call_args}, {sizes})",
+                                 f"  br label %T{k}.join"]
+                continue
             fn, sizes = calls[(r, c)]
             sc.lines += [f"T{k}.{tag}{sub}:", f"  call void {fn}({call_args}, {sizes})", f"  br label %T{k}.join"]
     sc.lines.append(f"T{k}.join:")
@@ -226,8 +287,8 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target) -> None:
         for tag, nrows, nlanes in (("full", str(rows), str(lanes)), ("edge", None, None)):
             sc.lines.append(f"E{e}.{tag}:")
             if nrows is None:
-                nrows = line(sc, f"select i1 {last_r}, i64 {rows_tail}, i64 {rows}")
-                nlanes = line(sc, f"select i1 {last_l}, i64 {lanes_tail}, i64 {lanes}")
+                nrows = line(sc, f"select i1 {last_r}, i64 {tail_rt}, i64 {rows}")
+                nlanes = line(sc, f"select i1 {last_l}, i64 {lanes_rt}, i64 {lanes}")
             r1 = line(sc, f"add nuw nsw i64 {r0}, {nrows}")
             l1 = line(sc, f"add nuw nsw i64 {l0}, {nlanes}")
             m1, n1 = (l1, r1) if arg.transposed else (r1, l1)

@@ -63,6 +63,8 @@ class KernelEmitter:
         self.free: dict[UOp, frozenset[UOp]] = {}
         self.params: dict[int, str] = {}
         self.uses_intrinsics: set[str] = set()
+        # Bounded dims read at run time (passes/dynamic.py): the body then takes the entry's `dims` array.
+        self.uses_dims = reads_dims(ast)
         for n in toposort([ast]):
             if n.op is Ops.RANGE:
                 self.free[n] = frozenset({n})
@@ -119,7 +121,7 @@ class KernelEmitter:
         scope.lines.append(f"  {v} = {rhs}")
         return v
 
-    def split_index(self, scope: Scope, value: str, sizes: tuple[int, ...]) -> list[str]:
+    def split_index(self, scope: Scope, value: str, sizes: tuple[int | str, ...]) -> list[str]:
         """A flat i64 index as coordinates over `sizes`, innermost first (value % s, then value / s)."""
         out = []
         for s in sizes:
@@ -148,6 +150,8 @@ class KernelEmitter:
             return f"%p{n.arg.index}"
         if n.op is Ops.RANGE:
             return self.stack[self.range_pos[n]].ivar
+        if n.op is Ops.DEFINE_VAR:
+            return self.dim_value(n.arg.slot)
         return self.target_scope(n).cache.get(n)
 
     def value(self, n: UOp) -> str:
@@ -177,6 +181,15 @@ class KernelEmitter:
         value = self._direct(n)
         assert value is not None
         return value
+
+    def dim_value(self, slot: int) -> str:
+        """dims[slot] (an i64 the runtime checked against the dim's range), loaded once per kernel call."""
+        top = self.stack[0]
+        key = ("dim", slot)
+        if key not in top.cache:
+            ptr = self.emit_line(top, f"getelementptr inbounds i64, ptr %dims, i64 {slot}", "dimp")
+            top.cache[key] = self.emit_line(top, f"load i64, ptr {ptr}", "dim")
+        return top.cache[key]
 
     def emit_reduce(self, n: UOp, scope: Scope) -> str:
         from svodc.codegen.llvm_alu import combine, reduce_init
@@ -249,7 +262,7 @@ class KernelEmitter:
                 emit_gemm(self, stmt, self.target)
             else:
                 self.emit_store(stmt)
-        params = ", ".join(f"ptr noalias %p{i}" for i in range(nparams))
+        params = ", ".join(f"ptr noalias %p{i}" for i in range(nparams)) + (", ptr %dims" if self.uses_dims else "")
         lines = [f"define internal void @{self.name}.body({params}, i32 %part, i32 %nparts) #0 {{",
                  "entry:", *[f"  {a}" for a in self.allocas], *self.stack[0].lines, "  ret void", "}"]
         return "\n".join(lines)
@@ -273,6 +286,11 @@ def render_body(kernel: Kernel, target: Target) -> tuple[str, set[str], dict[str
     return em.render_body(len(kernel.params)), em.uses_intrinsics, em.shared_functions
 
 
+def reads_dims(ast: UOp) -> bool:
+    """Does the kernel read bounded dims (passes/dynamic.py)? Its body then takes the entry's `dims`."""
+    return any(n.op is Ops.DEFINE_VAR or (n.op is Ops.GEMM and n.arg.runtime) for n in toposort([ast]))
+
+
 def body_name(kernel: Kernel) -> str:
     return f"{kernel.name}.body"
 
@@ -291,6 +309,8 @@ def render_wrapper(kernel: Kernel, nin: int, body: str) -> str:
         lines.append(f"  %b{i} = load ptr, ptr %s{i}")
         lines.append(f"  %a{i} = getelementptr inbounds i8, ptr %b{i}, i64 {offset}")
         args.append(f"ptr %a{i}")
+    if reads_dims(kernel.ast):
+        args.append("ptr %dims")
     lines.append(f"  call void @{body}({', '.join(args)}, i32 %part, i32 %nparts)")
     lines += ["  ret void", "}"]
     return "\n".join(lines)

@@ -127,9 +127,7 @@ def parallel_parts(kernel: Kernel, target: Target) -> int:
         sizes = []
         for u in stmt.toposort():
             if u.op is Ops.RANGE:
-                size = u.src[0].arg if u.src[0].op is Ops.CONST else None
-                if size is None:
-                    return 1  # a run-time trip count: no estimate, so no split
+                size = u.src[0].vmax  # a run-time trip count (a bounded dim) is estimated at its bound
                 sizes.append(size)
                 if u.arg.kind is RangeKind.PARALLEL:
                     trips.append(size)

@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 
 from svodc.errors import InputShapeError, UnsupportedModelError, UnsupportedNode
+from svodc.frontend.dims import DimTable, resolve_dim
 from svodc.frontend.dtypes import UnsupportedDType, onnx_to_dtype
 from svodc.frontend.strings import Vocabulary
 from svodc.frontend.values import OptionalValue, SequenceValue, Value
@@ -39,19 +40,21 @@ def _dtype(name: str, tt: onnx.TypeProto.Tensor) -> DType:
         raise UnsupportedModelError([UnsupportedNode(name, "graph input", "", 0, str(e))]) from None
 
 
-def graph_input(vi: onnx.ValueInfoProto, options: CompileOptions,
-                vocabulary: Vocabulary) -> tuple[Value, list[tuple[str, UOp]]]:
+def graph_input(vi: onnx.ValueInfoProto, options: CompileOptions, vocabulary: Vocabulary,
+                dims: DimTable) -> tuple[Value, list[tuple[str, UOp]]]:
     """The value a graph input has inside the graph, and the bundle inputs it is made of. A string value
-    fixed at compile time (--input-value) is interned into `vocabulary`."""
-    return _input(vi.name, vi.type, options, vocabulary)
+    fixed at compile time (--input-value) is interned into `vocabulary`; bounded dims are recorded in
+    `dims` (the INPUT node has their upper bounds)."""
+    return _input(vi.name, vi.type, options, vocabulary, dims)
 
 
-def _input(name: str, t: onnx.TypeProto, options: CompileOptions, vocabulary: Vocabulary) -> tuple[Value, list]:
+def _input(name: str, t: onnx.TypeProto, options: CompileOptions, vocabulary: Vocabulary,
+           dims: DimTable) -> tuple[Value, list]:
     kind = t.WhichOneof("value")
     if kind == "optional_type":
         if name in options.input_values and options.input_values[name] is None:
             return OptionalValue(None), []
-        value, inputs = _input(name, t.optional_type.elem_type, options, vocabulary)
+        value, inputs = _input(name, t.optional_type.elem_type, options, vocabulary, dims)
         return OptionalValue(value), inputs
     if kind == "sequence_type":
         elem = t.sequence_type.elem_type
@@ -69,7 +72,7 @@ def _input(name: str, t: onnx.TypeProto, options: CompileOptions, vocabulary: Vo
         items, inputs = [], []
         i = 0
         while element_name(name, i) in options.input_shapes or element_name(name, i) in options.input_values:
-            x = _tensor(element_name(name, i), elem.tensor_type, options, vocabulary)
+            x = _tensor(element_name(name, i), elem.tensor_type, options, vocabulary, dims)
             items.append(x)
             if x.op is Ops.INPUT:
                 inputs.append((element_name(name, i), x))
@@ -82,11 +85,12 @@ def _input(name: str, t: onnx.TypeProto, options: CompileOptions, vocabulary: Vo
     if kind != "tensor_type":
         raise UnsupportedModelError([UnsupportedNode(name, "graph input", "", 0,
                                                      f"{kind or 'untyped'} inputs are not supported")])
-    x = _tensor(name, t.tensor_type, options, vocabulary)
+    x = _tensor(name, t.tensor_type, options, vocabulary, dims)
     return x, ([(name, x)] if x.op is Ops.INPUT else [])
 
 
-def _tensor(name: str, tt: onnx.TypeProto.Tensor, options: CompileOptions, vocabulary: Vocabulary) -> UOp:
+def _tensor(name: str, tt: onnx.TypeProto.Tensor, options: CompileOptions, vocabulary: Vocabulary,
+            dims: DimTable) -> UOp:
     dtype = _dtype(name, tt)
     if name in options.input_values and dtype is dtypes.string:
         return vocabulary.constant(options.input_values[name], f"--input-value {name}")
@@ -97,10 +101,12 @@ def _tensor(name: str, tt: onnx.TypeProto.Tensor, options: CompileOptions, vocab
                                   f"{dtype.name}")
         return UOp(Ops.WEIGHT, dtype, (), ConstData(array))
     if name in options.input_shapes:
-        shape = tuple(options.input_shapes[name])
-        if tt.HasField("shape") and len(tt.shape.dim) != len(shape):
-            raise InputShapeError(f"input {name!r}: --input-shape gives rank {len(shape)}, "
-                                  f"the model declares rank {len(tt.shape.dim)}")
+        given = tuple(options.input_shapes[name])
+        declared = list(tt.shape.dim) if tt.HasField("shape") else None
+        if declared is not None and len(declared) != len(given):
+            raise InputShapeError(f"input {name!r}: --input-shape gives rank {len(given)}, "
+                                  f"the model declares rank {len(declared)}")
+        shape = tuple(resolve_dim(name, i, declared[i] if declared else None, g, dims) for i, g in enumerate(given))
         return UOp(Ops.INPUT, dtype, (), InputArg(name, shape))
     if not tt.HasField("shape"):
         raise InputShapeError(f"input {name!r} has no declared shape: pass --input-shape {name}=DxDx...")
@@ -108,11 +114,11 @@ def _tensor(name: str, tt: onnx.TypeProto.Tensor, options: CompileOptions, vocab
     for i, d in enumerate(tt.shape.dim):
         if d.HasField("dim_value") and d.dim_value >= 0:
             shape.append(d.dim_value)
-        elif d.HasField("dim_param") and d.dim_param in options.dims:
-            shape.append(options.dims[d.dim_param])
+        elif d.HasField("dim_param") and d.dim_param != "?" and d.dim_param in options.dims:
+            shape.append(resolve_dim(name, i, d, options.dims[d.dim_param], dims))
         else:
             what = f"symbolic {d.dim_param!r}" if d.HasField("dim_param") else "unknown"
-            fix = f"--dim {d.dim_param}=VALUE or " if d.HasField("dim_param") else ""
+            fix = f"--dim {d.dim_param}=VALUE (or LO..HI) or " if d.HasField("dim_param") else ""
             raise InputShapeError(f"input {name!r} dim {i} is {what}: fix it at compile time with "
                                   f"{fix}--input-shape {name}=DxDx...")
     return UOp(Ops.INPUT, dtype, (), InputArg(name, tuple(shape)))

@@ -27,6 +27,7 @@ from svodc.errors import (
     WeightsError,
 )
 from svodc.frontend.boundary import graph_input, graph_output
+from svodc.frontend.dims import DimTable, check_bounded
 from svodc.frontend.dtypes import UnsupportedDType, onnx_to_dtype
 from svodc.frontend.graph_import import POISON, GraphImporter, Scope
 from svodc.frontend.option_check import check_options, describe_inputs, fixes_unknown_dims
@@ -104,11 +105,15 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
         raise InputShapeError(f"--input-value names {sorted(unknown)}, which are not inputs of the model")
     inputs = []
     problems: list[UnsupportedNode] = []
+    initialized = {init.name for init in graph.initializer}
+    check_bounded([vi for vi in graph.input if vi.name not in initialized], options.dims, options.input_shapes,
+                  options.input_values)
+    dim_table = DimTable()
     for vi in graph.input:
         if vi.name in scope.values:  # an initializer listed as an input (IR < 4): a constant
             continue
         try:
-            value, bundle_inputs = graph_input(vi, options, vocabulary)
+            value, bundle_inputs = graph_input(vi, options, vocabulary, dim_table)
         except UnsupportedModelError as e:  # e.g. a string input: listed with the nodes that fail
             problems += e.nodes
             scope.set(vi.name, POISON)
@@ -140,7 +145,7 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
         raise UnsupportedModelError(problems)
     producer = f"{model.producer_name} {model.producer_version}".strip()
     return ImportedGraph(inputs, outputs, prov, producer, frozenset(importer.expanded), vocabulary.strings,
-                         importer.op_types)
+                         importer.op_types, tuple(dim_table.dims.values()), dim_table.input_axes)
 
 
 @functools.cache

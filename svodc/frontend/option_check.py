@@ -1,12 +1,14 @@
 """CompileOptions checked against the model before anything is imported: every --dim names a symbolic
 dim of some graph input, every --input-shape names an input and agrees with the dims the model fixes,
-and every value is an integer. A misspelt name is an error listing what the model has, never ignored."""
+and every value is an integer or a bounded range (lo, hi) (frontend/dims.py). A misspelt name is an error
+listing what the model has, never ignored."""
 
 from __future__ import annotations
 
 import onnx
 
 from svodc.errors import InputShapeError
+from svodc.frontend.dims import parse_size
 from svodc.options import CompileOptions
 
 
@@ -37,15 +39,19 @@ def check_options(graph: onnx.GraphProto, options: CompileOptions, initializers:
     listing = describe_inputs(graph, initializers)
     dim_names = sorted({d for vi in inputs.values() for d in (_declared(vi) or []) if isinstance(d, str)})
     for name, value in options.dims.items():
-        if not _is_int(value) or value < 0:
-            raise InputShapeError(f"dims[{name!r}] = {value!r} ({type(value).__name__}): a dim must be an int >= 0, "
-                                  f"e.g. dims={{{name!r}: 1}}")
+        if (not _is_int(value) and not isinstance(value, tuple | list)) or (_is_int(value) and value < 0):
+            raise InputShapeError(f"dims[{name!r}] = {value!r} ({type(value).__name__}): a dim must be an int >= 0 "
+                                  f"or a range (lo, hi), e.g. dims={{{name!r}: 1}} or dims={{{name!r}: (1, 64)}}")
+        parse_size(value, f"dims[{name!r}]")
         if name not in dim_names:
             raise InputShapeError(f"--dim {name}: the model has no symbolic dim {name!r}; its dims are {dim_names} "
                                   f"(inputs: {listing})")
     for name, shape in options.input_shapes.items():
-        if not isinstance(shape, tuple | list) or not all(_is_int(d) and d >= 0 for d in shape):
-            raise InputShapeError(f"input_shapes[{name!r}] = {shape!r}: a shape must be a tuple of ints >= 0")
+        if not isinstance(shape, tuple | list) or not all((_is_int(d) and d >= 0) or isinstance(d, tuple | list)
+                                                          for d in shape):
+            raise InputShapeError(f"input_shapes[{name!r}] = {shape!r}: a shape must be a tuple of ints >= 0 "
+                                  "or ranges (lo, hi)")
+        shape = tuple(parse_size(d, f"input_shapes[{name!r}] dim {i}") for i, d in enumerate(shape))
         base = name.split("[")[0] if name not in inputs else name
         if base not in inputs:
             raise InputShapeError(f"--input-shape {name}: the model has no input {name!r}; its inputs are {listing}")

@@ -220,6 +220,7 @@ class VarArg:
     name: str
     lo: int
     hi: int
+    slot: int = 0  # a bounded input dim: its index in the entry's `dims` array (passes/dynamic.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +279,18 @@ class GemmArg:
     b: GemmOperand
     c: GemmOperand
     transposed: bool = False
+    # Bounded dims (passes/dynamic.py), not transposed: batch_var sizes batch[0] (only the tiles of batch
+    # indices below its run-time value run), m_var m and n_var n (the row / lane tiles end at the run-time
+    # size), k_var k (neither operand packed).
+    batch_var: VarArg | None = None
+    m_var: VarArg | None = None
+    n_var: VarArg | None = None
+    k_var: VarArg | None = None
+
+    @property
+    def runtime(self) -> bool:
+        """Does a size of this GEMM come from the entry's `dims`?"""
+        return any(v is not None for v in (self.batch_var, self.m_var, self.n_var, self.k_var))
 
 
 class ConstData:

@@ -24,6 +24,29 @@ def prod(xs) -> int:
     return math.prod(xs)
 
 
+def reshape_groups(out_shape: tuple, src_shape: tuple) -> list[tuple[list[int], list[int]]]:
+    """A reshape's axes grouped where the running products of both shapes agree: (output axes, source
+    axes) per group, in order. Only a group of more than one axis on either side merges or splits."""
+    groups = []
+    i = j = 0
+    while i < len(out_shape) or j < len(src_shape):
+        gi, gj = [i], [j]
+        po = out_shape[i] if i < len(out_shape) else 1
+        ps = src_shape[j] if j < len(src_shape) else 1
+        i, j = i + 1, j + 1
+        while po != ps:
+            if po < ps:
+                po *= out_shape[i]
+                gi.append(i)
+                i += 1
+            else:
+                ps *= src_shape[j]
+                gj.append(j)
+                j += 1
+        groups.append(([a for a in gi if a < len(out_shape)], [a for a in gj if a < len(src_shape)]))
+    return groups
+
+
 def window_out(size: int, kernel: int, stride: int, dilation: int) -> int:
     span = (kernel - 1) * dilation + 1
     if size < span:

@@ -50,8 +50,8 @@ def gemm_eligible(n: UOp, policy: OptimizationPolicy) -> bool:
     return n.dtype is dtypes.float32 and macs >= policy.gemm_min_macs
 
 
-def decompose_matmul(n: UOp, policy: OptimizationPolicy) -> UOp | None:
-    if gemm_eligible(n, policy):
+def decompose_matmul(n: UOp, policy: OptimizationPolicy, force: bool = False) -> UOp | None:
+    if not force and gemm_eligible(n, policy):
         return None
     a, b = n.src
     *batch, M, K = a.shape

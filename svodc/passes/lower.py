@@ -18,7 +18,9 @@ writes (or combines) each update at its run-time position, in order, on one thre
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Generator
+from functools import reduce
 
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import (
@@ -38,9 +40,11 @@ from svodc.ir.ops import (
     WindowArg,
 )
 from svodc.ir.rewrite import graph_rewrite
+from svodc.ir.shapes import reshape_groups
 from svodc.ir.symbolic import pm_symbolic
 from svodc.ir.uop import UOp
 from svodc.passes.buffers import Buffers
+from svodc.passes.dynamic import DynamicAxes
 from svodc.passes.split import split_kernel
 from svodc.policy import OptimizationPolicy
 from svodc.program import Buffer
@@ -64,23 +68,7 @@ def reshape_index(idx: tuple[UOp, ...], out_shape: tuple[int, ...], src_shape: t
     Axes are grouped where the running products of both shapes agree, so div/mod only appears
     inside a group that really merges or splits axes."""
     src_idx: list[UOp] = []
-    i = j = 0
-    while i < len(out_shape) or j < len(src_shape):
-        gi, gj = [i], [j]
-        po = out_shape[i] if i < len(out_shape) else 1
-        ps = src_shape[j] if j < len(src_shape) else 1
-        i, j = i + 1, j + 1
-        while po != ps:
-            if po < ps:
-                po *= out_shape[i]
-                gi.append(i)
-                i += 1
-            else:
-                ps *= src_shape[j]
-                gj.append(j)
-                j += 1
-        gi = [a for a in gi if a < len(out_shape)]
-        gj = [a for a in gj if a < len(src_shape)]
+    for gi, gj in reshape_groups(out_shape, src_shape):
         flat = ic(0)
         for a in gi:
             flat = flat * out_shape[a] + idx[a]
@@ -98,8 +86,10 @@ class KernelLowerer:
     is computed in this kernel); `read_back` names nodes this kernel itself has already written to a
     buffer (a GEMM's product, which its epilogue reads back from C)."""
 
-    def __init__(self, name: str, out: Buffer, buffers: Buffers, policy: OptimizationPolicy):
+    def __init__(self, name: str, out: Buffer, buffers: Buffers, policy: OptimizationPolicy,
+                 dyn: DynamicAxes | None = None):
         self.name = name
+        self.dyn = dyn
         self.params: list[Buffer] = [out]
         self._param_uops: dict[int, UOp] = {}
         self.buffers = buffers
@@ -107,6 +97,10 @@ class KernelLowerer:
         self.read_back: dict[UOp, Buffer] = {}
         self._ranges = 0
         self._memo: dict[tuple[UOp, tuple[UOp, ...]], UOp] = {}
+
+    def extents(self, n: UOp) -> tuple[int | UOp, ...]:
+        """n's axis sizes at run time: ints, or UOps where a bounded dim sizes the axis."""
+        return self.dyn.extents(n) if self.dyn else n.shape
 
     def param(self, buf: Buffer) -> UOp:
         if buf.id not in self._param_uops:
@@ -116,8 +110,9 @@ class KernelLowerer:
             self._param_uops[buf.id] = UOp(Ops.PARAM, buf.dtype.ptr(), (), ParamArg(i, buf.name))
         return self._param_uops[buf.id]
 
-    def new_range(self, size: int, kind: RangeKind) -> UOp:
-        r = UOp(Ops.RANGE, _IDX, (ic(size),), RangeArg(self._ranges, kind))
+    def new_range(self, size: int | UOp, kind: RangeKind) -> UOp:
+        """A loop over [0, size); size is a UOp for a run-time extent (a bounded dim, passes/dynamic.py)."""
+        r = UOp(Ops.RANGE, _IDX, (ic(size) if isinstance(size, int) else size,), RangeArg(self._ranges, kind))
         self._ranges += 1
         return r
 
@@ -133,7 +128,7 @@ class KernelLowerer:
         while copy_from is None and root.op is Ops.RESHAPE and self.buffers.get(root.src[0]) is None:
             root = root.src[0]
         shape = root.shape
-        idx = self.output_index(shape, merge_inner)
+        idx = self.output_index(shape, merge_inner, self.extents(root))
         value = self.load(copy_from, idx) if copy_from is not None else self.lower(root, idx, top=True)
         out = self.params[0]
         store = UOp(Ops.STORE, dtypes.void, (self.param(out), self.linear(idx, shape), value))
@@ -148,9 +143,11 @@ class KernelLowerer:
         x, ix, upd = root.src
         shape = root.shape
         out = self.param(self.params[0])
-        cidx = tuple(self.new_range(d, RangeKind.LOOP) if d != 1 else ic(0) for d in shape)
+        cidx = tuple(self.new_range(e, RangeKind.LOOP) if d != 1 else ic(0)
+                     for d, e in zip(shape, self.extents(root), strict=True))
         copy = UOp(Ops.STORE, dtypes.void, (out, self.linear(cidx, shape), self.lower(x, cidx)))
-        uidx = tuple(self.new_range(d, RangeKind.LOOP) if d != 1 else ic(0) for d in upd.shape)
+        uidx = tuple(self.new_range(e, RangeKind.LOOP) if d != 1 else ic(0)
+                     for d, e in zip(upd.shape, self.extents(upd), strict=True))
         target = list(uidx)
         target[arg.axis] = self.index_value(ix, uidx, shape[arg.axis])
         where = _simplify(self.linear(tuple(target), shape))
@@ -170,29 +167,36 @@ class KernelLowerer:
         v = v.lt(ic(0)).where(v + size, v)
         return _simplify(v.maximum(ic(0)).minimum(ic(max(size - 1, 0))))
 
-    def output_index(self, shape: tuple[int, ...], merge_inner: bool = False) -> tuple[UOp, ...]:
+    def output_index(self, shape: tuple[int, ...], merge_inner: bool = False,
+                     extents: tuple[int | UOp, ...] | None = None) -> tuple[UOp, ...]:
         """Leading axes collapse into one PARALLEL range (split across threads); the rest loop, one
-        range per axis, or all in one range when merge_inner (a long contiguous innermost loop)."""
+        range per axis, or all in one range when merge_inner (a long contiguous innermost loop).
+        `extents` gives run-time sizes (passes/dynamic.py): a run-time axis only leads a collapsed
+        group (its index is then the range divided by a constant) and is never merged."""
+        ext = shape if extents is None else extents
         k, p = 0, 1
-        while k < len(shape) and p < self.policy.parallel_min:
+        while k < len(shape) and p < self.policy.parallel_min and (k == 0 or isinstance(ext[k], int)):
             p *= shape[k]
             k += 1
         idx: list[UOp] = []
         if k:
-            idx += self._split_range(self.new_range(p, RangeKind.PARALLEL), shape[:k])
-        rest = shape[k:]
-        if merge_inner and len([d for d in rest if d != 1]) > 1:
+            size = p if isinstance(ext[0], int) else reduce(operator.mul, ext[1:k], ext[0])
+            idx += self._split_range(self.new_range(size, RangeKind.PARALLEL), shape[:k], isinstance(ext[0], int))
+        rest, rest_ext = shape[k:], ext[k:]
+        if merge_inner and len([d for d in rest if d != 1]) > 1 and all(isinstance(e, int) for e in rest_ext):
             idx += self._split_range(self.new_range(math.prod(rest), RangeKind.LOOP), rest)
         else:
-            idx += [self.new_range(d, RangeKind.LOOP) if d != 1 else ic(0) for d in rest]
+            idx += [self.new_range(e, RangeKind.LOOP) if d != 1 else ic(0) for d, e in zip(rest, rest_ext, strict=True)]
         return tuple(_simplify(i) for i in idx)
 
     @staticmethod
-    def _split_range(r: UOp, dims: tuple[int, ...]) -> list[UOp]:
+    def _split_range(r: UOp, dims: tuple[int, ...], static_lead: bool = True) -> list[UOp]:
+        """r over the row-major product of dims -> one index per dim. The leading index needs no
+        modulo (r < prod(dims)); a run-time leading extent gets none, as bounds could not drop it."""
         out, inner = [], math.prod(dims)
-        for d in dims:
+        for i, d in enumerate(dims):
             inner //= d
-            out.append(r // inner % d if d != 1 else ic(0))
+            out.append(ic(0) if d == 1 else r // inner if i == 0 and not static_lead else r // inner % d)
         return out
 
     @staticmethod
@@ -311,11 +315,12 @@ class KernelLowerer:
             assert isinstance(arg, ReduceArg)
             ranges = []
             sidx = list(idx)
+            extents = self.extents(src)
             for a in arg.axes:
                 if src.shape[a] == 1:
                     sidx[a] = ic(0)
                     continue
-                r = self.new_range(src.shape[a], RangeKind.REDUCE)
+                r = self.new_range(extents[a], RangeKind.REDUCE)
                 ranges.append(r)
                 sidx[a] = r
             if math.prod(src.shape[a] for a in arg.axes) == 0:
@@ -338,13 +343,13 @@ def reduce_identity(op: Ops, dtype) -> int | float | bool:
 
 
 def lower_kernel(name: str, root: UOp, out: Buffer, buffers: Buffers, policy: OptimizationPolicy,
-                 copy_from: Buffer | None = None) -> tuple[UOp, list[Buffer]]:
+                 copy_from: Buffer | None = None, dyn: DynamicAxes | None = None) -> tuple[UOp, list[Buffer]]:
     """Lower one kernel. The inner output axes are tried as one merged loop first: when that indexes
     every buffer without div/mod (the axes are contiguous everywhere), it gives the vectorizer one
     long loop instead of short nested ones; otherwise each axis keeps its own loop."""
     results = []
     for merge in (True, False) if policy.merge_inner_loops else (False,):
-        lowerer = KernelLowerer(name, out, buffers, policy)
+        lowerer = KernelLowerer(name, out, buffers, policy, dyn)
         ast = lowerer.lower_kernel(root, copy_from, merge_inner=merge)
         results.append((_divmods(ast), ast, lowerer.params))
     _, ast, params = min(results, key=lambda r: r[0])  # the first (merged) on a tie

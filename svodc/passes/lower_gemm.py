@@ -20,18 +20,19 @@ from svodc.gemm_plan import A_PANEL, B_PANEL
 from svodc.ir.dtypes import dtypes
 from svodc.ir.interpret import evaluate
 from svodc.ir.ops import (
-    MOVEMENT,
     ConstData,
     GemmArg,
     GemmOperand,
     KernelArg,
     Ops,
     RangeKind,
+    VarArg,
 )
 from svodc.ir.rewrite import graph_rewrite
 from svodc.ir.symbolic import pm_symbolic
 from svodc.ir.uop import UOp
 from svodc.passes.buffers import Buffers
+from svodc.passes.dynamic import DynamicAxes, is_constant
 from svodc.passes.lower import KernelLowerer, reshape_index
 from svodc.passes.views import affine_view
 from svodc.policy import OptimizationPolicy
@@ -79,7 +80,7 @@ class GemmLowerer(KernelLowerer):
         def is_base(n: UOp) -> bool:
             return n.op in (Ops.WEIGHT, Ops.CONST) or self.buffers.get(n) is not None
 
-        if _is_constant_view(x):
+        if is_constant(x):
             # Constants are evaluated and packed now, whatever their view (a flipped ConvTranspose
             # weight is not affine after a reshape); broadcast batch axes are packed once.
             view = affine_view(x, is_base)
@@ -118,8 +119,10 @@ class GemmLowerer(KernelLowerer):
         out = self.params[0]
         a, b = mm.src
         batch, (m, n), k = mm.shape[:-2], mm.shape[-2:], a.shape[-1]
-        self.transposed = self.policy.gemm_transpose and _vectorize_along_m(m, n, k, _is_constant_view(a),
-                                                                            _is_constant_view(b))
+        # a run-time m, n or k: lanes along n (the run-time tile counts are those of GemmArg's *_var)
+        runtime = bool(self.dyn) and any(x is not None for x in (*self.dyn.axes(mm)[-2:], self.dyn.axes(a)[-1]))
+        self.transposed = (self.policy.gemm_transpose and not runtime
+                           and _vectorize_along_m(m, n, k, is_constant(a), is_constant(b)))
         a_param, a_op = self.operand(a, "a")
         b_param, b_op = self.operand(b, "b")
         c_strides, s = [], m * n
@@ -127,7 +130,7 @@ class GemmLowerer(KernelLowerer):
             c_strides.append(s)
             s *= d
         c_op = GemmOperand(tuple(reversed(c_strides)), n, 1, 0)
-        arg = GemmArg(tuple(batch), m, n, k, a_op, b_op, c_op, self.transposed)
+        arg = GemmArg(tuple(batch), m, n, k, a_op, b_op, c_op, self.transposed, *self._dim_vars(mm))
         c_param = self.param(out)
         if root is mm:
             return UOp(Ops.GEMM, dtypes.void, (a_param, b_param, c_param), arg)
@@ -140,10 +143,18 @@ class GemmLowerer(KernelLowerer):
         return UOp(Ops.GEMM, dtypes.void, (a_param, b_param, c_param, store, *ranges), arg)
 
 
-def _is_constant_view(x: UOp) -> bool:
-    while x.op in MOVEMENT:
-        x = x.src[0]
-    return x.op in (Ops.WEIGHT, Ops.CONST)
+    def _dim_vars(self, mm: UOp) -> tuple[VarArg | None, ...]:
+        """The bounded dims sizing the GEMM's outermost batch axis, M, N and K (GemmArg's batch_var,
+        m_var, n_var, k_var): the tile loop then covers only the run-time tiles. The pipeline sends
+        products with another run-time axis to the generic path (pipeline.py), so none reaches here."""
+        if not self.dyn:
+            return None, None, None, None
+        *batch, m_ax, n_ax = self.dyn.axes(mm)
+        k_ax = self.dyn.axes(mm.src[0])[-1]
+        assert not any(batch[1:]) and not (self.transposed and (m_ax or n_ax or k_ax)), "run-time GEMM axis"
+        assert all(a is None or a.factor == 1 for a in (m_ax, n_ax, k_ax, *batch)), "a GEMM axis of dim * factor"
+        lead = batch[0] if batch else None
+        return tuple(None if a is None else self.dyn.var(a.dim).arg for a in (lead, m_ax, n_ax, k_ax))
 
 
 def _vectorize_along_m(m: int, n: int, k: int, a_const: bool, b_const: bool) -> bool:
@@ -160,9 +171,9 @@ def _simplify(x: UOp) -> UOp:
     return graph_rewrite(x, pm_symbolic)
 
 
-def lower_gemm_kernel(name: str, root: UOp, mm: UOp, out: Buffer, buffers: Buffers,
-                      policy: OptimizationPolicy) -> tuple[UOp, list[Buffer]]:
-    lowerer = GemmLowerer(name, out, buffers, policy)
+def lower_gemm_kernel(name: str, root: UOp, mm: UOp, out: Buffer, buffers: Buffers, policy: OptimizationPolicy,
+                      dyn: DynamicAxes | None = None) -> tuple[UOp, list[Buffer]]:
+    lowerer = GemmLowerer(name, out, buffers, policy, dyn)
     gemm = lowerer.lower_gemm(root, mm)
     sink = UOp(Ops.SINK, dtypes.void, (gemm,), KernelArg(name))
     return graph_rewrite(sink, pm_symbolic), lowerer.params

@@ -12,6 +12,7 @@ import sys
 
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import Ops
+from svodc.ir.pattern import PatternMatcher, UPat
 from svodc.ir.provenance import Provenance
 from svodc.ir.rewrite import debug_level, graph_rewrite
 from svodc.ir.spec import verify
@@ -19,7 +20,8 @@ from svodc.ir.uop import UOp, pretty
 from svodc.options import CompileOptions
 from svodc.passes.buffers import Buffers
 from svodc.passes.contraction import pm_conv_to_matmul, pm_fold_into_conv
-from svodc.passes.decompose import pm_decompose
+from svodc.passes.decompose import decompose_matmul, pm_decompose
+from svodc.passes.dynamic import DynamicAxes, is_constant
 from svodc.passes.fold import is_folded_constant, pm_fold
 from svodc.passes.lower import lower_kernel
 from svodc.passes.lower_gemm import find_matmul, lower_gemm_kernel
@@ -36,7 +38,8 @@ def _after_pass(title: str, sink: UOp, options: CompileOptions) -> None:
         print(f"===== after {title} =====\n{pretty(sink)}", file=sys.stderr)
 
 
-def optimize(graph: ImportedGraph, options: CompileOptions, policy: OptimizationPolicy = DEFAULT_POLICY) -> UOp:
+def optimize(graph: ImportedGraph, options: CompileOptions, policy: OptimizationPolicy = DEFAULT_POLICY,
+             dyn: DynamicAxes | None = None) -> UOp:
     """The tensor-level graph after folding and decomposition, as a SINK of the outputs."""
     prov = graph.provenance
     sink = UOp(Ops.SINK, dtypes.void, tuple(o for _, o in graph.outputs))
@@ -48,11 +51,29 @@ def optimize(graph: ImportedGraph, options: CompileOptions, policy: Optimization
     _after_pass("fold into conv", sink, options)
     sink = graph_rewrite(sink, pm_conv_to_matmul(policy), prov=prov)
     _after_pass("conv to matmul", sink, options)
+    if dyn:
+        sink = graph_rewrite(sink, _generic_runtime_matmuls(dyn, policy), prov=prov)
+        _after_pass("run-time matmuls", sink, options)
     sink = graph_rewrite(sink, pm_decompose(policy), prov=prov)
     _after_pass("decompose", sink, options)
     sink = graph_rewrite(sink, fold, prov=prov)
     _after_pass("fold after decompose", sink, options)
     return sink
+
+
+def _generic_runtime_matmuls(dyn: DynamicAxes, policy: OptimizationPolicy) -> PatternMatcher:
+    """MATMULs with a run-time inner batch axis, or an axis of a multiple of a dim, go to the generic path
+    (MUL + REDUCE, whose loops take run-time extents); the GEMM kernels take a run-time outermost batch
+    axis, M, N and K (lower_gemm.py), K only with neither operand a constant (packed at compile time)."""
+    def rule(n: UOp) -> UOp | None:
+        *batch, m, cols = dyn.axes(n)
+        k = dyn.axes(n.src[0])[-1]
+        lead = batch[0] if batch else None
+        runtime = (any(batch[1:]) or any(a is not None and a.factor != 1 for a in (m, cols, k, lead))
+                   or (k is not None and any(is_constant(s) for s in n.src)))
+        return decompose_matmul(n, policy, force=True) if runtime else None
+
+    return PatternMatcher([(UPat(Ops.MATMUL, name="n"), rule)], name="runtime-matmul")
 
 
 def _kernel_name(i: int, provenance: list[str]) -> str:
@@ -76,15 +97,17 @@ def _provenance(root: UOp, realized: set[UOp], prov: Provenance) -> list[str]:
 def build_program(graph: ImportedGraph, options: CompileOptions, policy: OptimizationPolicy = DEFAULT_POLICY
                   ) -> Program:
     """The program for the variants that share `policy` (svodc/policy.py)."""
-    sink = optimize(graph, options, policy)
+    dyn = DynamicAxes(graph.dims, graph.input_dims, graph.provenance) if graph.dims else None
+    sink = optimize(graph, options, policy, dyn)
     outputs = list(zip([name for name, _ in graph.outputs], sink.src, strict=True))
+    out_axes = [dyn.axes(x) if dyn else () for _, x in outputs]  # also checks every node up front
     plans, realized = plan_kernels(outputs, policy)
 
     next_id = iter(range(1 << 30))
-    inputs = [Buffer(next(next_id), BufferKind.INPUT, x.dtype, x.shape, name, slot=i)
-              for i, (name, x) in enumerate(graph.inputs)]
-    out_bufs = [Buffer(next(next_id), BufferKind.OUTPUT, x.dtype, x.shape, name, slot=i)
-                for i, (name, x) in enumerate(outputs)]
+    inputs = [Buffer(next(next_id), BufferKind.INPUT, x.dtype, x.shape, name, slot=i,
+                     dims=dyn.axes(x) if dyn else ()) for i, (name, x) in enumerate(graph.inputs)]
+    out_bufs = [Buffer(next(next_id), BufferKind.OUTPUT, x.dtype, x.shape, name, slot=i, dims=ax)
+                for i, ((name, x), ax) in enumerate(zip(outputs, out_axes, strict=True))]
     out_by_name = {b.name: b for b in out_bufs}
     buffers = Buffers(inputs, next_id)
     scratch: list[Buffer] = []
@@ -98,9 +121,9 @@ def build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimiz
         copy_from = written[plan.root] if plan.copy else None
         mm = None if plan.copy else find_matmul(plan.root, lambda n: n in realized or n.op in (Ops.INPUT, Ops.WEIGHT))
         if mm is not None:
-            ast, params = lower_gemm_kernel(name, plan.root, mm, out, buffers, policy)
+            ast, params = lower_gemm_kernel(name, plan.root, mm, out, buffers, policy, dyn)
         else:
-            ast, params = lower_kernel(name, plan.root, out, buffers, policy, copy_from=copy_from)
+            ast, params = lower_kernel(name, plan.root, out, buffers, policy, copy_from=copy_from, dyn=dyn)
         if not plan.copy:
             written.setdefault(plan.root, out)
             if plan.root in realized:
@@ -111,7 +134,7 @@ def build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimiz
 
     weight_list = list(buffers.weights.values())
     program = Program(inputs, out_bufs, kernels, weight_list, scratch, producer=graph.producer,
-                      vocabulary=graph.vocabulary)
+                      vocabulary=graph.vocabulary, dims=graph.dims)
     program.arena_size = plan_arena(kernels, scratch)
     program.weights_size = plan_weights(weight_list)
     return program

@@ -5,7 +5,8 @@ entry ABI work, on the real bundle bytes (ppc64le, s390x and the vector extensio
 What svodrt does, in an emulated address space: svodrt's parser and variant selection, the code
 image at a 4 KiB-aligned base with every fixup word (bundle byte order) plus that base, the weights
 section as stored, the buffer table [arena, weights, inputs..., outputs...], a zeroed sync block,
-and one call svod_entry(bufs, NULL, 0, 1, sync) per the platform's C calling convention, returning
+and one call svod_entry(bufs, dims, 0, 1, sync) per the platform's C calling convention (dims: NULL,
+or the values of a bundle's bounded dims, with inputs and outputs at the bounds, as svodrt/dims.py), returning
 to an address where emulation stops. One thread: unicorn runs one CPU (the barrier returns at once
 for nthreads = 1; the qemu tier runs two threads).
 """
@@ -17,6 +18,7 @@ import struct
 import numpy as np
 
 from svodrt.bundle import check_section, parse_bundle
+from svodrt.dims import at_bound, dim_values, real_output
 from svodrt.format import DTYPES
 from svodrt.host import Host
 from svodrt.model import check_input, select_variant
@@ -65,22 +67,27 @@ def run_unicorn(bundle: bytes, arch: str, features: set[str], feeds: dict[str, n
     mu.mem_write(CODE, bytes(code))
 
     arrays = [check_input(t, feeds[t.name]) for t in b.inputs]
+    dims = dim_values(b.inputs, arrays, b.dims) if b.dims else None
+    if dims is not None:
+        arrays = [at_bound(t, a) for t, a in zip(b.inputs, arrays, strict=True)]
     blobs = [bytes(bundle[b.weights.offset: b.weights.offset + b.weights.length])]
     blobs += [a.astype(a.dtype.newbyteorder(order)).tobytes() for a in arrays]
-    sizes = [b.arena_size, b.weights.length, *(a.nbytes for a in arrays), *(t.nbytes for t in b.outputs)]
+    sizes = [b.arena_size, b.weights.length, *(t.nbytes for t in b.inputs), *(t.nbytes for t in b.outputs)]
     addrs, at = [], DATA
     for size in sizes:
         addrs.append(at)
         at += _up(size)
-    table, sync = at, at + PAGE
-    mu.mem_map(DATA, at + 2 * PAGE - DATA)
+    table, sync, dims_at = at, at + PAGE, at + 2 * PAGE
+    mu.mem_map(DATA, at + 3 * PAGE - DATA)
+    if dims is not None:
+        mu.mem_write(dims_at, struct.pack(f"{order}{len(dims)}q", *dims))
     for addr, blob in zip(addrs[1:], blobs, strict=False):
         mu.mem_write(addr, blob)
     mu.mem_write(table, struct.pack(f"{order}{len(addrs)}Q", *addrs))
     mu.mem_map(STACK, STACK_SIZE)
     mu.mem_map(RETURN, PAGE)
 
-    for reg, value in zip(arg_regs, (table, 0, 0, 1, sync), strict=True):
+    for reg, value in zip(arg_regs, (table, 0 if dims is None else dims_at, 0, 1, sync), strict=True):
         mu.reg_write(reg, value)
     mu.reg_write(sp_reg, STACK + STACK_SIZE - 256)
     mu.reg_write(ret_reg, RETURN)
@@ -92,4 +99,6 @@ def run_unicorn(bundle: bytes, arch: str, features: set[str], feeds: dict[str, n
         dt = np.dtype(DTYPES[t.dtype][0])
         raw = np.frombuffer(bytes(mu.mem_read(addr, t.nbytes)), dtype=dt.newbyteorder(order))
         outs[t.name] = raw.astype(dt).reshape(t.shape)
+        if dims is not None:
+            outs[t.name] = real_output(t, outs[t.name], dims, {d.name: i for i, d in enumerate(b.dims)})
     return outs

@@ -9,7 +9,7 @@
 
 So svodrt's real GPU code (variant choice, uploads, argument arrays, launch order, graph capture,
 copies back) computes real outputs that tests compare with onnxruntime; what is not exercised is the
-GPU backends' machine code and the real drivers.
+GPU backends' machine code (gfx1100's is, by the RDNA3 emulator: tests/gpu/rdna3/) and the real drivers.
 """
 
 from __future__ import annotations

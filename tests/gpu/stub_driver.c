@@ -36,6 +36,9 @@ const char *svod_stub_log(void) { return log_buf; }
 void svod_stub_clear_log(void) { log_len = 0; log_buf[0] = 0; }
 int svod_stub_live_allocations(void) { return nallocs; }
 
+/* the i-th live allocation (0 <= i < svod_stub_live_allocations()): what an emulated GPU may address */
+void svod_stub_allocation(int i, uint64_t *p, size_t *n) { *p = allocs[i].p; *n = allocs[i].n; }
+
 /* 1 when [p, p + n) lies inside one live allocation */
 int svod_stub_owns(uint64_t p, size_t n) {
   for (int i = 0; i < nallocs; i++)

@@ -1,0 +1,119 @@
+"""A float16 GEMM kernel on RDNA3's matrix units (WMMA, gfx11): C (f32) = A (f16) x B (f16), float32
+accumulation, for M, N, K multiples of 16. Not yet used by model compilation (the GEMM kernels of
+gpu_gemm.py are float32 and run on the vector ALUs); it is the first matrix-unit path, checked by
+executing its gfx1100 machine code in the RDNA3 emulator (tests/gpu/rdna3/) against NumPy.
+
+One wave32 workgroup computes one 16 x 16 tile of C with `v_wmma_f32_16x16x16_f16` per 16 steps of
+k. Operand layout of that instruction in wave32 (AMD's RDNA3 ISA manual, "Wave Matrix Multiply
+Accumulate"): lane l holds, in 8 VGPRs of packed halves, row l % 16 of the A tile (its 16 k values,
+A row-major: one contiguous 32-byte load) and column l % 16 of the B tile (16 k values, strided by
+N); lanes 16-31 hold the same as lanes 0-15. The result: VGPR v of lane l is C[2 v + l // 16][l % 16].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from svodc.codegen.compile import LLVMJob, run_jobs
+from svodc.codegen.gpu_tools import check_amd_code_object, link_amd_code_object
+from svodc.errors import CodegenError
+from svodc.gpu_target import GpuTarget
+
+TILE = 16
+WAVE = 32
+SYMBOL = "svod_wmma_gemm_f16"
+WMMA_ARCHS = ("gfx1100", "gfx1151")  # RDNA3 / RDNA3.5: the gfx11 WMMA encoding
+
+
+@dataclass(frozen=True)
+class WmmaGemm:
+    m: int
+    n: int
+    k: int
+
+    @property
+    def grid(self) -> int:
+        return (self.m // TILE) * (self.n // TILE)
+
+    @property
+    def block(self) -> int:
+        return WAVE
+
+
+def wmma_gemm_ir(g: WmmaGemm) -> str:
+    """LLVM IR (amdgcn, code object v5) of the kernel SYMBOL(A, B, C): A (m, k) and B (k, n) float16
+    row-major, C (m, n) float32 row-major."""
+    if min(g.m, g.n, g.k) <= 0 or any(x % TILE for x in (g.m, g.n, g.k)):
+        raise CodegenError(f"WMMA GEMM {g.m}x{g.n}x{g.k}: every dimension must be a positive multiple of {TILE}")
+    tiles_n = g.n // TILE
+    b_loads = []  # lane's column of the B tile: 16 halves, one per k, strided by n
+    bv = "zeroinitializer"
+    for e in range(TILE):
+        b_loads += [f"  %kk{e} = add i32 %k0, {e}", f"  %bk{e} = mul i32 %kk{e}, {g.n}",
+                    f"  %bi{e} = add i32 %bk{e}, %col",
+                    f"  %bp{e} = getelementptr half, ptr addrspace(1) %b, i32 %bi{e}",
+                    f"  %bx{e} = load half, ptr addrspace(1) %bp{e}, align 2",
+                    f"  %bv{e} = insertelement <16 x half> {bv}, half %bx{e}, i32 {e}"]
+        bv = f"%bv{e}"
+    stores = []
+    for v in range(8):
+        stores += [f"  %cr{v} = add i32 %crow, {2 * v}", f"  %cm{v} = mul i32 %cr{v}, {g.n}",
+                   f"  %ci{v} = add i32 %cm{v}, %col",
+                   f"  %cp{v} = getelementptr float, ptr addrspace(1) %c, i32 %ci{v}",
+                   f"  %cv{v} = extractelement <8 x float> %acc1, i32 {v}",
+                   f"  store float %cv{v}, ptr addrspace(1) %cp{v}, align 4"]
+    lines = [
+        'target triple = "amdgcn-amd-amdhsa"',
+        "declare <8 x float> @llvm.amdgcn.wmma.f32.16x16x16.f16(<16 x half>, <16 x half>, <8 x float>)",
+        "declare i32 @llvm.amdgcn.workitem.id.x()",
+        "declare i32 @llvm.amdgcn.workgroup.id.x()",
+        "",
+        f"define amdgpu_kernel void @{SYMBOL}(ptr addrspace(1) noalias %a, ptr addrspace(1) noalias %b, "
+        "ptr addrspace(1) noalias %c) #0 {",
+        "entry:",
+        "  %lane = call i32 @llvm.amdgcn.workitem.id.x()",
+        "  %tile = call i32 @llvm.amdgcn.workgroup.id.x()",
+        f"  %tn = urem i32 %tile, {tiles_n}",
+        f"  %tm = udiv i32 %tile, {tiles_n}",
+        "  %l16 = and i32 %lane, 15",
+        "  %half = lshr i32 %lane, 4",
+        f"  %m0 = mul i32 %tm, {TILE}",
+        f"  %n0 = mul i32 %tn, {TILE}",
+        "  %row = add i32 %m0, %l16",
+        "  %col = add i32 %n0, %l16",
+        f"  %arow = mul i32 %row, {g.k}",
+        "  %crow = add i32 %m0, %half",
+        "  br label %loop",
+        "loop:",
+        "  %k0 = phi i32 [ 0, %entry ], [ %k1, %loop ]",
+        "  %acc = phi <8 x float> [ zeroinitializer, %entry ], [ %acc1, %loop ]",
+        "  %ai = add i32 %arow, %k0",
+        "  %ap = getelementptr half, ptr addrspace(1) %a, i32 %ai",
+        "  %av = load <16 x half>, ptr addrspace(1) %ap, align 2",
+        *b_loads,
+        f"  %acc1 = call <8 x float> @llvm.amdgcn.wmma.f32.16x16x16.f16(<16 x half> %av, <16 x half> {bv}, "
+        "<8 x float> %acc)",
+        f"  %k1 = add i32 %k0, {TILE}",
+        f"  %more = icmp ult i32 %k1, {g.k}",
+        "  br i1 %more, label %loop, label %exit",
+        "exit:",
+        *stores,
+        "  ret void",
+        "}",
+        f'attributes #0 = {{ nounwind "amdgpu-flat-work-group-size"="{WAVE},{WAVE}" }}',
+        "!llvm.module.flags = !{!0}",
+        '!0 = !{i32 1, !"amdhsa_code_object_version", i32 500}',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def compile_wmma_gemm(g: WmmaGemm, target: GpuTarget, opt_level: int = 2) -> bytes:
+    """The loadable code object (ET_DYN, HSA v5) holding the kernel, for a gfx11 target."""
+    if target.cpu not in WMMA_ARCHS:
+        raise CodegenError(f"WMMA GEMM: {target.cpu} has no gfx11 WMMA instructions (targets: {', '.join(WMMA_ARCHS)})")
+    job = LLVMJob(f"WMMA GEMM for {target.describe()}", wmma_gemm_ir(g), target.triple, target.cpu,
+                  target.llvm_features + ",+wavefrontsize32", opt_level, "small", False, set_datalayout=True)
+    (obj, _), = run_jobs([job], 1)
+    so = link_amd_code_object(obj, job.name)
+    check_amd_code_object(so, target.cpu, {SYMBOL: 3})
+    return so

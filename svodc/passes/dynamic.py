@@ -1,0 +1,219 @@
+"""Bounded symbolic dims through the tensor graph: which axis of each tensor a run-time dim sizes.
+
+The graph is built at the dims' upper bounds (frontend/dims.py) and memory is planned there; this
+analysis finds, for every tensor, the axes whose size is a run-time dim times a constant (`SymAxis`).
+Lowering then gives those axes' loops the run-time extent (a DEFINE_VAR the kernel reads from the
+entry's `dims` argument), so a call at a small size runs only the iterations it needs, in the
+upper-bound layout: element i of a dim axis sits where it sits at the bound.
+
+That is exact for prefix-consistent ops: the value at index i < n along a dim axis depends only on
+indices < n of that axis in the sources (elementwise, broadcasts, reshapes that keep the dim the
+outermost axis of its group, permutes, movement on other axes, contractions and reductions over it,
+whose loops run to the run-time size). Anything else on a dim axis -- padding, slicing, windows,
+gathering along it, convolving over it, a sum over it scaled by a constant (a mean would divide by the
+bound) -- is refused with a DynamicShapeError naming the node, instead of computing a wrong value. Not
+detected: a size read with Shape and folded into a value (x / Cast(Shape(x)[0])) is the upper bound's;
+such models need the dim fixed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from svodc.errors import SvodcError
+from svodc.frontend.dims import DimSpec
+from svodc.ir.dtypes import dtypes
+from svodc.ir.ops import (
+    ALU,
+    MOVEMENT,
+    ConvArg,
+    Ops,
+    PadArg,
+    PermuteArg,
+    ReduceArg,
+    ShapeArg,
+    SliceArg,
+    VarArg,
+    WindowArg,
+)
+from svodc.ir.provenance import Provenance
+from svodc.ir.shapes import reshape_groups
+from svodc.ir.uop import UOp, toposort
+
+
+class DynamicShapeError(SvodcError):
+    """An op uses a bounded dim in a way that does not yet follow the run-time size."""
+
+
+@dataclass(frozen=True)
+class SymAxis:
+    """An axis of run-time size value(dim) * factor (its compile-time size is hi * factor)."""
+
+    dim: str
+    factor: int = 1
+
+
+Axes = tuple[SymAxis | None, ...]
+
+
+class DynamicAxes:
+    """Memoized per node. `dims` in the order of the entry's `dims` array; `input_axes` from the frontend."""
+
+    def __init__(self, dims: tuple[DimSpec, ...], input_axes: dict[str, dict[int, str]], prov: Provenance | None):
+        self.dims = {d.name: d for d in dims}
+        self.slots = {d.name: i for i, d in enumerate(dims)}
+        self._inputs = input_axes
+        self._prov = prov
+        self._memo: dict[UOp, Axes] = {}
+        self._sums: set[UOp] = set()  # REDUCE(ADD)s over a bounded dim: a constant divisor would be a mean
+
+    def __bool__(self) -> bool:
+        return bool(self.dims)
+
+    def var(self, dim: str) -> UOp:
+        d = self.dims[dim]
+        return UOp(Ops.DEFINE_VAR, dtypes.index, (), VarArg(d.name, d.lo, d.hi, self.slots[dim]))
+
+    def extent(self, ax: SymAxis | None, size: int) -> UOp | int:
+        """The run-time size of an axis of compile-time size `size` (an int when it is static)."""
+        if ax is None:
+            return size
+        v = self.var(ax.dim)
+        return v if ax.factor == 1 else v * ax.factor
+
+    def extents(self, n: UOp) -> tuple[UOp | int, ...]:
+        return tuple(self.extent(a, s) for a, s in zip(self.axes(n), n.shape, strict=True))
+
+    def axes(self, n: UOp) -> Axes:
+        if not self.dims:
+            return (None,) * len(n.shape)
+        hit = self._memo.get(n)
+        if hit is None:
+            for m in toposort([n]):
+                if m not in self._memo:
+                    self._memo[m] = self._rule(m)
+            hit = self._memo[n]
+        return hit
+
+    # ------------------------------------------------------------------ rules
+    def _fail(self, n: UOp, what: str) -> DynamicShapeError:
+        names = sorted(self._prov.get(n)) if self._prov is not None else []
+        where = f"node {names[0]!r}" if names else f"a {n.op.name}"
+        dims = sorted({a.dim for s in n.src for a in self._memo.get(s, ()) if a is not None})
+        flags = " ".join(f"--dim {d}=SIZE" for d in dims)
+        return DynamicShapeError(f"{where} ({n.op.name}) {what}: not supported for a bounded dim yet; fix the dim "
+                                 f"with {flags or '--dim NAME=SIZE'}")
+
+    def _rule(self, n: UOp) -> Axes:
+        op, arg = n.op, n.arg
+        nd = len(n.shape)
+        if op is Ops.INPUT:
+            named = self._inputs.get(arg.name, {})
+            return tuple(SymAxis(named[i]) if i in named else None for i in range(nd))
+        if op in (Ops.WEIGHT, Ops.CONST) or nd == 0:
+            return (None,) * nd
+        src = [self._memo[s] for s in n.src]
+        if op in ALU:
+            if op in (Ops.MUL, Ops.DIV) and any(s in self._sums for s in n.src) and any(is_constant(s) for s in n.src):
+                raise self._fail(n, "scales a sum over a bounded dim by a constant (a mean over the bound's count)")
+            return self._merge(n, [(a, s.shape) for a, s in zip(src, n.src, strict=True)])
+        a0 = src[0]
+        if not any(a0) and not any(any(a) for a in src[1:]):
+            return (None,) * nd
+        if op is Ops.RESHAPE:
+            return self._reshape(n, a0)
+        if op is Ops.PERMUTE:
+            assert isinstance(arg, PermuteArg)
+            return tuple(a0[i] for i in arg.order)
+        if op is Ops.EXPAND:
+            assert isinstance(arg, ShapeArg)
+            return a0
+        if op is Ops.PAD:
+            assert isinstance(arg, PadArg)
+            self._untouched(n, a0, [i for i, p in enumerate(arg.pads) if p != (0, 0)], "pads a bounded dim")
+            return a0
+        if op is Ops.SLICE:
+            assert isinstance(arg, SliceArg)
+            cut = [i for i, (st, sp, sz) in enumerate(zip(arg.starts, arg.steps, arg.shape, strict=True))
+                   if (st, sp, sz) != (0, 1, n.src[0].shape[i])]
+            self._untouched(n, a0, cut, "slices a bounded dim")
+            return a0
+        if op is Ops.WINDOW:
+            assert isinstance(arg, WindowArg)
+            self._untouched(n, a0, list(arg.axes), "slides a window along a bounded dim")
+            return a0 + (None,) * len(arg.kernel)
+        if op is Ops.REDUCE:
+            assert isinstance(arg, ReduceArg)
+            if any(a0[i] is not None for i in arg.axes):  # the loop runs to the run-time size
+                if arg.op is Ops.ADD:
+                    self._sums.add(n)
+                return tuple(None if i in arg.axes else a for i, a in enumerate(a0))
+            return a0
+        if op is Ops.CONV:
+            assert isinstance(arg, ConvArg)
+            self._untouched(n, a0, list(range(1, nd)), "convolves over a bounded dim")
+            if any(src[1]):
+                raise self._fail(n, "has a weight sized by a bounded dim")
+            return (a0[0],) + (None,) * (nd - 1)
+        if op is Ops.MATMUL:
+            a, b = src  # a run-time K: the generic path reduces over it (pipeline.py)
+            batch = self._merge(n, [(a[:-2], n.src[0].shape[:-2]), (b[:-2], n.src[1].shape[:-2])], n.shape[:-2])
+            return (*batch, a[-2], b[-1])
+        if op is Ops.GATHER:
+            axis = arg.axis
+            self._untouched(n, a0, [axis], "gathers along a bounded dim")
+            x = tuple(None if i == axis else a for i, a in enumerate(a0))
+            return self._merge(n, [(x, n.src[0].shape), (src[1], n.src[1].shape)])
+        if op is Ops.SCATTER:
+            axis = arg.axis
+            for a in src:
+                self._untouched(n, a, [axis], "scatters along a bounded dim")
+            return self._merge(n, [(a0, n.src[0].shape), (src[2], n.src[2].shape)])
+        raise self._fail(n, "is an op the bounded-dim analysis does not know")
+
+    def _untouched(self, n: UOp, axes: Axes, which: list[int], what: str) -> None:
+        if any(axes[i] is not None for i in which):
+            raise self._fail(n, what)
+
+    def _merge(self, n: UOp, parts: list[tuple[Axes, tuple]], shape: tuple | None = None) -> Axes:
+        """Broadcasting sources: an axis is a dim where a source of the full size says so (a size-1
+        source broadcasts; a full-size source with no dim -- a constant -- is read at the same indices)."""
+        shape = n.shape if shape is None else shape
+        out: list[SymAxis | None] = [None] * len(shape)
+        for axes, s in parts:
+            off = len(shape) - len(axes)
+            for i, a in enumerate(axes):
+                if a is None or s[i] != shape[off + i]:
+                    continue
+                if out[off + i] is not None and out[off + i] != a:
+                    raise self._fail(n, f"combines dims {out[off + i].dim!r} and {a.dim!r} on one axis")
+                out[off + i] = a
+        return tuple(out)
+
+    def _reshape(self, n: UOp, a0: Axes) -> Axes:
+        """Axes grouped as lowering groups them (lower.reshape_index); a dim must be the outermost
+        non-1 axis of its group, and then sizes the outermost non-1 axis of the output group."""
+        src_shape, out_shape = n.src[0].shape, n.shape
+        out: list[SymAxis | None] = [None] * len(out_shape)
+        for gi, gj in reshape_groups(out_shape, src_shape):
+            gi = [a for a in gi if out_shape[a] != 1]
+            gj = [a for a in gj if src_shape[a] != 1]
+            dims = [(k, a0[a]) for k, a in enumerate(gj) if a0[a] is not None]
+            if not dims:
+                continue
+            k, ax = dims[0]
+            if len(dims) > 1 or k != 0 or not gi:
+                raise self._fail(n, f"merges dim {ax.dim!r} with an outer axis")
+            total = ax.factor * math.prod(src_shape[a] for a in gj[1:])
+            inner = math.prod(out_shape[a] for a in gi[1:])
+            if total % inner:
+                raise self._fail(n, f"splits dim {ax.dim!r}")
+            out[gi[0]] = SymAxis(ax.dim, total // inner)
+        return tuple(out)
+
+
+def is_constant(n: UOp) -> bool:
+    while n.op in MOVEMENT:
+        n = n.src[0]
+    return n.op in (Ops.WEIGHT, Ops.CONST)

@@ -1,0 +1,230 @@
+"""Bounded symbolic dims (issue 12): one bundle for every size in a declared range. The interface
+(--dim NAME=LO..HI, --input-shape with ranges, the Python API), the analysis that refuses what does not
+yet follow a run-time size, kernels whose loops run to the run-time size, and the runtime's checks
+(range, agreement of inputs sharing a dim) before native code runs. Real models: test_dynamic_models.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import svodc
+import svodrt
+from svodc.errors import InputShapeError
+from svodc.ir.ops import Ops
+from svodc.options import CompileOptions
+from svodc.passes.dynamic import DynamicShapeError
+from tests.onnx_util import make_model, reference
+from tests.test_cli import run
+from tests.test_inputs import EntrySpy
+
+RNG = np.random.default_rng(12)
+
+
+def _cnn():
+    """Conv (a GEMM with a run-time batch) -> Relu -> pooling -> Flatten -> Gemm (run-time M) -> Softmax,
+    plus a second input sharing the batch dim and an output of the conv's activation."""
+    w = RNG.standard_normal((16, 3, 3, 3)).astype(np.float32)
+    fw = RNG.standard_normal((10, 16)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["g"]), helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("Gemm", ["f", "fw", "b"], ["y"], transB=1), helper.make_node("Softmax", ["y"], ["z"])]
+    return make_model(nodes, {"x": (np.float32, ["N", 3, 16, 16]), "b": (np.float32, ["N", 10])}, ["z", "r"],
+                      {"w": w, "fw": fw})
+
+
+def _feeds(n: int) -> dict[str, np.ndarray]:
+    return {"x": RNG.standard_normal((n, 3, 16, 16)).astype(np.float32),
+            "b": RNG.standard_normal((n, 10)).astype(np.float32)}
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    model = _cnn()
+    return model, svodc.compile(model, dims={"N": (1, 9)})
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_bundle_runs_every_batch_size_in_range(cnn, threads):
+    model, bundle = cnn
+    with svodrt.load(bundle, threads=threads) as m:
+        for n in (1, 4, 9):
+            feeds = _feeds(n)
+            got = m.run(feeds)
+            for (name, g), want in zip(got.items(), reference(model, feeds), strict=True):
+                assert g.shape == want.shape, name
+                np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-5, err_msg=f"{name} at N={n}")
+
+
+def test_inputs_show_dims_by_name_with_bounds(cnn):
+    with svodrt.load(cnn[1], threads=1) as m:
+        assert [str(t) for t in m.inputs] == ["x: float32[N=1..9, 3, 16, 16]", "b: float32[N=1..9, 10]"]
+        assert m.inputs[0].shape == (9, 3, 16, 16)  # memory is laid out at the bound
+        assert [(d.name, d.lo, d.hi) for d in m.bundle.dims] == [("N", 1, 9)]
+        assert "N=1..9" in repr(m)
+
+
+@pytest.mark.parametrize("feeds, message", [
+    ({"x": np.zeros((10, 3, 16, 16), np.float32), "b": np.zeros((10, 10), np.float32)},
+     r"input 'x' dim 0 \('N'\): got 10, expected 1..9"),
+    ({"x": np.zeros((0, 3, 16, 16), np.float32), "b": np.zeros((0, 10), np.float32)}, r"got 0, expected 1..9"),
+    ({"x": np.zeros((2, 3, 16, 16), np.float32), "b": np.zeros((3, 10), np.float32)},
+     r"dim 'N' \(1..9\): input 'x' dim 0 is 2 but input 'b' dim 0 is 3; inputs sharing a dim must agree"),
+    ({"x": np.zeros((2, 3, 16, 15), np.float32), "b": np.zeros((2, 10), np.float32)},
+     r"input 'x' dim 3: got 15, expected 16"),
+])
+def test_bad_sizes_are_input_errors_before_native_code(cnn, feeds, message):
+    with svodrt.load(cnn[1], threads=1) as m:
+        spy = EntrySpy(m)
+        with pytest.raises(svodrt.InputError, match=message):
+            m.run(feeds)
+        assert spy.calls == 0
+        m.run(_feeds(2))
+        assert spy.calls == 1
+
+
+def test_kernels_loop_to_the_run_time_size():
+    """Every kernel that reads or writes a tensor sized by N gets its trip count from the `dims` array
+    (a DEFINE_VAR extent or a GEMM with a run-time batch); memory is planned once, at the bound."""
+    from svodc.frontend.importer import import_model
+    from svodc.passes.pipeline import build_program
+
+    graph = import_model(_cnn(), CompileOptions(dims={"N": (1, 9)}))
+    program = build_program(graph, CompileOptions())
+    static = build_program(import_model(_cnn(), CompileOptions(dims={"N": 9})), CompileOptions())
+    assert program.arena_size == static.arena_size
+    batched = [k for k in program.kernels if any(b.shape[:1] == (9,) for b in k.params)]
+    assert batched
+    for k in batched:
+        nodes = k.ast.toposort()
+        assert any(n.op is Ops.DEFINE_VAR or (n.op is Ops.GEMM and (n.arg.batch_var or n.arg.m_var)) for n in nodes), k.name
+
+
+def test_non_leading_dim_is_copied_into_the_bound_layout():
+    """A dim that is not the outermost axis: inputs are placed into the bound's layout, outputs cut out."""
+    model = make_model([helper.make_node("Mul", ["x", "x"], ["y"]), helper.make_node("Exp", ["y"], ["z"])],
+                       {"x": (np.float32, [2, "T", 3])}, ["z"])
+    with svodrt.load(svodc.compile(model, dims={"T": (1, 5)}), threads=1) as m:
+        for t in (1, 3, 5):
+            x = RNG.standard_normal((2, t, 3)).astype(np.float32)
+            got = m.run({"x": x})["z"]
+            assert got.shape == (2, t, 3) and got.flags.c_contiguous
+            np.testing.assert_allclose(got, np.exp(x * x), rtol=1e-6)
+
+
+@pytest.mark.parametrize("head", [8, 64])
+def test_attention_over_a_run_time_sequence(head):
+    """Q K^T (run-time M and N), softmax over the key axis (a reduction to the run-time length), P V (a
+    run-time K): the shapes attention takes when seq is bounded. Head 64 makes both products GEMMs
+    (run-time tiles and edges: T = 1, 17, 95 are no multiple of a tile), head 8 the generic path."""
+    from svodc.frontend.importer import import_model
+    from svodc.passes.pipeline import build_program
+
+    model = make_model([helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Softmax", ["s"], ["p"]),
+                        helper.make_node("MatMul", ["p", "v"], ["y"])],
+                       {"q": (np.float32, [2, "T", head]), "kt": (np.float32, [2, head, "T"]),
+                        "v": (np.float32, [2, "T", head])}, ["y"])
+    options = CompileOptions(dims={"T": (1, 96)})
+    gemms = [n.arg for k in build_program(import_model(model, options), options).kernels
+             for n in k.ast.toposort() if n.op is Ops.GEMM]
+    if head == 64:
+        assert [(a.m_var is not None, a.n_var is not None, a.k_var is not None) for a in gemms] == [
+            (True, True, False), (True, False, True)]
+    with svodrt.load(svodc.compile(model, options=options), threads=2) as m:
+        for t in (1, 17, 95):
+            feeds = {"q": RNG.standard_normal((2, t, head)).astype(np.float32),
+                     "kt": RNG.standard_normal((2, head, t)).astype(np.float32),
+                     "v": RNG.standard_normal((2, t, head)).astype(np.float32)}
+            np.testing.assert_allclose(m.run(feeds)["y"], reference(model, feeds)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_a_mean_over_a_bounded_dim_is_refused():
+    """ReduceMean divides by the count at compile time, which would be the bound's: refused, not wrong."""
+    model = make_model([helper.make_node("ReduceMean", ["x"], ["y"], axes=[1], name="avg")],
+                       {"x": (np.float32, [2, "T"])}, ["y"], opset=13)
+    with pytest.raises(DynamicShapeError, match=r"'avg' .* scales a sum over a bounded dim by a constant"):
+        svodc.compile(model, dims={"T": (1, 8)})
+
+
+def test_ops_that_do_not_follow_a_run_time_size_are_refused_by_name():
+    model = make_model([helper.make_node("Slice", ["x", "st", "en", "ax"], ["y"], name="last_rows")],
+                       {"x": (np.float32, ["N", 4])}, ["y"],
+                       {"st": np.array([-2], np.int64), "en": np.array([100], np.int64), "ax": np.array([0], np.int64)})
+    with pytest.raises(DynamicShapeError, match=r"node 'last_rows' \(SLICE\) slices a bounded dim.*--dim N=SIZE"):
+        svodc.compile(model, dims={"N": (1, 4)})
+    assert svodrt.load(svodc.compile(model, dims={"N": 4})).run({"x": np.ones((4, 4), np.float32)})["y"].shape == (2, 4)
+
+
+def test_unbounded_dims_are_one_error_with_flags_to_paste():
+    model = make_model([helper.make_node("Add", ["x", "y"], ["z"])],
+                       {"x": (np.float32, ["batch", "seq"]), "y": (np.float32, ["batch", None])}, ["z"])
+    with pytest.raises(InputShapeError) as e:
+        svodc.compile(model)
+    msg = str(e.value)
+    assert "'x' dim 0 'batch'" in msg and "'x' dim 1 'seq'" in msg and "'y' dim 1 (unnamed)" in msg
+    assert "--dim batch=1..64 --dim seq=1..64 --input-shape y=1..64x1..64" in msg
+    with pytest.raises(InputShapeError, match="'y' dim 1"):
+        svodc.compile(model, dims={"batch": (1, 4), "seq": 3})
+    bundle = svodc.compile(model, dims={"batch": (1, 4), "seq": 3}, input_shapes={"y": ((1, 4), 3)})
+    with svodrt.load(bundle, threads=1) as m:  # --input-shape on a named dim uses that name: one dim
+        assert [str(t) for t in m.inputs] == ["x: float32[batch=1..4, 3]", "y: float32[batch=1..4, 3]"]
+
+
+@pytest.mark.parametrize("dims, message", [
+    ({"N": (0, 4)}, r"the range 0..4 needs 1 <= lo <= hi"),
+    ({"N": (5, 4)}, r"the range 5..4 needs 1 <= lo <= hi"),
+    ({"N": (1, 2, 3)}, r"a range is a pair of integers"),
+    ({"N": "4"}, r"a dim must be an int >= 0 or a range \(lo, hi\)"),
+])
+def test_bad_ranges_in_the_api(dims, message):
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": (np.float32, ["N", 2])}, ["y"])
+    with pytest.raises(InputShapeError, match=message):
+        svodc.compile(model, dims=dims)
+
+
+def test_cli_takes_ranges_and_fixed_sizes(tmp_path):
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": (np.float32, ["N", None])}, ["y"])
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    out = tmp_path / "m.svod"
+    r = run("svodc", "compile", str(path), "-o", str(out), "--input-shape", "x=1..8x2..6", "-q")
+    assert r.returncode == 0, r.stderr
+    with svodrt.load(out, threads=1) as m:
+        assert str(m.inputs[0]) == "x: float32[N=1..8, x:1=2..6]"
+        x = RNG.standard_normal((3, 4)).astype(np.float32)
+        np.testing.assert_array_equal(m.run({"x": x})["y"], np.maximum(x, 0))
+    r = run("svodc", "compile", str(path), "-o", str(out), "--dim", "N=3", "--input-shape", "x=3x5..5", "-q")
+    assert r.returncode == 0, r.stderr
+    with svodrt.load(out, threads=1) as m:
+        assert str(m.inputs[0]) == "x: float32[3, 5]" and not m.bundle.dims
+    r = run("svodc", "compile", str(path), "-o", str(out), "--dim", "N=4..2")
+    assert r.returncode != 0 and "a range LO..HI needs 1 <= LO <= HI" in r.stderr
+    r = run("svodc", "compile", str(path), "-o", str(tmp_path / "none.svod"))
+    assert r.returncode == 1 and "--dim N=1..64" in r.stderr and "--input-shape x=1..64x1..64" in r.stderr
+
+
+def test_gpu_targets_refuse_bounded_dims_for_now(cnn):
+    with pytest.raises(DynamicShapeError, match="GPU variants"):
+        svodc.compile(_cnn(), target="host,sm_90", dims={"N": (1, 9)})
+
+
+FORMAT_1_4_COMMIT = "581609a"  # main just before format 1.5: its svodrt is a format 1.4 runtime
+
+
+def test_a_format_1_4_runtime_refuses_a_bundle_with_bounded_dims(cnn, tmp_path):
+    """Compatibility promise of 1.5 (docs/bundle-format.md): an older runtime refuses the dim names in
+    the input shapes before it maps anything, so it never runs code that needs `dims` without them."""
+    from tests.bundle_tools import old_runtime_load
+
+    out = old_runtime_load(FORMAT_1_4_COMMIT, 4, cnn[1], tmp_path)
+    assert "manifest field inputs[0].shape[0]: has type str, expected an integer" in out
+
+
+def test_served_metadata_shows_bounded_dims_as_variable(cnn):
+    """KServe v2 metadata (svodrt serve): -1 on the axes a bounded dim sizes."""
+    pytest.importorskip("mlserver", reason="the serve extra (svod[serve]) is not installed")
+    from svodrt_serve.tensors import v2_shape
+
+    with svodrt.load(cnn[1], threads=1) as m:
+        assert [v2_shape(t) for t in m.inputs] == [[-1, 3, 16, 16], [-1, 10]]
