@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test test-fast test-models test-dynamic test-gpu test-cross cross-tools lint bench bench-serve clean onnx-coverage \
+.PHONY: setup demo test test-fast test-models test-dynamic test-ml test-gpu test-cross cross-tools lint bench bench-serve clean onnx-coverage \
 	fuzz test-install
 BENCH_STAMP := $(VENV)/.bench-stamp
 
@@ -22,7 +22,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check svodc svodrt svodrt_tools svodrt_serve tests scripts bench
-	$(BIN)/python -m pytest -q -m "not gpu_sweep and not dynamic_models" --ignore=tests/test_cross_emulated.py
+	$(BIN)/python -m pytest -q -m "not gpu_sweep and not dynamic_models and not ml_slow" --ignore=tests/test_cross_emulated.py
 
 # Everything but the end-to-end model tests and the conformance suite.
 test-fast: $(STAMP)
@@ -47,6 +47,9 @@ test-cross: $(STAMP) cross-tools
 
 # The real models of ../shared/models against onnxruntime's outputs (also part of `make test`),
 # with the max error per model printed.
+test-ml: $(STAMP)
+	$(BIN)/python -m pytest -q tests/test_ml_sklearn.py tests/test_ml_ops.py tests/test_string_ops.py
+
 test-models: $(STAMP)
 	$(BIN)/python -m pytest -q tests/test_models.py
 

@@ -18,6 +18,9 @@ LIGHT = ["resnet50", "squeezenet", "densenet121", "shufflenet", "inception_v2"]
 # constant folding turns into splats (issue 13: no cliff for weights made that way).
 SHIPPED = [f"{name}_shipped" for name in LIGHT]
 SHARED_MODELS = ["mobilenetv2_random", "ppocrv4_det", "gpt2_small_random", "silero_vad", "magika_standard_v3_3"]
+# Classic ML (sklearn-onnx exports, trained here on synthetic data): a 100-tree random forest and a
+# 500-tree gradient-boosted model, at batch 1 and 1,000.
+TREES = ["forest100_b1", "forest100_b1000", "gbm500_b1", "gbm500_b1000"]
 
 
 @dataclass
@@ -78,12 +81,41 @@ def reference_outputs(name: str) -> dict[str, np.ndarray] | None:
         return {k: z[k] for k in z.files}
 
 
+def trees(name: str) -> BenchModel:
+    """forest100: RandomForestClassifier(100 trees, depth <= 8), 3 classes, 10 features;
+    gbm500: GradientBoostingRegressor(500 trees, depth 3). The batch is the name's suffix."""
+    import warnings
+
+    from skl2onnx import to_onnx
+    from sklearn.datasets import make_classification
+    from sklearn.ensemble import GradientBoostingRegressor, RandomForestClassifier
+
+    kind, batch = name.split("_b")
+    x, y = make_classification(2000, 10, n_informative=6, n_classes=3, random_state=0)
+    x = x.astype(np.float32)
+    if kind == "forest100":
+        est = RandomForestClassifier(100, max_depth=8, random_state=0).fit(x, y)
+        note = "RandomForestClassifier, 100 trees, depth 8"
+    else:
+        est = GradientBoostingRegressor(n_estimators=500, max_depth=3, random_state=0).fit(x, y.astype(np.float32))
+        note = "GradientBoostingRegressor, 500 trees, depth 3"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        options = {"zipmap": False} if kind == "forest100" else None
+        model = to_onnx(est, x[:1], target_opset={"": 17, "ai.onnx.ml": 3}, options=options)
+    feeds = {model.graph.input[0].name: x[:int(batch)]}
+    return BenchModel(name, model, feeds, input_shapes={k: v.shape for k, v in feeds.items()},
+                      onnx_bytes=len(model.SerializeToString()), note=f"{note}, batch {batch}")
+
+
 def all_models(names: list[str] | None = None) -> list[str]:
-    names = names or LIGHT + SHARED_MODELS + SHIPPED
-    return [n for n in names if n in LIGHT or n in SHIPPED or (SHARED / n / "model.onnx").exists()]
+    names = names or LIGHT + SHARED_MODELS + SHIPPED + TREES
+    return [n for n in names if n in LIGHT or n in SHIPPED or n in TREES or (SHARED / n / "model.onnx").exists()]
 
 
 def load(name: str) -> BenchModel:
     if name in SHIPPED:
         return light_shipped(name)
+    if name in TREES:
+        return trees(name)
     return light(name) if name in LIGHT else shared(name)

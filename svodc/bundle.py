@@ -219,10 +219,14 @@ def write_bundle_to(out: BinaryIO, program: Program, images: list[tuple[Target, 
         "kernels": [{"name": k.name, "params": [b.id for b in k.params], "provenance": k.provenance,
                      "kind": k.kind} for k in program.kernels],
     }
-    if any(b.dtype is dtypes.string for b in program.inputs):  # format 1.4; the bindings cover it
+    if any(b.dtype is dtypes.string for b in program.inputs + program.outputs):  # 1.4 (1.5: outputs); bound
         manifest["vocabulary"] = list(program.vocabulary)
     if program.dims:  # format 1.5; the bindings cover it
         manifest["dims"] = _dims_table(program)
+    if program.zipmaps:  # format 1.6
+        manifest["zipmaps"] = [[name, list(keys)] for name, keys in program.zipmaps]
+    if program.edge_outputs:  # format 1.6
+        manifest["edge_outputs"] = [[name, e.op, e.input, e.attrs] for name, e in program.edge_outputs]
     for v in variants:
         v["binding"] = variant_binding(v, table[v["section"]]["sha256"], manifest)
         if "launches" in v:

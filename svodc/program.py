@@ -27,6 +27,7 @@ from svodc.ir.uop import UOp
 
 if TYPE_CHECKING:  # an annotation only: the frontend (and onnx) stays out of the passes' imports
     from svodc.frontend.dims import DimSpec
+    from svodc.frontend.values import EdgeStrings
 
 
 @dataclass
@@ -37,6 +38,8 @@ class ImportedGraph:
     producer: str  # "name version" of the tool that made the model, for the manifest
     expanded_ops: frozenset[str] = frozenset()  # ops imported through their ONNX function bodies
     vocabulary: tuple[str, ...] = ()  # the model's strings; string id i is vocabulary[i] (frontend/strings.py)
+    zipmaps: tuple[tuple[str, tuple[int | str, ...]], ...] = ()  # (output, keys): svodrt returns a list of dicts
+    edge_outputs: tuple[tuple[str, EdgeStrings], ...] = ()  # outputs svodrt computes from input strings
     op_types: dict[str, str] | None = None  # node name -> op type (graph_import.GraphImporter.op_types)
     # Bounded symbolic dims (frontend/dims.py), in the order met, and which input axes each sizes; the
     # INPUT nodes have their upper bounds.
@@ -95,3 +98,5 @@ class Program:
     producer: str = ""  # the tool that made the source model
     vocabulary: tuple[str, ...] = ()  # string id i stands for vocabulary[i] (svodc/frontend/strings.py)
     dims: tuple = ()  # bounded input dims (frontend.dims.DimSpec), in the order of the entry's `dims` array
+    zipmaps: tuple[tuple[str, tuple[int | str, ...]], ...] = ()  # (output, keys): returned as a list of dicts
+    edge_outputs: tuple = ()  # (output, frontend.values.EdgeStrings): outputs svodrt computes from input strings

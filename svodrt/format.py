@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 MAGIC = b"SVOD\x00\r\n\x1a"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 5  # 1.1 big-endian, 1.2 GPU, 1.3 narrow dtypes, 1.4 strings, 1.5 bounded dims (docs/bundle-format.md)
+# 1.1 big-endian, 1.2 GPU, 1.3 narrow dtypes, 1.4 strings, 1.5 bounded dims, 1.6 string outputs (docs/bundle-format.md)
+FORMAT_MINOR = 6
 HEADER = struct.Struct("<8sHHIIIQQQQ8s")
 FLAG_MANIFEST_ZSTD = 1
 HEADER_SIZE = HEADER.size  # 64
@@ -70,14 +71,15 @@ def variant_binding(variant: Mapping, code_sha256: bytes, manifest: Mapping) -> 
     checks cannot tell a plausible but wrong entry offset, fixup, feature list, shape or arena size
     from the right one. sha256 of the msgpack array [arch, cpu, features, feature_bits, code sha256,
     entry, kernels, fixups, [[name, dtype, shape] per input], [... per output], arena_size,
-    weights_size], plus the `vocabulary` when an input is a string (1.4: ids are code too), and `dims` (1.5)."""
+    weights_size], plus the `vocabulary` when an input (1.4) or output (1.6) is a string (ids are code
+    too), and `dims` (1.5)."""
     def sig(ts) -> list:
         return [[t["name"], t["dtype"], list(t["shape"])] for t in ts]
 
     fields = [variant["arch"], variant["cpu"], list(variant["features"]), variant["feature_bits"], bytes(code_sha256),
               variant["entry"], list(variant["kernels"]), list(variant["fixups"]), sig(manifest["inputs"]),
               sig(manifest["outputs"]), manifest["arena_size"], manifest["weights_size"]]
-    if any(isinstance(t, Mapping) and t.get("dtype") == STRING for t in manifest["inputs"]):
+    if any(isinstance(t, Mapping) and t.get("dtype") == STRING for t in manifest["inputs"] + manifest["outputs"]):
         fields.append(list(manifest.get("vocabulary", ())))
     if "dims" in manifest:
         fields.append(manifest["dims"])

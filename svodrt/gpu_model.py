@@ -144,7 +144,7 @@ class GpuModel(Runner):
                 if o.nbytes:
                     d.call("d2h", o.ctypes.data, buf, o.nbytes, s)
             d.call("sync", s)
-        return dict(zip(self._output_names, outs, strict=True))
+        return self._results(outs, feeds)
 
     def close(self) -> None:
         """Wait for a running call, then free the device memory, the graph, the module and the stream."""

@@ -139,7 +139,7 @@ class Model(Runner):
 
     def run(self, feeds: MappingT[str, object]) -> dict[str, np.ndarray]:
         """Run the model: {input name: array} -> {output name: array}. Safe to call from many threads."""
-        return dict(zip(self._output_names, self._outputs(feeds), strict=True))
+        return self._results(self._outputs(feeds), feeds)
 
     def _outputs(self, feeds: MappingT[str, object]) -> list[np.ndarray]:
         """Checked inputs in, outputs at their real shapes out (cut from the bound's: svodrt/dims.py)."""

@@ -28,9 +28,11 @@ class Plan:
     test_vectors: list[TestVector]
     # buffer id -> (kind, position): ("input"|"output", slot) or ("weight"|"scratch", byte offset)
     placement: dict[int, tuple[str, int]]
-    # Format 1.4: what string ids below len(vocabulary) stand for; () when no input is a string.
+    # Format 1.4: what string ids below len(vocabulary) stand for; () when no input or output is a string.
     vocabulary: tuple[str, ...]
     dims: tuple[Dim, ...]  # format 1.5: the bounded dims in the entry's `dims` order; () in a static bundle
+    zipmaps: tuple[tuple[str, tuple], ...]  # format 1.6: (output, keys) returned as a list of dicts
+    edge_outputs: tuple[tuple[str, str, dict], ...]  # format 1.6: (output, input, StringNormalizer attributes)
 
 
 @dataclass(frozen=True)
@@ -52,11 +54,6 @@ def _io(m: dict, group: str, dims: dict[str, Dim]) -> tuple[list[TensorInfo], li
     names = [t.name for t in tensors]
     if len(set(names)) != len(names):
         raise sc.fail(group, f"names repeat: {names}")
-    if group == "outputs":
-        for i, t in enumerate(tensors):
-            if t.dtype == fmt.STRING:  # the format defines strings as inputs only: run() cannot make them
-                raise sc.fail(f"outputs[{i}].dtype", f"output {t.name!r} is a string: this runtime returns no "
-                           "string outputs (upgrade svodrt)")
     return tensors, ids
 
 
@@ -238,10 +235,10 @@ def parse_plan(m: dict, sections: list[Section], weights: Section) -> Plan:
     check_arena_liveness(kernels, buffers)
     placement = {b.id: (b.kind, b.offset) for b in buffers.values()}
     # Read before the variants: their bindings cover it.
-    vocab = sc.vocabulary(m) if any(t.dtype == fmt.STRING for t in inputs) else ()
+    vocab = sc.vocabulary(m) if any(t.dtype == fmt.STRING for t in inputs + outputs) else ()
     variants = [_variant(m, i, sections, len(kernels)) for i in range(len(sc.items(m, "variants", "manifest")))]
     if not variants:
         raise sc.fail("variants", "the bundle has no code variant")
     return Plan(inputs, outputs, kernels, variants, arena, weights_size, _test_vectors(m, inputs, outputs), placement,
-                vocab, tuple(dims.values()))
+                vocab, tuple(dims.values()), sc.zipmaps(m, outputs), sc.edge_outputs(m, inputs, outputs))
 

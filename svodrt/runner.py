@@ -12,7 +12,7 @@ import numpy as np
 from svodrt.bundle import Bundle, TensorInfo, Variant
 from svodrt.errors import InputError
 from svodrt.format import BITS_OF, DTYPES, STRING
-from svodrt.strings import StringTable
+from svodrt.strings import StringTable, normalize, strings_of
 
 NARROW_INTS = frozenset({"int4", "uint4", "int2", "uint2"})
 
@@ -31,6 +31,10 @@ class Runner:
         self._string_inputs = [t for t in self.bundle.inputs if t.dtype == STRING]
         self._dim_slots = {d.name: i for i, d in enumerate(self.bundle.dims)}
         self._strings = StringTable(self.bundle.vocabulary) if self._string_inputs else None
+        # Format 1.5: outputs decoded at the edge (string ids -> str, ZipMap scores -> dicts, edge outputs).
+        self._string_outputs = [t.name for t in self.bundle.outputs if t.dtype == STRING]
+        b = self.bundle
+        self._decode = StringTable(b.vocabulary) if self._string_outputs or b.zipmaps or b.edge_outputs else None
 
     # ------------------------------------------------------------------ description
     @property
@@ -60,6 +64,18 @@ class Runner:
                 return None
             arrays.append(a)
         return arrays
+
+    def _results(self, outs: list[np.ndarray], feeds: MappingT[str, object]) -> dict:
+        result: dict = dict(zip(self._output_names, outs, strict=True))
+        if self._decode is not None:
+            for name in self._string_outputs:
+                result[name] = self._decode.decode(result[name], self._string_inputs, feeds)
+            for name, keys in self.bundle.zipmaps:
+                result[name] = [dict(zip(keys, row, strict=True)) for row in result[name].tolist()]
+            for name, source, attrs in self.bundle.edge_outputs:  # StringNormalizer of a string input
+                t = next(t for t in self._string_inputs if t.name == source)
+                result[name] = normalize(np.array(strings_of(t, feeds[source]), dtype=object).reshape(t.shape), **attrs)
+        return result
 
     def check_inputs(self, feeds: MappingT[str, object]) -> list[np.ndarray]:
         """Validate a feed dict against the model's inputs; returns the arrays the code will read, in

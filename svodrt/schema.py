@@ -195,3 +195,39 @@ class TestVector:
     inputs: tuple[bytes, ...]
     outputs: tuple[bytes, ...]
     tolerance: tuple[float, ...]
+
+
+def zipmaps(m: Any, outputs: list[TensorInfo]) -> tuple[tuple[str, tuple], ...]:
+    """The manifest's `zipmaps` (format 1.5): [output name, keys] per float32 [N, len(keys)] output that
+    run() returns as a list of {key: score} dicts (ai.onnx.ml ZipMap); keys all str or all int."""
+    if "zipmaps" not in m:
+        return ()
+    by_name, out = {t.name: t for t in outputs}, []
+    for i, z in enumerate(items(m, "zipmaps", "manifest")):
+        if not isinstance(z, list) or len(z) != 2 or not isinstance(z[1], list):
+            raise fail(f"zipmaps[{i}]", "must be [output name, keys]")
+        t = by_name.get(z[0]) if isinstance(z[0], str) else None
+        if t is None or t.dtype != "float32" or len(t.shape) != 2 or t.shape[1] != len(z[1]):
+            raise fail(f"zipmaps[{i}]", f"names no float32 [N, {len(z[1])}] output")
+        if not (all(type(k) is str for k in z[1]) or all(type(k) is int for k in z[1])):
+            raise fail(f"zipmaps[{i}][1]", "keys must be all str or all int")
+        out.append((z[0], tuple(z[1])))
+    return tuple(out)
+
+
+def edge_outputs(m: Any, inputs: list[TensorInfo], outputs: list[TensorInfo]) -> tuple[tuple[str, str, dict], ...]:
+    """The manifest's `edge_outputs` (format 1.5): [output, "StringNormalizer", string input, {"case":
+    NONE|LOWER|UPPER, "case_sensitive": bool, "stopwords": [str]}], outputs run() computes itself."""
+    strings = {t.name for t in inputs if t.dtype == "string"}
+    taken, out = {t.name for t in outputs}, []
+    for i, e in enumerate(items(m, "edge_outputs", "manifest") if "edge_outputs" in m else []):
+        a = e[3] if isinstance(e, list) and len(e) == 4 and isinstance(e[3], dict) else {}
+        if (not isinstance(e, list) or len(e) != 4 or e[1] != "StringNormalizer" or e[2] not in strings
+                or not isinstance(e[0], str) or e[0] in taken or a.get("case") not in ("NONE", "LOWER", "UPPER")
+                or type(a.get("case_sensitive")) is not bool or not isinstance(a.get("stopwords"), list)
+                or not all(isinstance(w, str) for w in a["stopwords"]) or len(a) != 3):
+            raise fail(f"edge_outputs[{i}]", "must be [new output name, 'StringNormalizer', string input, "
+                       "{case, case_sensitive, stopwords}]")
+        taken.add(e[0])
+        out.append((e[0], e[2], a))
+    return tuple(out)

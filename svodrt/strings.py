@@ -31,7 +31,7 @@ class StringTable:
         of new strings shared by all of them."""
         known, fresh = self.ids, {}
         base = len(known)
-        lists = [(t, feeds[t.name], _strings(t, feeds[t.name])) for t in inputs]
+        lists = [(t, feeds[t.name], strings_of(t, feeds[t.name])) for t in inputs]
         total = sum(len(strings) for _, _, strings in lists)
         if base + total > MAX_STRING_ID:
             raise InputError(f"string inputs hold {total} strings in all; at most {MAX_STRING_ID - base} fit the "
@@ -44,8 +44,33 @@ class StringTable:
             out[t.name] = ids.reshape(value.shape)  # type: ignore[union-attr]
         return out
 
+    def decode(self, ids: np.ndarray, inputs: Sequence[TensorInfo], feeds: Mapping[str, object]) -> np.ndarray:
+        """A string output: ids -> an object array of str. An id past the vocabulary is one of this
+        call's input strings (the compiled code only moves those): intern() numbers them again."""
+        known = dict(enumerate(self.vocabulary))
+        if ids.size and int(ids.max()) >= len(known):
+            again = self.intern(inputs, feeds)
+            for t in inputs:
+                known.update(zip(again[t.name].reshape(-1).tolist(), strings_of(t, feeds[t.name]), strict=True))
+        out = np.empty(ids.shape, dtype=object)
+        out.reshape(-1)[:] = [known.get(i, "") for i in ids.reshape(-1).tolist()]
+        return out
 
-def _strings(t: TensorInfo, value: object) -> list[str]:
+
+def normalize(x: np.ndarray, case: str, case_sensitive: bool, stopwords: Sequence[str]) -> np.ndarray:
+    """ONNX StringNormalizer on a [C] or [1, C] array of str (format 1.5 `edge_outputs`; svodc folds
+    constants with it too): elements equal to a stopword (ignoring case unless case_sensitive) are
+    dropped, the rest change case; nothing left gives [""] ([[""]])."""
+    fold = (lambda s: s) if case_sensitive else str.lower
+    stops = {fold(w) for w in stopwords}
+    change = {"LOWER": str.lower, "UPPER": str.upper}.get(case, lambda s: s)
+    kept = [change(s) for s in x.reshape(-1).tolist() if fold(s) not in stops] or [""]
+    out = np.empty(len(kept), dtype=object)
+    out[:] = kept
+    return out if x.ndim == 1 else out.reshape(1, -1)
+
+
+def strings_of(t: TensorInfo, value: object) -> list[str]:
     """The elements of a string input, row-major, as str; InputError for anything else."""
     if not isinstance(value, np.ndarray) or isinstance(value, np.ma.MaskedArray):
         raise InputError(f"input {t.name!r} is a string input: pass a numpy.ndarray of str, got {type(value).__name__}")

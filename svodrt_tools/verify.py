@@ -16,6 +16,7 @@ from svodrt.format import BITS_OF, DTYPES, FLOAT_FORMATS, STRING
 from svodrt.host import Host, detect_host
 from svodrt.model import select_variant, variant_problem
 from svodrt.runner import Runner
+from svodrt.strings import StringTable
 from svodrt.trust import TrustSpec, check_signature, trusted_keys
 
 BIT_FLOATS = frozenset(BITS_OF.values())
@@ -111,9 +112,18 @@ def run_test_vector(model: Runner, tv: TestVector) -> list[tuple[str, float, flo
     for t in b.inputs:  # string inputs are stored as ids: run() takes strings (svodrt/strings.py)
         if t.dtype == STRING:
             feeds[t.name] = strings_for_ids(b.vocabulary, feeds[t.name])
-    got = model.run(feeds)
-    return [(t.name, max_error(_values(t, got[t.name]), _values(t, _array(t, want))), tol)
-            for t, want, tol in zip(b.outputs, tv.outputs, tv.tolerance, strict=True)]
+    got, zipmaps = model.run(feeds), dict(b.zipmaps)
+    out = []
+    for t, want, tol in zip(b.outputs, tv.outputs, tv.tolerance, strict=True):
+        g, w = got[t.name], _values(t, _array(t, want))
+        if t.name in zipmaps:  # format 1.5: a list of {label: score}; compare the scores
+            g = np.array([list(row.values()) for row in g], np.float32).reshape(t.shape)
+        if t.dtype == STRING:  # the vector stores ids; run() returns strings
+            w = StringTable(b.vocabulary).decode(w, [i for i in b.inputs if i.dtype == STRING], feeds)
+            out.append((t.name, 0.0 if np.array_equal(g, w) else float("inf"), tol))
+        else:
+            out.append((t.name, max_error(_values(t, g), w), tol))
+    return out
 
 
 def _check_variants(data: bytes, bundle: Bundle, host: Host, threads: int, report: Report, device: str,

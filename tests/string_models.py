@@ -44,3 +44,47 @@ def category_codes() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     feeds = {"color": np.array([["red", "grün", "mauve"], ["", "東京", "mauve"]]),
              "other": np.array(["red", "teal", "mauve"])}
     return model, feeds
+
+
+def labels_and_maps() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """Format 1.5's outputs decoded at the edge: a two-tree classifier with string labels (a string
+    output) and its ZipMap (a list of dicts), LabelEncoder int64 -> string, an input string passed
+    through (a string the vocabulary lacks comes back), and StringNormalizer of a string input."""
+    tree = dict(nodes_treeids=[0, 0, 0, 1, 1, 1], nodes_nodeids=[0, 1, 2, 0, 1, 2],
+                nodes_featureids=[0, 0, 0, 1, 0, 0], nodes_values=[0.5, 0, 0, -1.0, 0, 0],
+                nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF", "BRANCH_LT", "LEAF", "LEAF"],
+                nodes_truenodeids=[1, 0, 0, 1, 0, 0], nodes_falsenodeids=[2, 0, 0, 2, 0, 0],
+                class_treeids=[0, 0, 0, 1, 1], class_nodeids=[1, 2, 2, 1, 2], class_ids=[0, 1, 2, 0, 1],
+                class_weights=[0.5, 0.25, 0.75, 1.0, 0.6], classlabels_strings=["ant", "bee", "東京"],
+                post_transform="SOFTMAX")
+    nodes = [helper.make_node("TreeEnsembleClassifier", ["x"], ["label", "scores"], domain=ML, **tree),
+             helper.make_node("ZipMap", ["scores"], ["probabilities"], domain=ML,
+                              classlabels_strings=["ant", "bee", "東京"]),
+             helper.make_node("LabelEncoder", ["code"], ["name"], domain=ML, keys_int64s=[1, 2, 7],
+                              values_strings=["one", "two", "seven"], default_string="?"),
+             helper.make_node("Identity", ["word"], ["same_word"]),
+             helper.make_node("StringNormalizer", ["word"], ["normal"], case_change_action="UPPER",
+                              stopwords=["the"], locale="C.UTF-8")]
+    graph = helper.make_graph(nodes, "labels_and_maps",
+                              [helper.make_tensor_value_info("x", F32, [3, 2]),
+                               helper.make_tensor_value_info("code", I64, [4]),
+                               helper.make_tensor_value_info("word", S, [3])],
+                              [helper.make_tensor_value_info("label", S, [3]),
+                               helper.make_tensor_value_info("scores", F32, [3, 3]),
+                               helper.make_value_info("probabilities", helper.make_sequence_type_proto(
+                                   helper.make_map_type_proto(S, helper.make_tensor_type_proto(F32, [])))),
+                               helper.make_tensor_value_info("name", S, [4]),
+                               helper.make_tensor_value_info("same_word", S, [3]),
+                               helper.make_tensor_value_info("normal", S, [None])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19), helper.make_opsetid(ML, 3)])
+    feeds = {"x": np.array([[0.2, -3.0], [0.9, 0.0], [np.nan, -2.0]], np.float32),
+             "code": np.array([2, 7, 0, 1], np.int64), "word": np.array(["The", "cat", "東京"])}
+    return model, feeds
+
+
+def storable(v: object) -> np.ndarray:
+    """An output as an array np.savez keeps without pickling, compared bit for bit: strings as str, a
+    ZipMap's list of dicts as "key=repr(score)" strings (repr is exact for floats)."""
+    if isinstance(v, list):
+        return np.array([[f"{k}={s!r}" for k, s in row.items()] for row in v])
+    return v.astype(str) if v.dtype == object else v

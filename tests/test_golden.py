@@ -12,6 +12,7 @@ import pytest
 import svodrt
 from svodrt.model import variant_problem
 from svodrt_tools.verify import verify
+from tests.string_models import storable
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 GOLDENS = sorted(ARTIFACTS.glob("v*/*.svod"))
@@ -23,7 +24,7 @@ def test_goldens_exist_for_format_1():
 
 def test_the_current_format_version_has_goldens_with_its_new_features():
     """Each minor version adds a folder; 1.4's holds a bundle with string inputs (the vocabulary), 1.5's one
-    with a bounded dim."""
+    with a bounded dim, 1.6's one with string, ZipMap and edge (StringNormalizer) outputs."""
     from svodrt.format import FORMAT_MAJOR, FORMAT_MINOR
 
     current = {p.name for p in GOLDENS if p.parent.name == f"v{FORMAT_MAJOR}.{FORMAT_MINOR}"}
@@ -34,6 +35,9 @@ def test_the_current_format_version_has_goldens_with_its_new_features():
     assert "bounded_batch.svod" in {p.name for p in GOLDENS if p.parent.name == "v1.5"}
     with svodrt.load(ARTIFACTS / "v1.5" / "bounded_batch.svod", threads=1) as m:  # its input is at N=3 of 1..8
         assert [d.name for d in m.bundle.dims] == ["N"] and [str(t) for t in m.outputs] == ["y: float32[N=1..8, 5]"]
+    assert "labels_and_maps.svod" in {p.name for p in GOLDENS if p.parent.name == "v1.6"}
+    with svodrt.load(ARTIFACTS / "v1.6" / "labels_and_maps.svod", threads=1) as m:  # 1.6: outputs decoded
+        assert m.bundle.zipmaps and m.bundle.edge_outputs and "string" in [t.dtype for t in m.outputs]
 
 
 @pytest.mark.parametrize("path", GOLDENS, ids=[f"{p.parent.name}/{p.stem}" for p in GOLDENS])
@@ -52,6 +56,7 @@ def test_golden_bundle_runs_and_matches_its_stored_outputs(path):
             got = m.run(feeds)
         want = {k.split(".", 1)[1]: a for k, a in stored.items() if k.startswith(f"variant{v.index}.")}
         assert list(got) == list(want)
+        got = {k: storable(a) for k, a in got.items()}  # format 1.5: strings and ZipMap dicts, as stored
         for k in want:
             assert got[k].dtype == want[k].dtype and got[k].tobytes() == want[k].tobytes(), (path.name, v, k)
         ran += 1

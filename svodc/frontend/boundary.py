@@ -22,7 +22,7 @@ from svodc.errors import InputShapeError, UnsupportedModelError, UnsupportedNode
 from svodc.frontend.dims import DimTable, resolve_dim
 from svodc.frontend.dtypes import UnsupportedDType, onnx_to_dtype
 from svodc.frontend.strings import Vocabulary
-from svodc.frontend.values import OptionalValue, SequenceValue, Value
+from svodc.frontend.values import EdgeStrings, OptionalValue, SequenceValue, Value, ZipMapValue
 from svodc.ir.dtypes import DType, dtypes
 from svodc.ir.ops import ConstData, InputArg, Ops
 from svodc.ir.uop import UOp
@@ -130,4 +130,8 @@ def graph_output(name: str, value: Value) -> list[tuple[str, UOp]]:
         return [] if value.value is None else graph_output(name, value.value)
     if isinstance(value, SequenceValue):
         return [(element_name(name, i), x) for i, x in enumerate(value.items)]
+    if isinstance(value, EdgeStrings):  # svodrt computes it (ImportedGraph.edge_outputs): no bundle output
+        return []
+    if isinstance(value, ZipMapValue):  # the scores; the keys go to the manifest (ImportedGraph.zipmaps)
+        return [(name, value.scores)]
     return [(name, value)]

@@ -24,7 +24,7 @@ from svodc.frontend.context import NeedsConstant, NodeContext, Unsupported
 from svodc.frontend.dtypes import UnsupportedDType, dtype_to_onnx
 from svodc.frontend.registry import NoHandler, lookup
 from svodc.frontend.strings import Vocabulary, string_use_problem
-from svodc.frontend.values import OptionalValue, SequenceValue, Value
+from svodc.frontend.values import EdgeStrings, OptionalValue, SequenceValue, Value, ZipMapValue
 from svodc.ir.provenance import Provenance
 from svodc.ir.shapes import ShapeError
 from svodc.ir.uop import UOp
@@ -145,7 +145,8 @@ class GraphImporter:
         ctx = NodeContext(node, srcs, version, opset, subgraph_runner, self.vocabulary)
         try:
             result = handler.fn(ctx)
-            outs = [result] if isinstance(result, UOp | SequenceValue | OptionalValue) else list(result)
+            outs = [result] if isinstance(result, UOp | SequenceValue | OptionalValue | ZipMapValue | EdgeStrings) \
+                else list(result)
             for o in outs:
                 if isinstance(o, UOp):
                     _ = o.shape  # shape errors belong to this node

@@ -32,6 +32,7 @@ from svodc.frontend.dtypes import UnsupportedDType, onnx_to_dtype
 from svodc.frontend.graph_import import POISON, GraphImporter, Scope
 from svodc.frontend.option_check import check_options, describe_inputs, fixes_unknown_dims
 from svodc.frontend.strings import Vocabulary
+from svodc.frontend.values import EdgeStrings, ZipMapValue
 from svodc.frontend.weights import ExternalData, weight_files
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import ConstData, Ops
@@ -123,18 +124,18 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
 
     importer = GraphImporter(prov, lambda init: _weight(init, external, vocabulary), vocabulary)
     problems += importer.import_graph_nodes(graph, scope, opsets)
-    outputs = []
+    outputs, zipmaps, edge = [], [], []
     for vi in graph.output:
         v = scope.get(vi.name, None)
         if v is None:
             raise InvalidModelError(f"graph output {vi.name!r} is not produced by any node")
         if v is POISON:
             continue
-        for name, x in graph_output(vi.name, v):
-            if x.dtype is dtypes.string:  # svodrt returns numbers; ids mean nothing to the caller
-                problems.append(UnsupportedNode(name, "graph output", "", 0, "string outputs are not supported "
-                                                "(string tensors can be inputs, compared and mapped to numbers)"))
-            outputs.append((name, x))
+        if isinstance(v, ZipMapValue):
+            zipmaps.append((vi.name, v.keys))
+        if isinstance(v, EdgeStrings):
+            edge.append((vi.name, v))
+        outputs += graph_output(vi.name, v)  # string outputs are ids: svodrt decodes them (format 1.5)
     if problems and all(p.shape_error for p in problems) and fixes_unknown_dims(graph, options):
         given = " ".join([f"--input-shape {k}={'x'.join(map(str, v))}" for k, v in options.input_shapes.items()]
                          + [f"--dim {k}={v}" for k, v in options.dims.items()])
@@ -145,7 +146,8 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
         raise UnsupportedModelError(problems)
     producer = f"{model.producer_name} {model.producer_version}".strip()
     return ImportedGraph(inputs, outputs, prov, producer, frozenset(importer.expanded), vocabulary.strings,
-                         importer.op_types, tuple(dim_table.dims.values()), dim_table.input_axes)
+                         tuple(zipmaps), tuple(edge), importer.op_types, tuple(dim_table.dims.values()),
+                         dim_table.input_axes)
 
 
 @functools.cache

@@ -32,7 +32,26 @@ class OptionalValue:
         return self.value is not None
 
 
-Value = UOp | SequenceValue | OptionalValue
+@dataclass(frozen=True)
+class ZipMapValue:
+    """ai.onnx.ml ZipMap's sequence of maps: row i is {keys[j]: scores[i, j]}. Only a graph output can
+    take it; the bundle output is the scores tensor, with the keys in the manifest (format 1.5)."""
+
+    scores: UOp
+    keys: tuple[int | str, ...]
+
+
+@dataclass(frozen=True)
+class EdgeStrings:
+    """A string op on a graph input whose result only svodrt computes, at the edge (its shape depends on
+    the strings): only a graph output can take it (format 1.5 `edge_outputs`)."""
+
+    op: str
+    input: str
+    attrs: dict
+
+
+Value = UOp | SequenceValue | OptionalValue | ZipMapValue | EdgeStrings
 
 
 def describe(v: Value | None) -> str:
@@ -40,6 +59,10 @@ def describe(v: Value | None) -> str:
         return "nothing"
     if isinstance(v, SequenceValue):
         return f"a sequence of {len(v)} {v.dtype.name} tensors"
+    if isinstance(v, EdgeStrings):
+        return f"the {v.op} of graph input {v.input!r}, which svod computes only as a graph output"
+    if isinstance(v, ZipMapValue):
+        return f"a sequence of {v.scores.shape[0]} maps (ZipMap)"
     if isinstance(v, OptionalValue):
         return f"an optional holding {describe(v.value)}"
     return f"a {v.dtype.name} tensor of shape {list(v.shape)}"

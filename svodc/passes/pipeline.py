@@ -134,7 +134,8 @@ def build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimiz
 
     weight_list = list(buffers.weights.values())
     program = Program(inputs, out_bufs, kernels, weight_list, scratch, producer=graph.producer,
-                      vocabulary=graph.vocabulary, dims=graph.dims)
+                      vocabulary=graph.vocabulary, zipmaps=graph.zipmaps,
+                      edge_outputs=graph.edge_outputs, dims=graph.dims)
     program.arena_size = plan_arena(kernels, scratch)
     program.weights_size = plan_weights(weight_list)
     return program

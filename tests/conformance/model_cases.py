@@ -16,7 +16,6 @@ RTOL, ATOL = 1e-3, 1e-7
 # Cases that are not run, by name prefix, with why.
 NOT_RUN = {
     "test_gradient_of_": "training-only: ai.onnx.preview.training Gradient has no inference semantics",
-    "test_strnorm_": "needs StringNormalizer, added on branch `mlmodels` (lift this skip at merge)",
 }
 
 

@@ -16,6 +16,8 @@ from svodc.frontend.ops import (  # noqa: F401
     linear_attention,
     loss,
     ml,
+    ml_linear,
+    ml_transforms,
     movement,
     nn,
     normalization,
@@ -28,4 +30,6 @@ from svodc.frontend.ops import (  # noqa: F401
     sequence,
     shape_ops,
     signal,
+    string_ops,
+    trees,
 )

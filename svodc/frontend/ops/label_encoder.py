@@ -2,8 +2,8 @@
 known at compile time; elements that are no key get the default.
 
 Keys are strings (the usual case: an sklearn-onnx encoder of categorical features), integers or
-floats; values and the default are numbers. String values would make a string output, which svod
-does not produce (svodc/frontend/strings.py): such an encoder is refused with that reason.
+floats; values and the default are numbers or strings (a string output: ids, which svodrt decodes at
+the edge; svodc/frontend/strings.py).
 
 Two lookups, both exact:
 - a table, for string keys (their ids, frontend/strings.py) and for integer keys that span a range at
@@ -69,10 +69,11 @@ def _keys(ctx: NodeContext) -> tuple[DType, np.ndarray]:
 
 def _values(ctx: NodeContext, n_keys: int) -> tuple[DType, np.ndarray, int | float]:
     """(value dtype, values, default)."""
-    if ctx.version == 1:  # strings -> their index in classes_strings; the other direction makes strings
+    if ctx.version == 1:  # strings -> their index in classes_strings (int64 -> strings: label_encoder)
         return _I64, np.arange(n_keys, dtype=np.int64), int(ctx.attr("default_int64", -1))
     if ctx.has_attr("values_strings"):
-        raise Unsupported("maps to strings: string outputs are not supported")
+        values = ctx.vocabulary.ids(np.asarray(list(ctx.raw_attr("values_strings")), dtype=object), "values_strings")
+        return dtypes.string, values, _default_string(ctx)
     given = [n for n in ("values_int64s", "values_floats", "values_tensor") if ctx.has_attr(n)]
     if len(given) != 1:
         raise Unsupported(f"exactly one values attribute must be set, got {given or 'none'}")
@@ -81,9 +82,12 @@ def _values(ctx: NodeContext, n_keys: int) -> tuple[DType, np.ndarray, int | flo
     if given[0] == "values_floats":
         return dtypes.float32, np.asarray(ctx.attr("values_floats"), np.float32), float(ctx.attr("default_float", -0.0))
     dtype, values = _tensor_attr(ctx, "values_tensor")  # type: ignore[misc]
-    if dtype is dtypes.string:
-        raise Unsupported("values_tensor holds strings: string outputs are not supported")
     default = _tensor_attr(ctx, "default_tensor")
+    if dtype is dtypes.string:
+        values = ctx.vocabulary.ids(values, "values_tensor")
+        if default is None:
+            return dtype, values, int(ctx.vocabulary.intern("_Unused"))
+        return dtype, values, int(ctx.vocabulary.ids(default[1][:1], "default_tensor")[0])
     if default is None:  # the schema's defaults: -1 for integers, -0.0 for floats
         return dtype, values, (-0.0 if dtype.is_float else -1)
     if default[0] is not dtype or default[1].size != 1:
@@ -96,8 +100,9 @@ def label_encoder(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
     key_dtype, keys = _keys(ctx)
     if x.dtype is not key_dtype:
-        if ctx.version == 1 and x.dtype is _I64:
-            raise Unsupported("maps integers to strings (classes_strings): string outputs are not supported")
+        if ctx.version == 1 and x.dtype is _I64:  # index -> classes_strings[index], else default_string
+            return _table(x, np.arange(len(keys), dtype=np.int64), keys.astype(np.int32), _default_string(ctx),
+                          dtypes.string)
         raise Unsupported(f"the keys are {key_dtype.name}, the input is {x.dtype.name}: they must agree")
     value_dtype, values, default = _values(ctx, len(keys))
     if len(values) != len(keys):
@@ -108,6 +113,10 @@ def label_encoder(ctx: NodeContext) -> UOp:
                                                                                       _DENSE_FACTOR * len(keys)):
         return _table(x, keys.astype(np.int64), values, default, value_dtype)
     return _chain(x, keys, values, default, value_dtype)
+
+
+def _default_string(ctx: NodeContext) -> int:
+    return int(ctx.vocabulary.intern(ctx.raw_attr("default_string", b"_Unused"), "attribute 'default_string'"))
 
 
 def _table(x: UOp, keys: np.ndarray, values: np.ndarray, default: int | float, dtype: DType) -> UOp:
