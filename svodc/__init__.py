@@ -9,7 +9,21 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from svodc.api import compile, compile_to_file
+from typing import TYPE_CHECKING
+
 from svodc.options import CompileOptions
 
+if TYPE_CHECKING:
+    from svodc.api import compile, compile_to_file
+
 __all__ = ["CompileOptions", "__version__", "compile", "compile_to_file"]
+
+
+def __getattr__(name: str):
+    # The API (and with it the frontend, onnx and every op handler) loads on first use, so the IR,
+    # the passes and codegen can be imported and tested without ONNX.
+    if name in ("compile", "compile_to_file"):
+        from svodc import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'svodc' has no attribute {name!r}")

@@ -21,14 +21,16 @@ from pathlib import Path
 import onnx
 
 from svodc.bundle import check_bundle, write_bundle, write_bundle_to
-from svodc.codegen.compile import compile_program
+from svodc.codegen.compile import compile_program, worker_count
 from svodc.codegen.gpu_compile import compile_gpu_programs
-from svodc.errors import BundleError, OutputWriteError
+from svodc.codegen.worker import WorkerPool, borrow
+from svodc.errors import BundleError, OutputWriteError, TargetError
 from svodc.frontend.importer import ModelSource, import_model, load_model
 from svodc.gpu_target import GpuTarget, parse_targets
 from svodc.options import CompileOptions
 from svodc.passes.dynamic import DynamicShapeError
 from svodc.passes.pipeline import build_program
+from svodc.policy import OptimizationPolicy, check_policy_names, policy_for
 from svodc.testvec import build_test_vectors
 
 Progress = Callable[[str], None]
@@ -71,9 +73,10 @@ class _Stages:
 
 
 def _compile_parts(model: ModelSource, target: str, options: CompileOptions | None, progress: Progress | None,
-                   kernels_done: KernelProgress | None = None, **kw) -> tuple:
+                   kernels_done: KernelProgress | None = None, workers: WorkerPool | None = None, **kw) -> tuple:
     """Everything a bundle is written from: (program, CPU images, model digest, test vectors, GPU images,
-    signing key, optional manifest entries)."""
+    signing key, optional manifest entries). One pool of LLVM workers (the caller's, or one for this
+    call) compiles every variant."""
     options = options or CompileOptions(**kw)
     say = progress or (lambda _msg: None)
     stages = _Stages(say)
@@ -82,45 +85,64 @@ def _compile_parts(model: ModelSource, target: str, options: CompileOptions | No
     base_dir = Path(model).parent if isinstance(model, (str, os.PathLike)) else None
     graph = import_model(proto, options, base_dir=base_dir)
     stages.done("import")
-    program = build_program(graph, options)
+    program = build_program(graph, options, _bundle_policy(targets, options))
     stages.done(f"optimize ({len(program.kernels)} kernels)")
     vectors = build_test_vectors(graph, program, options.test_vectors, say)
     stages.done("test vectors" if vectors else None)
     images = []
     gpus = [t for t in targets if isinstance(t, GpuTarget)]
-    for t in targets:
-        if not isinstance(t, GpuTarget):
-            images.append((t, compile_program(program, t, options, kernels_done)))
-            stages.done(f"codegen {t.describe()}")
     gpu_images = []
     if gpus and program.dims:
         names = ", ".join(t.describe() for t in gpus)
         raise DynamicShapeError(f"bounded dims {[d.name for d in program.dims]}: GPU variants ({names}) take fixed "
                                 "dims only for now; fix them with --dim NAME=N")
-    if gpus:
-        gpu_images = compile_gpu_programs(program, gpus, options)
-        stages.done(f"codegen {', '.join(t.describe() for t in gpus)}")
+    with borrow(workers, worker_count(options)) as pool:
+        for t in targets:
+            if not isinstance(t, GpuTarget):
+                images.append((t, compile_program(program, t, options, kernels_done, pool)))
+                stages.done(f"codegen {t.describe()}")
+        if gpus:
+            gpu_images = compile_gpu_programs(program, gpus, options, pool)
+            stages.done(f"codegen {', '.join(t.describe() for t in gpus)}")
     named = {n for k in program.kernels for n in k.provenance}
     extra = {"options": recorded_options(target, options),
              "node_ops": {n: t for n, t in sorted((graph.op_types or {}).items()) if n in named}}
     return program, images, _model_digest(model, proto), vectors, gpu_images, options.sign_key, extra
 
 
+def _bundle_policy(targets: list, options: CompileOptions) -> OptimizationPolicy:
+    """The one optimisation policy of a bundle's variants. Format 1 holds one program (kernel list,
+    buffers, arena, weights) for all variants, so variants whose policies differ, and with them
+    possibly their programs, cannot share a bundle yet: that is an error naming them."""
+    check_policy_names(options.policies, targets)
+    by_policy: dict[OptimizationPolicy, list[str]] = {}
+    for t in targets:
+        by_policy.setdefault(policy_for(t, options.policies), []).append(t.describe())
+    if len(by_policy) > 1:
+        groups = "; ".join(", ".join(names) for names in by_policy.values())
+        raise TargetError(f"variants with different optimisation policies ({groups}) need different programs, and "
+                          "a bundle holds one program: compile each group into a bundle of its own")
+    return next(iter(by_policy))
+
+
 def compile(model: ModelSource, target: str = "host", options: CompileOptions | None = None,
-            progress: Progress | None = None, kernels_done: KernelProgress | None = None, **kw) -> bytes:
+            progress: Progress | None = None, kernels_done: KernelProgress | None = None,
+            workers: WorkerPool | None = None, **kw) -> bytes:
     """Compile an ONNX model (path, bytes or ModelProto) into .svod bundle bytes.
 
     target: "host", CPU variants like "x86_64:x86-64-v3,x86-64,aarch64:generic+dotprod" (svodc/target.py),
     GPUs ("sm_90", "gfx942", ...), or CPU and GPU items separated by commas (svodc/gpu_target.py).
     Keyword options (dims=, input_shapes=, weights=, opt_level=, jobs=, test_vectors=) fill a
     CompileOptions. progress(line): each stage when it has finished, with its time; kernels_done(done,
-    total): as LLVM finishes each module. For large weights prefer compile_to_file: it streams them."""
-    return write_bundle(*_compile_parts(model, target, options, progress, kernels_done, **kw))
+    total): as LLVM finishes each module. workers: a WorkerPool (svodc/codegen/worker.py) to run LLVM
+    on, for callers that compile many models; by default the call starts its own and stops it before
+    returning. For large weights prefer compile_to_file: it streams them."""
+    return write_bundle(*_compile_parts(model, target, options, progress, kernels_done, workers, **kw))
 
 
 def compile_to_file(model: ModelSource, output: str | os.PathLike, target: str = "host",
                     options: CompileOptions | None = None, progress: Progress | None = None,
-                    kernels_done: KernelProgress | None = None, **kw) -> Path:
+                    kernels_done: KernelProgress | None = None, workers: WorkerPool | None = None, **kw) -> Path:
     """Compile and write the bundle atomically: a temp file in the same folder, renamed into place,
     so a failure never leaves a partial file (SIGTERM included). The temp file is created first, so an
     unwritable output path fails before the compilation starts; an output that is a device, a folder
@@ -129,7 +151,7 @@ def compile_to_file(model: ModelSource, output: str | os.PathLike, target: str =
     path = Path(output)
     check_output_path(path, model)
     with AtomicWriter(path) as out:
-        parts = _compile_parts(model, target, options, progress, kernels_done, **kw)
+        parts = _compile_parts(model, target, options, progress, kernels_done, workers, **kw)
         t0 = time.perf_counter()
         out.call(lambda f: write_bundle_to(f, *parts))
         out.call(_check_written)

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from svodc.policy import OptimizationPolicy
+
 
 @dataclass(frozen=True)
 class CompileOptions:
@@ -32,6 +34,13 @@ class CompileOptions:
     # Embed a reference input and its expected outputs (svodc/testvec.py) for `svodrt verify`:
     # True always, False never, None when inputs and outputs are small.
     test_vectors: bool | None = None
+    # Run the IR verifier (svodc/ir/spec.py) on the graph after every pass and on every kernel after
+    # lowering and after codegen's rewrites. The tests turn it on for every compilation
+    # (tests/conftest.py); off by default, since each check walks the whole graph.
+    check_ir: bool = False
+    # Optimisation policies (svodc/policy.py) by variant name ("x86_64:x86-64-v3", "cuda:sm_90", or "*"
+    # for every variant); a variant not named gets its target's default.
+    policies: dict[str, OptimizationPolicy] = field(default_factory=dict)
     # Sign the bundle with this Ed25519 private key (a PEM file; `--sign`): svodrt.load(trust=...) then
     # accepts it (docs/bundle-format.md "Trust model"). Needs the svod[sign] extra.
     sign_key: str | None = None

@@ -1,6 +1,12 @@
-"""Program: what the passes hand to codegen and the bundle writer.
+"""The types that stages hand to each other (svodc/api.py chains the stages):
 
-A list of kernels in execution order, each a loop-level UOp AST whose PARAM i is `params[i]`, and the
+- ImportedGraph: what the frontend hands to the passes (tensor-level UOps and their provenance);
+- Program: what the passes hand to codegen and the bundle writer.
+
+Both live here, below every stage, so a pass imports neither the frontend (which imports onnx and
+registers its handlers as a side effect) nor codegen.
+
+A Program is a list of kernels in execution order, each a loop-level UOp AST whose PARAM i is `params[i]`, and the
 buffers they read and write, with their placement:
 - input / output: the caller's arrays, by slot (position in the graph's inputs / outputs);
 - weight: an offset in the weights section (read-only, mapped from the bundle);
@@ -11,11 +17,34 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from svodc.ir.dtypes import DType
 from svodc.ir.ops import ConstData
+from svodc.ir.provenance import Provenance
 from svodc.ir.shapes import prod
 from svodc.ir.uop import UOp
+
+if TYPE_CHECKING:  # an annotation only: the frontend (and onnx) stays out of the passes' imports
+    from svodc.frontend.dims import DimSpec
+    from svodc.frontend.values import EdgeStrings
+
+
+@dataclass
+class ImportedGraph:
+    inputs: list[tuple[str, UOp]]  # bundle inputs in declaration order (INPUT nodes; frontend/boundary.py)
+    outputs: list[tuple[str, UOp]]  # bundle outputs in declaration order
+    provenance: Provenance
+    producer: str  # "name version" of the tool that made the model, for the manifest
+    expanded_ops: frozenset[str] = frozenset()  # ops imported through their ONNX function bodies
+    vocabulary: tuple[str, ...] = ()  # the model's strings; string id i is vocabulary[i] (frontend/strings.py)
+    zipmaps: tuple[tuple[str, tuple[int | str, ...]], ...] = ()  # (output, keys): svodrt returns a list of dicts
+    edge_outputs: tuple[tuple[str, EdgeStrings], ...] = ()  # outputs svodrt computes from input strings
+    op_types: dict[str, str] | None = None  # node name -> op type (graph_import.GraphImporter.op_types)
+    # Bounded symbolic dims (frontend/dims.py), in the order met, and which input axes each sizes; the
+    # INPUT nodes have their upper bounds.
+    dims: tuple[DimSpec, ...] = ()
+    input_dims: dict[str, dict[int, str]] = field(default_factory=dict)
 
 
 class BufferKind(enum.Enum):

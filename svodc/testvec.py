@@ -24,12 +24,11 @@ from collections.abc import Callable
 import numpy as np
 
 from svodc.errors import TestVectorError
-from svodc.frontend.importer import ImportedGraph
 from svodc.ir.dtypes import dtypes, to_storage
 from svodc.ir.interpret import EvaluationTimeout, evaluate
 from svodc.ir.ops import Ops
 from svodc.ir.uop import UOp, toposort
-from svodc.program import Buffer, Program
+from svodc.program import Buffer, ImportedGraph, Program
 from svodrt.format import FLOAT_FORMATS
 
 # Vectors are embedded by default when the inputs and outputs together take at most this many bytes.

@@ -24,7 +24,7 @@ __all__ = ["Bundle", "KernelInfo", "Program", "Section", "Source", "TensorInfo",
 
 MANIFEST_EXPANSION, MANIFEST_FLOOR = 64, 4 << 20  # raw manifest <= 64 x stored + 4 MiB
 OBJECTS_PER_BYTE, OBJECTS_FLOOR = 1, 1 << 16  # real bundles: < 0.1 msgpack objects per file byte
-MAX_MAP = 256  # keys in any manifest map (the largest has ~20)
+MAX_MAP = fmt.MAX_ITEMS  # keys in any manifest map (node_ops has one per ONNX node); the object budget bounds the sum
 
 
 class Source:

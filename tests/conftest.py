@@ -71,3 +71,34 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("real models: max error vs onnxruntime")
         for line in module.ERRORS:
             terminalreporter.line(line)
+
+
+@pytest.fixture(scope="session")
+def llvm_workers():
+    """One LLVM worker pool for the session: pass it as `workers=` where a test compiles directly."""
+    import os
+
+    from svodc.codegen.worker import WorkerPool
+
+    with WorkerPool(os.cpu_count() or 1) as pool:
+        yield pool
+
+
+@pytest.fixture(scope="session", autouse=True)
+def checked_compilations(llvm_workers):
+    """Every svodc.compile / compile_to_file in the tests verifies the IR after every pass
+    (CompileOptions.check_ir) and runs LLVM on the session's worker pool."""
+    import dataclasses
+
+    import svodc.api
+    from svodc.options import CompileOptions
+
+    real = svodc.api._compile_parts
+
+    def compile_parts(model, target, options, progress, kernels_done=None, workers=None, **kw):
+        options = dataclasses.replace(options or CompileOptions(**kw), check_ir=True)
+        return real(model, target, options, progress, kernels_done, workers or llvm_workers)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(svodc.api, "_compile_parts", compile_parts)
+        yield

@@ -32,11 +32,12 @@ def make_model(nodes: list[onnx.NodeProto], inputs: dict[str, tuple[np.dtype, li
     return model
 
 
-def compile_and_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray], threads: int = 1) -> dict[str, np.ndarray]:
+def compile_and_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray], threads: int = 1,
+                    **options) -> dict[str, np.ndarray]:
     import svodc
     import svodrt
 
-    bundle = svodc.compile(model)
+    bundle = svodc.compile(model, **options)
     with svodrt.load(bundle, threads=threads) as m:
         return m.run(feeds)
 

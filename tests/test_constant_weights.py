@@ -52,7 +52,7 @@ def weight_nodes(source: str, w: np.ndarray) -> tuple[list, dict[str, np.ndarray
 
 
 SOURCES = ["initializer", "constant", "folded", "dequantized", "transposed", "splat"]
-# op node, input shape, weight shape; each big enough for the GEMM path (contraction.GEMM_MIN_MACS)
+# op node, input shape, weight shape; each big enough for the GEMM path (the policy's gemm_min_macs, svodc/policy.py)
 # even with a splat weight, whose product is computed for one row or column and broadcast
 CASES = {
     "conv3x3": (helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]), [1, 16, 12, 12], (32, 16, 3, 3)),

@@ -79,12 +79,12 @@ def run_ir_cast(x: np.ndarray, dst) -> np.ndarray:
     import svodrt
     from svodc.bundle import write_bundle
     from svodc.codegen.compile import compile_program
-    from svodc.frontend.importer import ImportedGraph
     from svodc.ir.ops import InputArg, Ops
     from svodc.ir.provenance import Provenance
     from svodc.ir.uop import UOp
     from svodc.options import CompileOptions
     from svodc.passes.pipeline import build_program
+    from svodc.program import ImportedGraph
     from svodc.target import parse_target
 
     src = dtypes.from_numpy(x.dtype)

@@ -9,9 +9,12 @@ from onnx import helper
 
 from svodc.errors import InputShapeError, InvalidModelError, UnsupportedModelError
 from svodc.frontend.importer import import_model
+from svodc.ir.interpret import evaluate
 from svodc.ir.ops import Ops
 from svodc.options import CompileOptions
 from tests.onnx_util import compile_and_run, make_model, reference
+from tests.test_indexing import CASES as INDEXING_CASES
+from tests.test_indexing import case_model as indexing_case_model
 
 R = np.random.default_rng(0)
 
@@ -92,6 +95,31 @@ def test_op_against_onnxruntime(name):
     got = compile_and_run(model, feeds)["y"]
     assert got.shape == want.shape and got.dtype == want.dtype
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _interpret(model, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The imported graph evaluated by the reference interpreter (ir/interpret.py): no passes, no LLVM."""
+    graph = import_model(model)
+    return evaluate([x for _, x in graph.outputs], feeds)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_imported_graph_against_onnxruntime(name):
+    """The frontend alone: what each handler builds computes what onnxruntime computes (milliseconds
+    per case; test_op_against_onnxruntime runs the same cases end to end)."""
+    nodes, feeds, inits = CASES[name]
+    model = make_model(nodes, {k: (v.dtype, list(v.shape)) for k, v in feeds.items()}, ["y"], inits)
+    (want,) = reference(model, feeds)
+    (got,) = _interpret(model, feeds)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(INDEXING_CASES))
+def test_imported_indexing_graph_against_onnxruntime(name):
+    model, inputs, outputs = indexing_case_model(name)
+    for out, got, want in zip(outputs, _interpret(model, inputs), reference(model, inputs), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, err_msg=out)
 
 
 def test_shape_subgraphs_fold_at_compile_time():

@@ -73,11 +73,11 @@ def test_gemm_launch_tiles_the_output():
 
 
 @pytest.fixture(scope="module")
-def small_images(small_model):
+def small_images(small_model, llvm_workers):
     """small_model for every GPU architecture."""
     program = lower(small_model[0])
     targets = parse_targets("sm_80,sm_90,gfx942,gfx1100,gfx1151,gfx1200")
-    return program, compile_gpu_programs(program, targets, CompileOptions())
+    return program, compile_gpu_programs(program, targets, CompileOptions(), llvm_workers)
 
 
 def test_code_objects_for_every_architecture(small_images):
@@ -109,17 +109,17 @@ def test_missing_ld_lld_says_what_to_install(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     gpu_tools.find_lld.cache_clear()
     try:
-        with pytest.raises(ToolMissingError, match=r"need ld\.lld .*pip install ziglang.*apt-get install lld-22"):
+        with pytest.raises(ToolMissingError, match=r"need ld\.lld .*pip install .svod\[gpu\]. \(the ziglang package\).*apt-get install lld-22"):
             svodc.compile(_matmul_model(4, 4, 4)[0], target="gfx942")
     finally:
         gpu_tools.find_lld.cache_clear()
 
 
-def test_without_ptxas_the_bundle_carries_ptx_only(stub, monkeypatch):
+def test_without_ptxas_the_bundle_carries_ptx_only(stub, monkeypatch, llvm_workers):
     model, feeds = _matmul_model(5, 6, 7)
     monkeypatch.setattr(gpu_tools, "find_ptxas", lambda: None)
     bundle = svodc.compile(model, target="sm_90")
-    emu = emulate(model)
+    emu = emulate(model, workers=llvm_workers)
     got = run_on_stub(stub, bundle, emu, feeds, "cuda:0")
     assert "load ptx sm_90" in stub.log()
     np.testing.assert_allclose(got["y"], reference(model, feeds)[0], rtol=1e-5, atol=1e-5)
@@ -136,7 +136,7 @@ def _matmul_model(m, k, n, constant="none", batch=()):
 @pytest.mark.parametrize("m,k,n,constant", [(64, 64, 64, "none"), (37, 50, 45, "b"), (1, 300, 77, "a"),
                                             (9, 1, 513, "none"), (130, 100, 20, "b"), (70, 17, 16, "a"),
                                             (512, 576, 49, "a")])
-def test_gemm_kernels(stub, m, k, n, constant):
+def test_gemm_kernels(stub, m, k, n, constant, llvm_workers):
     """Tile edges in m, n and k, K = 1, packed A and B panels, the transposed packing (512x576x49)."""
     model, feeds = _matmul_model(m, k, n, constant)
     program = lower(model)
@@ -144,12 +144,13 @@ def test_gemm_kernels(stub, m, k, n, constant):
     assert gemms, "the GEMM path is taken"
     if (m, n) == (512, 49):
         assert gemms[0].arg.transposed
-    images = compile_gpu_programs(program, [GpuTarget("sm_90")], CompileOptions())
-    got = run_on_stub(stub, gpu_bundle(program, images), emulate(model, program=program), feeds, "cuda:0")
+    images = compile_gpu_programs(program, [GpuTarget("sm_90")], CompileOptions(), llvm_workers)
+    emu = emulate(model, program=program, workers=llvm_workers)
+    got = run_on_stub(stub, gpu_bundle(program, images), emu, feeds, "cuda:0")
     np.testing.assert_allclose(got["y"], reference(model, feeds)[0], rtol=1e-4, atol=1e-4 * np.sqrt(k))
 
 
-def test_batched_gemm_with_broadcast_and_fused_epilogue(stub):
+def test_batched_gemm_with_broadcast_and_fused_epilogue(stub, llvm_workers):
     """Batch axes (one broadcast), and bias + ReLU + residual fused into the GEMM's epilogue."""
     a, b, bias, res = rand(2, 3, 17, 40), rand(3, 40, 33), rand(33), rand(2, 3, 17, 33)
     nodes = [helper.make_node("MatMul", ["a", "b"], ["t"]), helper.make_node("Add", ["t", "bias"], ["u"]),
@@ -160,12 +161,13 @@ def test_batched_gemm_with_broadcast_and_fused_epilogue(stub):
     program = lower(model)
     gemm = next(k.ast.src[0] for k in program.kernels if k.ast.src[0].op is Ops.GEMM)
     assert gemm.arg.batch == (2, 3) and len(gemm.src) > 3, "batched, with an epilogue"
-    images = compile_gpu_programs(program, [GpuTarget("gfx942")], CompileOptions())
-    got = run_on_stub(stub, gpu_bundle(program, images), emulate(model, program=program), feeds, "hip:0")
+    images = compile_gpu_programs(program, [GpuTarget("gfx942")], CompileOptions(), llvm_workers)
+    emu = emulate(model, program=program, workers=llvm_workers)
+    got = run_on_stub(stub, gpu_bundle(program, images), emu, feeds, "hip:0")
     np.testing.assert_allclose(got["y"], reference(model, feeds)[0], rtol=1e-4, atol=1e-4)
 
 
-def test_serial_kernels_run_on_one_thread_in_order(stub):
+def test_serial_kernels_run_on_one_thread_in_order(stub, llvm_workers):
     """A scatter with repeated indices and reduction=add: its kernel must store in order, so every
     statement of it is launched as one block of one thread; the copy before it is its own launch."""
     n, m = 64, 4096
@@ -176,9 +178,10 @@ def test_serial_kernels_run_on_one_thread_in_order(stub):
     feeds = {"x": x, "i": idx, "u": np.ones((m,), np.float32)}
     program = lower(model)
     serial = [i for i, k in enumerate(program.kernels) if getattr(k.ast.arg, "serial", False)]
-    images = compile_gpu_programs(program, [GpuTarget("sm_90")], CompileOptions())
+    images = compile_gpu_programs(program, [GpuTarget("sm_90")], CompileOptions(), llvm_workers)
     launches = [x for x in images[0].launches if x.kernel in serial]
     assert len(launches) == 2 and all((x.grid, x.block) == (1, 1) for x in launches)
-    got = run_on_stub(stub, gpu_bundle(program, images), emulate(model, program=program), feeds, "cuda:0")
+    emu = emulate(model, program=program, workers=llvm_workers)
+    got = run_on_stub(stub, gpu_bundle(program, images), emu, feeds, "cuda:0")
     want = np.bincount(np.where(idx[:, 0] < 0, idx[:, 0] + n, idx[:, 0]), minlength=n).astype(np.float32)
     np.testing.assert_array_equal(got["y"], want)

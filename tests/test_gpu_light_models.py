@@ -25,24 +25,24 @@ SUBSET = ["squeezenet", "shufflenet"]
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in SUBSET else pytest.mark.gpu_sweep)
                                   for n in LIGHT_MODELS])
-def test_light_model_on_gpu_targets(stub, name):
+def test_light_model_on_gpu_targets(stub, name, llvm_workers):
     model = random_weight_variant(name)
     feeds = dummy_inputs(model)
     program = lower(model)
-    images = compile_gpu_programs(program, parse_targets("gfx942,gfx1100,sm_90,sm_80"), CompileOptions())
+    images = compile_gpu_programs(program, parse_targets("gfx942,gfx1100,sm_90,sm_80"), CompileOptions(), llvm_workers)
     check_code_objects(program, images)
     bundle = gpu_bundle(program, images)
-    emu = emulate(model, program=program)
+    emu = emulate(model, program=program, workers=llvm_workers)
     want = reference(model, feeds)
     for device in ("cuda:0", "hip:0"):
         assert_close(run_on_stub(stub, bundle, emu, feeds, device), want)
 
 
 @pytest.mark.parametrize("name", [n for n in LIGHT_MODELS if n not in SUBSET])
-def test_light_model_compiles_for_gpu_targets(name):
+def test_light_model_compiles_for_gpu_targets(name, llvm_workers):
     """The light models make test does not run end to end: compiled for gfx942, gfx1100 and sm_90 and
     every code object checked (ptxas, ET_DYN HSA v5 with every kernel's .kd and argument sizes), so
     `make test` covers all nine (about 70 s for these seven here)."""
     program = lower(random_weight_variant(name))
-    images = compile_gpu_programs(program, parse_targets("gfx942,gfx1100,sm_90"), CompileOptions())
+    images = compile_gpu_programs(program, parse_targets("gfx942,gfx1100,sm_90"), CompileOptions(), llvm_workers)
     check_code_objects(program, images)

@@ -15,10 +15,10 @@ from tests.onnx_util import reference
 
 
 @pytest.fixture(scope="session")
-def small_gpu(small_model):
+def small_gpu(small_model, llvm_workers):
     """small_model's bundle for sm_90 and gfx942 (GPU only), and the emulation of its kernels."""
     model, feeds = small_model
-    return svodc.compile(model, target="sm_90,gfx942"), emulate(model), model, feeds
+    return svodc.compile(model, target="sm_90,gfx942"), emulate(model, workers=llvm_workers), model, feeds
 
 
 @pytest.mark.parametrize("device", ["cuda:0", "hip:0"])
@@ -98,11 +98,11 @@ def test_cuda_device_too_old(stub, small_gpu, monkeypatch):
         svodrt.load(small_gpu[0], device="cuda:0")
 
 
-def test_hip_takes_the_code_object_the_driver_accepts(stub, small_model, monkeypatch):
+def test_hip_takes_the_code_object_the_driver_accepts(stub, small_model, monkeypatch, llvm_workers):
     model, feeds = small_model
     bundle = svodc.compile(model, target="gfx942,gfx1100")
     monkeypatch.setenv("SVOD_STUB_MACH", "0x41")  # a gfx1100
-    emu = emulate(model)
+    emu = emulate(model, workers=llvm_workers)
     stub.set_launcher(emu.launcher(stub))
     with svodrt.load(bundle, device="hip:0") as m:
         assert m.variant.cpu == "gfx1100"

@@ -84,17 +84,22 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_indexing_op_against_onnxruntime(name):
-    """Every input a graph input (run-time indices), except the ones that decide shapes (k, depth)."""
+def case_model(name: str):
+    """(model, feeds, output names) of CASES[name]: every input a graph input (run-time indices), except
+    the ones that decide shapes (k, depth), which are initializers."""
     nodes, feeds = CASES[name]
     consts = {k: v for k, v in feeds.items() if k in ("k", "d", "a")}
     inputs = {k: v for k, v in feeds.items() if k not in consts}
-    model = make_model(nodes, {k: (v.dtype, list(v.shape)) for k, v in inputs.items()}, list(nodes[0].output),
-                       consts)
+    outputs = list(nodes[0].output)
+    return make_model(nodes, {k: (v.dtype, list(v.shape)) for k, v in inputs.items()}, outputs, consts), inputs, outputs
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_indexing_op_against_onnxruntime(name):
+    model, inputs, outputs = case_model(name)
     want = reference(model, inputs)
     got = compile_and_run(model, inputs)
-    for out, ref in zip(nodes[0].output, want, strict=True):
+    for out, ref in zip(outputs, want, strict=True):
         np.testing.assert_allclose(got[out], ref, rtol=1e-5, atol=1e-6, err_msg=out)
 
 

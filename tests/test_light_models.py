@@ -19,7 +19,7 @@ import pytest
 
 import svodc
 import svodrt
-from svodc.passes.contraction import GEMM_MIN_MACS
+from svodc.policy import DEFAULT_POLICY
 from svodrt.bundle import parse_bundle
 from tests.light_models import (
     LIGHT_MODELS,
@@ -68,7 +68,7 @@ def test_light_model_through_the_api(name):
     for g, w in zip(got, reference(model, feeds), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-5 * max(float(np.abs(w).max()), 1.0))
     kernels = parse_bundle(bundle).manifest["kernels"]
-    assert contractions_off_the_gemm_path(model, kernels, GEMM_MIN_MACS) == []
+    assert contractions_off_the_gemm_path(model, kernels, DEFAULT_POLICY.gemm_min_macs) == []
 
 
 @pytest.mark.parametrize("name", LIGHT_MODELS)

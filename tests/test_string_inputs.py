@@ -151,13 +151,13 @@ def test_a_format_1_3_runtime_refuses_a_string_input_naming_it(codes_bundle, tmp
     assert "manifest field inputs[0].dtype: 'string' is not one of" in out
 
 
-def test_string_inputs_on_the_gpu_path(stub, codes_bundle):
+def test_string_inputs_on_the_gpu_path(stub, codes_bundle, llvm_workers):
     """The GPU runner interns like the CPU one and uploads the ids (kernels emulated on this CPU, the
     stand-in driver: tests/gpu)."""
     from tests.gpu.harness import emulate, run_on_stub
 
     model, feeds = category_codes()
-    got = run_on_stub(stub, svodc.compile(model, target="sm_90"), emulate(model), feeds, "cuda:0")
+    got = run_on_stub(stub, svodc.compile(model, target="sm_90"), emulate(model, workers=llvm_workers), feeds, "cuda:0")
     want = codes_bundle[2]
     for k in want:
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)

@@ -17,8 +17,10 @@ from svodc.codegen.emulate import pm_emulate_for
 from svodc.codegen.link import CodeImage, link
 from svodc.codegen.module import entry_module, kernel_modules, parallel_parts
 from svodc.codegen.transcendental import pm_transcendental
+from svodc.codegen.worker import WorkerPool, borrow
 from svodc.errors import CodegenError
 from svodc.ir.rewrite import debug_level, graph_rewrite
+from svodc.ir.spec import verify
 from svodc.ir.symbolic import pm_symbolic
 from svodc.options import CompileOptions
 from svodc.program import Kernel, Program
@@ -78,13 +80,15 @@ def compile_llvm(job: LLVMJob) -> tuple[bytes, str]:
     return tm.emit_object(mod), asm
 
 
-def prepare_kernel(kernel: Kernel, target: Target | None = None) -> Kernel:
-    """Target-level rewrites on a kernel's loop AST before emission."""
+def prepare_kernel(kernel: Kernel, target: Target | None = None, check_ir: bool = False) -> Kernel:
+    """Target-level rewrites on a kernel's loop AST before emission (verified after them with check_ir)."""
     # emulate.py: float16/float8/int4... as integer bit operations; float16<->float32 casts stay native
     # where the CPU has conversion instructions (else LLVM would call compiler-rt, which the image lacks)
     emulate = pm_emulate_for(target is not None and target.native_f16)
     ast = graph_rewrite(kernel.ast, emulate + pm_transcendental)
     ast = graph_rewrite(ast, pm_symbolic)
+    if check_ir:
+        verify(ast)
     return Kernel(kernel.name, ast, kernel.params, kernel.provenance, kernel.kind)
 
 
@@ -96,11 +100,12 @@ KERNELS_PER_MODULE = 4
 
 
 def compile_program(program: Program, target: Target, options: CompileOptions,
-                    jobs_done: Callable[[int, int], None] | None = None) -> CodeImage:
-    """The program's code image for one CPU target. jobs_done(done, total): after each LLVM module."""
-    kernels = [prepare_kernel(k, target) for k in program.kernels]
+                    jobs_done: Callable[[int, int], None] | None = None,
+                    workers: WorkerPool | None = None) -> CodeImage:
+    """The program's code image for one CPU target. jobs_done(done, total): after each LLVM module.
+    LLVM runs on `workers` (the caller's pool; without one, a pool of options.jobs workers for this call)."""
+    kernels = [prepare_kernel(k, target, options.check_ir) for k in program.kernels]
     nin = len(program.inputs)
-    jobs_n = options.jobs or os.cpu_count() or 1
     dbg = debug_level()
     jobs = []
     for chunk, ir in kernel_modules(kernels, nin, target, KERNELS_PER_MODULE):
@@ -114,7 +119,8 @@ def compile_program(program: Program, target: Target, options: CompileOptions,
     if dbg >= 3:
         for j in jobs:
             print(f"===== LLVM IR {j.name} =====\n{j.ir}", file=sys.stderr)
-    results = run_jobs(jobs, jobs_n, jobs_done)
+    with borrow(workers, worker_count(options)) as pool:
+        results = run_jobs(jobs, pool, jobs_done)
     if dbg >= 4:
         for j, (_, asm) in zip(jobs, results, strict=True):
             print(f"===== assembly {j.name} =====\n{asm}", file=sys.stderr)
@@ -122,16 +128,19 @@ def compile_program(program: Program, target: Target, options: CompileOptions,
     return link(objects, [ENTRY, *(k.name for k in kernels)])
 
 
-def run_jobs(jobs: list[LLVMJob], workers: int,
+def worker_count(options: CompileOptions) -> int:
+    return options.jobs or os.cpu_count() or 1
+
+
+def run_jobs(jobs: list[LLVMJob], workers: WorkerPool,
              jobs_done: Callable[[int, int], None] | None = None) -> list[tuple[bytes, str]]:
     """Compile jobs on the worker pool; results in job order."""
-    from svodc.codegen.worker import pool
 
     def crashed(job: LLVMJob, message: str) -> CodegenError:
         return CodegenError(f"LLVM crashed while compiling {job.name}: {message}; rerun with SVOD_DEBUG=3 to see "
                             "the IR, and please report it")
 
-    replies = pool(workers).run(jobs, crashed, jobs_done)
+    replies = workers.run(jobs, crashed, jobs_done)
     out = []
     for job, reply in zip(jobs, replies, strict=True):
         if reply[0] == "error":

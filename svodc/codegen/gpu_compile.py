@@ -17,14 +17,15 @@ from dataclasses import dataclass
 
 from svodc.codegen.compile import LLVMJob, prepare_kernel, run_jobs
 from svodc.codegen.elf import read_object
-from svodc.codegen.gpu_emit import GpuEmitter, Launch, map_launch, store_ranges
+from svodc.codegen.gpu_emit import GpuEmitter, Launch, map_launch
 from svodc.codegen.gpu_gemm import gemm_launch
 from svodc.codegen.gpu_tools import assemble_ptx, check_amd_code_object, link_amd_code_object
 from svodc.codegen.link import CodeImage, link
 from svodc.codegen.llvm_ir import FN_ATTRS
+from svodc.codegen.worker import WorkerPool, borrow
 from svodc.gpu_target import GpuTarget
 from svodc.ir.ops import Ops
-from svodc.ir.uop import UOp, toposort
+from svodc.ir.uop import UOp, output_ranges
 from svodc.options import CompileOptions
 from svodc.program import Program
 from svodc.target import Target
@@ -48,22 +49,15 @@ class Statement:
 
 
 def _store_total(stmt: UOp) -> int:
-    free: set[UOp] = set()
-    bound: set[UOp] = set()
-    for n in toposort([stmt]):
-        if n.op is Ops.RANGE:
-            free.add(n)
-        elif n.op is Ops.LOOP_REDUCE:
-            bound.update(n.src[1:])
-    return math.prod(int(r.src[0].arg) for r in store_ranges(frozenset(free - bound)))
+    return math.prod(int(r.src[0].arg) for r in output_ranges(stmt))
 
 
-def plan_statements(program: Program) -> list[Statement]:
+def plan_statements(program: Program, check_ir: bool = False) -> list[Statement]:
     """Every statement of every kernel (after the target-level rewrites) with its launch, in execution
     order. Symbols are ours (`svod_k<kernel>_<statement>`): PTX allows no '.' in names."""
     out = []
     for ki, kernel in enumerate(program.kernels):
-        k = prepare_kernel(kernel)
+        k = prepare_kernel(kernel, check_ir=check_ir)
         serial = getattr(k.ast.arg, "serial", False)
         for si, stmt in enumerate(k.ast.src):
             symbol = f"svod_k{ki}_{si}"
@@ -101,8 +95,9 @@ def max_block(statements: list[Statement]) -> int:
     return max((s.launch.block for s in statements), default=1)
 
 
-def compile_gpu_programs(program: Program, targets: list[GpuTarget], options: CompileOptions) -> list[GpuImage]:
-    statements = plan_statements(program)
+def compile_gpu_programs(program: Program, targets: list[GpuTarget], options: CompileOptions,
+                         workers: WorkerPool | None = None) -> list[GpuImage]:
+    statements = plan_statements(program, options.check_ir)
     launches = [s.launch for s in statements]
     jobs = []
     for t in targets:
@@ -110,7 +105,8 @@ def compile_gpu_programs(program: Program, targets: list[GpuTarget], options: Co
         jobs.append(LLVMJob(f"kernels for {t.describe()}", gpu_module(statements, backend, t.triple), t.triple, t.cpu,
                             t.llvm_features, options.opt_level, "small", False, set_datalayout=True,
                             emit="assembly" if t.kind == "cuda" else "object"))
-    results = run_jobs(jobs, options.jobs or len(jobs))
+    with borrow(workers, options.jobs or len(jobs)) as pool:
+        results = run_jobs(jobs, pool)
     images = []
     for t, (obj, asm) in zip(targets, results, strict=True):
         what = f"GPU code for {t.describe()}"
@@ -123,15 +119,17 @@ def compile_gpu_programs(program: Program, targets: list[GpuTarget], options: Co
     return images
 
 
-def compile_gpu_emulation(program: Program, host: Target, options: CompileOptions) -> tuple[CodeImage, list[Launch]]:
+def compile_gpu_emulation(program: Program, host: Target, options: CompileOptions,
+                          workers: WorkerPool | None = None) -> tuple[CodeImage, list[Launch]]:
     """The GPU kernels as CPU functions `void SYMBOL(void **args)` (one call runs the whole grid), in
     one code image for `host`, with the launch list they implement. For tests: the grid mapping,
     tiling and epilogues of the GPU code, checked by running them here."""
-    statements = plan_statements(program)
+    statements = plan_statements(program, options.check_ir)
     chunks = [statements[i: i + KERNELS_PER_EMULATION_MODULE]
               for i in range(0, len(statements), KERNELS_PER_EMULATION_MODULE)]
     jobs = [LLVMJob(f"emulated GPU kernels {i}", gpu_module(c, "emulate", host.triple), host.triple, host.llvm_cpu,
                     host.llvm_features, options.opt_level, host.codemodel, False) for i, c in enumerate(chunks)]
-    results = run_jobs(jobs, options.jobs or 2)
+    with borrow(workers, options.jobs or 2) as pool:
+        results = run_jobs(jobs, pool)
     objects = [read_object(obj, j.name) for j, (obj, _) in zip(jobs, results, strict=True)]
     return link(objects, [s.launch.symbol for s in statements]), [s.launch for s in statements]

@@ -14,21 +14,21 @@ the epilogue STORE on each of them (the epilogue reads C only at the element it 
 passes/lower_gemm.py), bound to that element's (batch, m, n).
 
 Operand addressing follows GemmOperand: strided views, or constants packed in panels at compile
-time (A: A_PANEL rows, B and the A of a transposed GEMM: B_PANEL columns). The panel layout was
-chosen for the CPU micro-kernels; the GPU kernel just indexes it.
+time (svodc/gemm_plan.py: A_PANEL rows of A, B_PANEL columns of B and of a transposed GEMM's A). The
+panel layout was chosen for the CPU micro-kernels; the GPU kernel just indexes it. Tile sizes and
+the block count come from the same plan.
 """
 
 from __future__ import annotations
 
-import math
-
 from svodc.codegen.gpu_emit import GpuEmitter, Launch, loop_range
+from svodc.codegen.llvm_gemm import operand_offset
+from svodc.gemm_plan import B_PANEL, GPU_BM, GPU_BN, GPU_TK, a_panel, gpu_plan
 from svodc.ir.dtypes import dtypes
-from svodc.ir.ops import A_PANEL, B_PANEL, GemmArg, GemmOperand
+from svodc.ir.ops import GemmArg, GemmOperand
 from svodc.ir.uop import UOp
 
-BM = BN = 64
-TK = 16
+BM, BN, TK = GPU_BM, GPU_BN, GPU_TK
 SIDE = 16  # threads per side of a block
 THREADS = SIDE * SIDE
 RM, RN = BM // SIDE, BN // SIDE
@@ -38,8 +38,8 @@ KK_UNROLL = 2
 
 
 def gemm_launch(kernel: int, symbol: str, arg: GemmArg) -> Launch | None:
-    tiles = math.prod(arg.batch) * -(-arg.m // BM) * -(-arg.n // BN)
-    return Launch(kernel, symbol, tiles, THREADS) if tiles else None
+    blocks = gpu_plan(arg).blocks
+    return Launch(kernel, symbol, blocks, THREADS) if blocks else None
 
 
 def _strided(em: GpuEmitter, op: GemmOperand, base: str, row: str, col: str) -> str:
@@ -60,15 +60,6 @@ def _panel(em: GpuEmitter, base: str, lane: str, kk: str, panel: int, k: int) ->
     return line(sc, f"add nsw i64 {base}, {line(sc, f'add nuw nsw i64 {po}, {inner}')}")
 
 
-def _batch_base(em: GpuEmitter, op: GemmOperand, batch: list[str]) -> str:
-    acc = str(op.offset)
-    for v, s in zip(batch, op.batch_strides, strict=True):
-        if s:
-            t = em.emit_line(em.stack[-1], f"mul nsw i64 {v}, {s}")
-            acc = em.emit_line(em.stack[-1], f"add nsw i64 {acc}, {t}")
-    return acc
-
-
 def _stage(em: GpuEmitter, arg: GemmArg, which: str, param: str, base: str, tile: str, tile_t: str,
            r0: str, c0: str) -> None:
     """Every thread copies its share of one operand tile into shared memory (zero outside the operand).
@@ -86,7 +77,7 @@ def _stage(em: GpuEmitter, arg: GemmArg, which: str, param: str, base: str, tile
         rc = line(sc, f"select i1 {ok_r}, i64 {r}, i64 {limit_r - 1}")  # clamped: the load is always in bounds
         cc = line(sc, f"select i1 {ok_c}, i64 {c}, i64 {limit_c - 1}")
         if which == "a" and arg.a.packed:  # A (m, k); a transposed GEMM packs A like B (B_PANEL rows)
-            off = _panel(em, base, rc, cc, B_PANEL if arg.transposed else A_PANEL, arg.k)
+            off = _panel(em, base, rc, cc, a_panel(arg), arg.k)
         elif which == "b" and arg.b.packed:  # B (k, n)
             off = _panel(em, base, cc, rc, B_PANEL, arg.k)
         else:
@@ -177,31 +168,23 @@ def emit_gpu_gemm(em: GpuEmitter, node: UOp) -> None:
     pa, pb, pc = (em.value(x) for x in node.src[:3])
     epilogue = node.src[3] if len(node.src) > 3 else None
     ranges = node.src[4:]
-    tiles_m, tiles_n, steps = -(-arg.m // BM), -(-arg.n // BN), -(-arg.k // TK)
+    plan = gpu_plan(arg)
     line = em.emit_line
     a_tile, a_t = em.shared("As", BM * TK)
     b_tile, b_t = em.shared("Bs", TK * BN)
     acc = em.private_array(RM * RN)
     with em.blocks():
         sc = em.stack[-1]
-        bid = em.value(em.bid_r)
-        tn = line(sc, f"urem i64 {bid}, {tiles_n}")
-        rest = line(sc, f"udiv i64 {bid}, {tiles_n}")
-        tm = line(sc, f"urem i64 {rest}, {tiles_m}")
-        flat = line(sc, f"udiv i64 {rest}, {tiles_m}")
-        batch: list[str] = []
-        for d in reversed(arg.batch):
-            batch.append(line(sc, f"urem i64 {flat}, {d}"))
-            flat = line(sc, f"udiv i64 {flat}, {d}")
+        tn, tm, *batch = em.split_index(sc, em.value(em.bid_r), plan.loop_sizes)
         batch.reverse()
         m0 = line(sc, f"mul nuw nsw i64 {tm}, {BM}")
         n0 = line(sc, f"mul nuw nsw i64 {tn}, {BN}")
-        a_base, b_base, c_base = (_batch_base(em, op, batch) for op in (arg.a, arg.b, arg.c))
+        a_base, b_base, c_base = (operand_offset(em, sc, op, batch) for op in (arg.a, arg.b, arg.c))
         pt = em.PRIVATE_PTR
         with em.threads():
             for i in range(RM * RN):
                 em.stack[-1].lines.append(f"  store float 0.0, {pt} {em.private_slot(acc, RM * RN, i)}, align 4")
-        em.open_loop(loop_range(-5, steps), "0", str(steps))
+        em.open_loop(loop_range(-5, plan.steps), "0", str(plan.steps))
         k0 = line(em.stack[-1], f"mul nuw nsw i64 {em.stack[-1].ivar}, {TK}")
         with em.threads():
             _stage(em, arg, "a", pa, a_base, a_tile, a_t, m0, k0)

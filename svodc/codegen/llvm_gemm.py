@@ -6,8 +6,9 @@ floats per load), the other as broadcast scalars (the "scalar side"): normally B
 m, rows along n) and stores its C tiles with a stride.
 
 The output is cut into rows x lanes tiles; the tiles of all batch indices form one parallel loop,
-split statically across threads, with row tiles innermost so consecutive tiles reuse the same vector
-panel. For each tile a micro-kernel keeps rows x (lanes/vw) vector accumulators in registers for the
+cut into parts that the entry's work queue hands to the threads (codegen/module.py), with row tiles
+innermost so consecutive tiles reuse the same vector panel (lane tiles innermost when the panels are
+small, see emit_gemm). For each tile a micro-kernel keeps rows x (lanes/vw) vector accumulators in registers for the
 whole K loop, then stores the tile to C. The epilogue (the kernel's STORE over m and n) rewrites the
 tile in place while it is still in cache.
 
@@ -25,8 +26,9 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from svodc.gemm_plan import B_PANEL, a_panel, cpu_plan
 from svodc.ir.dtypes import dtypes
-from svodc.ir.ops import A_PANEL, B_PANEL, GemmArg, GemmOperand, Ops, RangeArg, RangeKind
+from svodc.ir.ops import GemmArg, GemmOperand, Ops, RangeArg, RangeKind
 from svodc.ir.uop import UOp
 from svodc.target import Target
 
@@ -45,24 +47,6 @@ class Side:
     row_stride: int = 0  # scalar side
     packed_panels: bool = False  # vector side packed in B_PANEL-wide panels
     panel_stride: int = 0  # vector side, packed: elements from one panel to the next (K * B_PANEL)
-
-
-LANES_FASTEST_MAX_PANEL = 8 * 1024  # bytes of a B panel (k x lanes floats) below which lanes go fastest
-
-
-def blocking(target: Target, arg: GemmArg) -> tuple[int, int, int]:
-    """(rows, lanes, vw): tile rows (scalar side), tile lanes (vector side), floats per vector."""
-    vw = target.vector_bits // 32
-    rows_total = arg.n if arg.transposed else arg.m
-    if rows_total <= 2:  # matrix-vector-like: widen the tile so enough accumulators hide FMA latency
-        return rows_total, max(min(8 * vw, 128), B_PANEL), vw
-    if target.vector_regs >= 32:
-        return 8, 2 * vw, vw  # 16 accumulators of 32 registers
-    return 4, 2 * vw, vw  # 8 accumulators of 16 registers
-
-
-def _mask(lanes: int, vw: int) -> str:
-    return "<" + ", ".join(f"i1 {'true' if i < lanes else 'false'}" for i in range(vw)) + ">"
 
 
 def micro_kernel_name(rows: int, nvec: int, vw: int, masked: bool, packed: bool, scatter: bool) -> str:
@@ -158,15 +142,19 @@ def _runtime_tiles(em: KernelEmitter, total: str, tile: int) -> tuple[str, str, 
     return count, last, em.emit_line(top, f"sub nsw i64 {total}, {em.emit_line(top, f'mul nsw i64 {last}, {tile}')}")
 
 
-def _offset(em: KernelEmitter, scope: Scope, op: GemmOperand, batch: list[str], terms: list[tuple[str, int]]) -> str:
-    """op.offset + sum(batch_i * batch_stride_i) + sum(value * coef) as an i64 SSA value."""
-    acc = str(op.offset)
-    for v, s in [*zip(batch, op.batch_strides, strict=True), *terms]:
-        if s == 0:
-            continue
-        t = em.emit_line(scope, f"mul nsw i64 {v}, {s}")
-        acc = em.emit_line(scope, f"add nsw i64 {acc}, {t}")
-    return acc
+def operand_offset(em: KernelEmitter, scope: Scope, op: GemmOperand, batch: list[str],
+                   terms: list[tuple[str, int]] | None = None) -> str:
+    """op.offset + sum(batch_i * batch_stride_i) + sum(value * coef) as an i64 SSA value (CPU and GPU)."""
+    return em.affine(scope, str(op.offset), [*zip(batch, op.batch_strides, strict=True), *(terms or [])])
+
+
+def _packed_offset(em: KernelEmitter, scope: Scope, op: GemmOperand, batch: list[str], lane: str, width: int,
+                   k: int) -> str:
+    """Where element `lane` (m of A, n of B) of a panel-packed operand's row 0 starts: panel lane // width
+    (k * width elements each), lane % width within it."""
+    panel = em.emit_line(scope, f"udiv i64 {lane}, {width}")
+    within = em.emit_line(scope, f"urem i64 {lane}, {width}")
+    return operand_offset(em, scope, op, batch, [(panel, k * width), (within, 1)])
 
 
 def _sides(arg: GemmArg) -> tuple[Side, Side, int, int]:
@@ -174,7 +162,7 @@ def _sides(arg: GemmArg) -> tuple[Side, Side, int, int]:
     a, b, c = arg.a, arg.b, arg.c
     panels = Side(B_PANEL, packed_panels=True, panel_stride=arg.k * B_PANEL)
     if not arg.transposed:
-        s = Side(A_PANEL, 1) if a.packed else Side(a.col_stride, a.row_stride)
+        s = Side(a_panel(arg), 1) if a.packed else Side(a.col_stride, a.row_stride)
         assert b.packed or b.col_stride == 1 or arg.n == 1, "the scheduler realizes B with contiguous columns"
         return s, panels if b.packed else Side(b.row_stride), c.row_stride, 1
     # transposed: rows run along n (B's columns), lanes along m (A's rows, packed in B_PANEL panels)
@@ -184,14 +172,13 @@ def _sides(arg: GemmArg) -> tuple[Side, Side, int, int]:
 
 def emit_gemm(em: KernelEmitter, node: UOp, target: Target) -> None:
     arg: GemmArg = node.arg
-    rows, lanes, vw = blocking(target, arg)
+    plan = cpu_plan(arg, target)
+    rows, lanes, vw = plan.rows, plan.lanes, plan.vw
     pa, pb, pc = (em.value(x) for x in node.src[:3])
     epilogue = node.src[3] if len(node.src) > 3 else None
     ranges = node.src[4:]
-    rows_total, lanes_total = (arg.n, arg.m) if arg.transposed else (arg.m, arg.n)
-    rt_n, lt_n = -(-rows_total // rows), -(-lanes_total // lanes)
-    tiles = math.prod(arg.batch) * rt_n * lt_n
-    rows_tail, lanes_tail = rows_total - (rt_n - 1) * rows, lanes_total - (lt_n - 1) * lanes
+    rt_n, lt_n, tiles = plan.row_tiles, plan.lane_tiles, plan.tiles
+    rows_tail, lanes_tail = plan.rows_tail, plan.lanes_tail
     s_side, v_side, c_row, c_lane = _sides(arg)
     row_sizes = {rows, rows_tail}
     top = em.stack[0]
@@ -241,41 +228,25 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target) -> None:
     sc = em.stack[-1]
     t = sc.ivar
     line = em.emit_line
-    # Small k: a tile is mostly its C stores, so sweep the lanes of a row block first (C written as
-    # `rows` contiguous streams; the B panels are small and cached). Else row tiles innermost, reusing
-    # each B panel (k x lanes) across the row blocks while it is in L1/L2.
-    lanes_first = arg.k * lanes * 4 <= LANES_FASTEST_MAX_PANEL
-    inner_n, outer_n = (lt_count, rt_count) if lanes_first else (rt_count, lt_count)
-    inner = line(sc, f"urem i64 {t}, {inner_n}")
-    rest = line(sc, f"udiv i64 {t}, {inner_n}")
-    outer = line(sc, f"urem i64 {rest}, {outer_n}")
-    flat = line(sc, f"udiv i64 {rest}, {outer_n}")
-    rt, lt = (outer, inner) if lanes_first else (inner, outer)
-    batch: list[str] = []
-    for d in reversed(arg.batch):
-        batch.append(line(sc, f"urem i64 {flat}, {d}"))
-        flat = line(sc, f"udiv i64 {flat}, {d}")
+    # Tile order (gemm_plan.py): lane tiles innermost when the vector panels are small, else row tiles,
+    # reusing each vector panel (k x lanes) across the row blocks while it is in L1/L2. The tile counts
+    # are run-time values for a bounded m or n.
+    inner_n, outer_n = (lt_count, rt_count) if plan.lanes_first else (rt_count, lt_count)
+    inner, outer, *batch = em.split_index(sc, t, (inner_n, outer_n, *reversed(arg.batch)))
     batch.reverse()
+    rt, lt = (outer, inner) if plan.lanes_first else (inner, outer)
     r0 = line(sc, f"mul nuw nsw i64 {rt}, {rows}")
     l0 = line(sc, f"mul nuw nsw i64 {lt}, {lanes}")
     m0, n0 = (l0, r0) if arg.transposed else (r0, l0)
-    if arg.a.packed and arg.transposed:
-        panel = line(sc, f"udiv i64 {m0}, {B_PANEL}")
-        within = line(sc, f"urem i64 {m0}, {B_PANEL}")
-        a_off = _offset(em, sc, arg.a, batch, [(panel, arg.k * B_PANEL), (within, 1)])
-    elif arg.a.packed:
-        panel = line(sc, f"udiv i64 {m0}, {A_PANEL}")
-        within = line(sc, f"urem i64 {m0}, {A_PANEL}")
-        a_off = _offset(em, sc, arg.a, batch, [(panel, arg.k * A_PANEL), (within, 1)])
+    if arg.a.packed:
+        a_off = _packed_offset(em, sc, arg.a, batch, m0, a_panel(arg), arg.k)
     else:
-        a_off = _offset(em, sc, arg.a, batch, [(m0, arg.a.row_stride)])
+        a_off = operand_offset(em, sc, arg.a, batch, [(m0, arg.a.row_stride)])
     if arg.b.packed:
-        panel = line(sc, f"udiv i64 {n0}, {B_PANEL}")
-        within = line(sc, f"urem i64 {n0}, {B_PANEL}")
-        b_off = _offset(em, sc, arg.b, batch, [(panel, arg.k * B_PANEL), (within, 1)])
+        b_off = _packed_offset(em, sc, arg.b, batch, n0, B_PANEL, arg.k)
     else:
-        b_off = _offset(em, sc, arg.b, batch, [(n0, arg.b.col_stride)])
-    c_off = _offset(em, sc, arg.c, batch, [(m0, arg.c.row_stride), (n0, 1)])
+        b_off = operand_offset(em, sc, arg.b, batch, [(n0, arg.b.col_stride)])
+    c_off = operand_offset(em, sc, arg.c, batch, [(m0, arg.c.row_stride), (n0, 1)])
     a_ptr, b_ptr, c_ptr = (line(sc, f"getelementptr inbounds float, ptr {p}, i64 {o}", "ptr") for p, o in
                            ((pa, a_off), (pb, b_off), (pc, c_off)))
     s_ptr, v_ptr = (b_ptr, a_ptr) if arg.transposed else (a_ptr, b_ptr)

@@ -121,8 +121,28 @@ class KernelEmitter:
         scope.lines.append(f"  {v} = {rhs}")
         return v
 
+    def split_index(self, scope: Scope, value: str, sizes: tuple[int | str, ...]) -> list[str]:
+        """A flat i64 index as coordinates over `sizes`, innermost first (value % s, then value / s)."""
+        out = []
+        for s in sizes:
+            out.append(self.emit_line(scope, f"urem i64 {value}, {s}"))
+            value = self.emit_line(scope, f"udiv i64 {value}, {s}")
+        return out
+
+    def affine(self, scope: Scope, base: str, terms: list[tuple[str, int]]) -> str:
+        """base + sum(value * coef) as an i64 value; terms with coef 0 emit nothing."""
+        acc = base
+        for v, s in terms:
+            if s == 0:
+                continue
+            t = self.emit_line(scope, f"mul nsw i64 {v}, {s}")
+            acc = self.emit_line(scope, f"add nsw i64 {acc}, {t}")
+        return acc
+
     # ------------------------------------------------------------------ values
-    def value(self, n: UOp) -> str:
+    def _direct(self, n: UOp) -> str | None:
+        """The value of a node that needs no code (constant, parameter, loop index) or is already
+        emitted in its scope; None when it must be emitted."""
         if n.op is Ops.CONST:
             return const(n.dtype, n.arg)
         if n.op is Ops.PARAM:
@@ -132,18 +152,35 @@ class KernelEmitter:
             return self.stack[self.range_pos[n]].ivar
         if n.op is Ops.DEFINE_VAR:
             return self.dim_value(n.arg.slot)
-        scope = self.target_scope(n)
-        hit = scope.cache.get(n)
+        return self.target_scope(n).cache.get(n)
+
+    def value(self, n: UOp) -> str:
+        """Emit n (and every source it needs) and return its SSA value. Sources are emitted before
+        their users, left to right, from an explicit stack: a chain of 20,000 ops needs no Python
+        recursion. A LOOP_REDUCE's body is emitted inside its loops by emit_reduce (nesting as deep
+        as the reductions, not the graph)."""
+        from svodc.codegen.llvm_alu import emit_alu
+
+        hit = self._direct(n)
         if hit is not None:
             return hit
-        if n.op is Ops.LOOP_REDUCE:
-            v = self.emit_reduce(n, scope)
-        else:
-            from svodc.codegen.llvm_alu import emit_alu
-
-            v = emit_alu(self, scope, n, [self.value(s) for s in n.src])
-        scope.cache[n] = v
-        return v
+        stack: list[tuple[UOp, bool]] = [(n, False)]
+        while stack:
+            node, ready = stack.pop()
+            if self._direct(node) is not None:
+                continue
+            if node.op is Ops.LOOP_REDUCE or ready:
+                scope = self.target_scope(node)
+                if node.op is Ops.LOOP_REDUCE:
+                    scope.cache[node] = self.emit_reduce(node, scope)
+                else:
+                    scope.cache[node] = emit_alu(self, scope, node, [self.value(s) for s in node.src])
+                continue
+            stack.append((node, True))
+            stack.extend((s, False) for s in reversed(node.src))
+        value = self._direct(n)
+        assert value is not None
+        return value
 
     def dim_value(self, slot: int) -> str:
         """dims[slot] (an i64 the runtime checked against the dim's range), loaded once per kernel call."""

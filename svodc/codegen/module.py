@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import math
 
-from svodc.codegen.llvm_gemm import blocking
 from svodc.codegen.llvm_ir import FN_ATTRS, body_name, render_body, render_wrapper
+from svodc.gemm_plan import cpu_plan
 from svodc.ir.ops import GemmArg, Ops, RangeKind
 from svodc.program import Kernel
 from svodc.target import Target
@@ -121,9 +121,7 @@ def parallel_parts(kernel: Kernel, target: Target) -> int:
     for stmt in kernel.ast.src:
         if stmt.op is Ops.GEMM:
             arg: GemmArg = stmt.arg
-            rows, lanes, _ = blocking(target, arg)
-            r, c = (arg.n, arg.m) if arg.transposed else (arg.m, arg.n)
-            trips.append(math.prod(arg.batch) * -(-r // rows) * -(-c // lanes))
+            trips.append(cpu_plan(arg, target).tiles)  # the GEMM's parallel tile loop (llvm_gemm.py)
             work_ns += math.prod(arg.batch) * arg.m * arg.n * arg.k * GEMM_NS_PER_MAC
             continue
         sizes = []

@@ -35,6 +35,21 @@ def absolute64(p: Place) -> None:
     p.fixups.append(p.offset)
 
 
+def data_word(p: Place, rtype: int, pc32: tuple[int, str], pc64: int, abs64: int, arch: str) -> None:
+    """The data relocations the architectures share: a 32-bit PC-relative word (pc32: its type and
+    name, for the range error), a 64-bit PC-relative word, an absolute 64-bit address; anything
+    else is unsupported."""
+    s_a = p.symbol + p.addend
+    if rtype == pc32[0]:
+        p.write("i", p.check(s_a - p.offset, 32, f"{arch} {pc32[1]}"))
+    elif rtype == pc64:
+        p.write("q", s_a - p.offset)
+    elif rtype == abs64:
+        absolute64(p)
+    else:
+        raise unsupported(arch, rtype, p)
+
+
 def for_machine(machine: int) -> RelocArch:
     from svodc.codegen import relocs_aarch64, relocs_ppc64, relocs_riscv64, relocs_s390x, relocs_x86_64
 

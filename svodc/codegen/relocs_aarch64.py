@@ -8,7 +8,7 @@ target, scaled by the access size for loads and stores.
 from __future__ import annotations
 
 from svodc.codegen.link import Place
-from svodc.codegen.relocs import RelocArch, absolute64, unsupported
+from svodc.codegen.relocs import RelocArch, data_word
 
 R_ABS64, R_PREL64, R_PREL32 = 257, 260, 261
 R_LD_PREL_LO19, R_ADR_PREL_LO21, R_ADR_PREL_PG_HI21, R_ADD_ABS_LO12_NC = 273, 274, 275, 277
@@ -61,14 +61,8 @@ def _apply(rtype: int, p: Place) -> None:
         _branch(p, s_a - p.offset, 19, 5, "aarch64 CONDBR19/LD_PREL_LO19")
     elif rtype == R_TSTBR14:
         _branch(p, s_a - p.offset, 14, 5, "aarch64 TSTBR14")
-    elif rtype == R_PREL32:
-        p.write("i", p.check(s_a - p.offset, 32, "aarch64 PREL32"))
-    elif rtype == R_PREL64:
-        p.write("q", s_a - p.offset)
-    elif rtype == R_ABS64:
-        absolute64(p)
     else:
-        raise unsupported("aarch64", rtype, p)
+        data_word(p, rtype, (R_PREL32, "PREL32"), R_PREL64, R_ABS64, "aarch64")
 
 
 ARCH = RelocArch("aarch64", _apply, got_types=frozenset({R_ADR_GOT_PAGE, R_LD64_GOT_LO12_NC}))

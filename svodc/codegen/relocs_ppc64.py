@@ -14,7 +14,7 @@ POWER10 code is PC-relative (prefixed instructions, PCREL34; calls REL24_NOTOC) 
 from __future__ import annotations
 
 from svodc.codegen.link import Place
-from svodc.codegen.relocs import RelocArch, absolute64, unsupported
+from svodc.codegen.relocs import RelocArch, data_word
 from svodc.errors import LinkError
 
 R_REL24, R_REL32, R_ADDR64, R_REL64 = 10, 26, 38, 44
@@ -85,14 +85,8 @@ def _apply(rtype: int, p: Place) -> None:
         _pcrel34(p, p.got + p.addend - p.offset, "ppc64 GOT_PCREL34")
     elif rtype in (R_PCREL_OPT, R_ENTRY):
         pass  # optimisation hints: the code is correct unchanged
-    elif rtype == R_REL32:
-        p.write("i", p.check(s_a - p.offset, 32, "ppc64 REL32"))
-    elif rtype == R_REL64:
-        p.write("q", s_a - p.offset)
-    elif rtype == R_ADDR64:
-        absolute64(p)
     else:
-        raise unsupported("ppc64", rtype, p)
+        data_word(p, rtype, (R_REL32, "REL32"), R_REL64, R_ADDR64, "ppc64")
 
 
 # The TOC base is conventionally 0x8000 past the start of the TOC so signed 16-bit offsets reach 64 KiB.

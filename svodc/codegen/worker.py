@@ -6,14 +6,17 @@ worker answers with a length-prefixed pickled ("ok", object, asm) or ("error", m
 until stdin closes. Workers are fresh interpreters (`python -m svodc.codegen.worker`), never forks
 of the caller and never multiprocessing's spawn (which re-runs the caller's main script).
 
-The pool is started on first use and kept for the life of the process, so many small compilations
-(tests, the conformance suite) do not pay for interpreter and LLVM start-up each time. A worker
-that dies is replaced, and the job it was running fails with a CodegenError that names it.
+A WorkerPool is a context manager owned by its caller: `svodc.compile` opens one per call and uses
+it for every variant of the bundle; a caller that compiles many models (the conformance suite, a
+test session) opens one and passes it to each call, so they do not pay for interpreter and LLVM
+start-up each time. Workers start on first use, up to the pool's size; leaving the `with` block
+stops them. A worker that dies is replaced, and the job it was running fails with a CodegenError
+that names it.
 """
 
 from __future__ import annotations
 
-import atexit
+import contextlib
 import os
 import pickle
 import queue
@@ -72,6 +75,8 @@ class _Worker:
 
 
 class WorkerPool:
+    """Up to `size` LLVM worker processes; `with WorkerPool(n) as pool: pool.run(jobs, on_crash)`."""
+
     def __init__(self, size: int):
         self.size = max(1, size)
         self._idle: queue.Queue[_Worker] = queue.Queue()
@@ -132,31 +137,25 @@ class WorkerPool:
         return results
 
     def close(self) -> None:
+        """Stop the idle workers (all of them once no run() is in progress)."""
         while True:
             try:
                 self._idle.get_nowait().close()
             except queue.Empty:
                 break
+            with self._lock:
+                self._count -= 1
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
-_POOL: WorkerPool | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def pool(size: int) -> WorkerPool:
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None or _POOL.size < size:
-            if _POOL is not None:
-                _POOL.close()
-            _POOL = WorkerPool(size)
-        return _POOL
-
-
-@atexit.register
-def _shutdown() -> None:
-    if _POOL is not None:
-        _POOL.close()
+def borrow(workers: WorkerPool | None, size: int) -> contextlib.AbstractContextManager[WorkerPool]:
+    """The caller's pool (left running), or a pool of `size` workers for this call only."""
+    return contextlib.nullcontext(workers) if workers is not None else WorkerPool(size)
 
 
 def main() -> None:

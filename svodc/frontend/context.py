@@ -38,9 +38,6 @@ class NeedsConstant(Unsupported):
         self.inputs = inputs
 
 
-_CONST_LEAVES = frozenset({Ops.WEIGHT, Ops.CONST})
-
-
 def is_constant(x: UOp) -> bool:
     return all(n.op is not Ops.INPUT for n in toposort([x]))
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +27,7 @@ from svodc.errors import (
     WeightsError,
 )
 from svodc.frontend.boundary import graph_input, graph_output
-from svodc.frontend.dims import DimSpec, DimTable, check_bounded
+from svodc.frontend.dims import DimTable, check_bounded
 from svodc.frontend.dtypes import UnsupportedDType, onnx_to_dtype
 from svodc.frontend.graph_import import POISON, GraphImporter, Scope
 from svodc.frontend.option_check import check_options, describe_inputs, fixes_unknown_dims
@@ -40,25 +39,9 @@ from svodc.ir.ops import ConstData, Ops
 from svodc.ir.provenance import Provenance
 from svodc.ir.uop import UOp
 from svodc.options import CompileOptions
+from svodc.program import ImportedGraph
 
 ModelSource = str | os.PathLike | bytes | onnx.ModelProto
-
-
-@dataclass
-class ImportedGraph:
-    inputs: list[tuple[str, UOp]]  # bundle inputs in declaration order (INPUT nodes; see boundary.py)
-    outputs: list[tuple[str, UOp]]  # bundle outputs in declaration order
-    provenance: Provenance
-    producer: str  # "name version" of the tool that made the model, for the manifest
-    expanded_ops: frozenset[str] = frozenset()  # ops imported through their ONNX function bodies
-    vocabulary: tuple[str, ...] = ()  # the model's strings; string id i is vocabulary[i] (frontend/strings.py)
-    zipmaps: tuple[tuple[str, tuple[int | str, ...]], ...] = ()  # (output, keys): svodrt returns a list of dicts
-    edge_outputs: tuple[tuple[str, EdgeStrings], ...] = ()  # outputs svodrt computes from input strings
-    op_types: dict[str, str] | None = None  # node name -> op type (graph_import.GraphImporter.op_types)
-    # Bounded symbolic dims (frontend/dims.py), in the order met, and which input axes each sizes; the
-    # INPUT nodes have their upper bounds.
-    dims: tuple[DimSpec, ...] = ()
-    input_dims: dict[str, dict[int, str]] = field(default_factory=dict)
 
 
 def load_model(source: ModelSource) -> onnx.ModelProto:

@@ -87,8 +87,3 @@ def lookup(domain: str, op_type: str, opset: int) -> tuple[Handler, int]:
             return h, version
     have = sorted({v for h in handlers for v in h.versions})
     raise NoHandler(f"op version {version} (opset {opset}) is not implemented; implemented versions: {have}")
-
-
-def supported_ops() -> list[tuple[str, str, tuple[int, ...]]]:
-    return sorted((d, op, tuple(sorted({v for h in hs for v in h.versions})))
-                  for (d, op), hs in _REGISTRY.items())

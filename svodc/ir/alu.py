@@ -144,10 +144,6 @@ NUMPY_ALU: dict[Ops, Callable[..., np.ndarray]] = {
 }
 
 
-def np_dtype(dt: DType) -> np.dtype:
-    return dt.np
-
-
 def _emulated(a: np.ndarray) -> bool:
     """An array of a dtype that computes in float32 / int32 (ml_dtypes kinds are 'V'; float16)."""
     return a.dtype.kind == "V" or a.dtype == np.float16

@@ -54,10 +54,6 @@ class DType:
         return self.kind in ("int", "uint", "index")
 
     @property
-    def is_unsigned(self) -> bool:
-        return self.kind == "uint" or self.kind == "bool"
-
-    @property
     def bits(self) -> int:
         return 64 if self.kind == "index" else self.width or self.itemsize * 8
 
@@ -118,13 +114,6 @@ class dtypes:
     @staticmethod
     def all() -> tuple[DType, ...]:
         return ALL_DTYPES
-
-    @staticmethod
-    def from_name(name: str) -> DType:
-        try:
-            return _BY_NAME[name]
-        except KeyError:
-            raise TypeError(f"unknown dtype {name!r}") from None
 
     @staticmethod
     def from_numpy(dt: np.dtype | type) -> DType:

@@ -130,10 +130,7 @@ COMPARE = frozenset({Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE})
 COMMUTATIVE = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.MIN, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR,
                          Ops.XOR})
 MOVEMENT = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SLICE, Ops.WINDOW})
-TENSOR_SOURCES = frozenset({Ops.INPUT, Ops.WEIGHT, Ops.CONST})
 REDUCE_OPS = frozenset({Ops.ADD, Ops.MAX, Ops.MIN, Ops.MUL})
-# Transcendental ops that codegen rewrites into polynomials (no libm in a code image).
-TRANSCENDENTAL = (MATH_UNARY - {Ops.ROUND, Ops.TRUNC, Ops.FLOOR}) | {Ops.POW}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,18 +249,12 @@ class KernelArg:
     serial: bool = False
 
 
-# Panel sizes of operands packed at compile time. Fixed for every target, so one weights section
-# serves every code variant of a fat bundle; micro-kernels read whole panels or parts of one.
-A_PANEL = 8  # rows of A per panel: packed A is [ceil(M/8)][K][8]
-B_PANEL = 16  # columns of B per panel: packed B is [ceil(N/16)][K][16]
-
-
 @dataclass(frozen=True, slots=True)
 class GemmOperand:
     """Where element (batch..., row, col) of an operand lives, in elements from its parameter.
     A: row = m, col = k. B: row = k, col = n. C: row = m, col = n.
-    packed: the operand is a constant laid out in panels (A_PANEL rows of A, or B_PANEL columns of B),
-    zero-padded to whole panels; row/col strides are then ignored."""
+    packed: the operand is a constant laid out in panels (svodc/gemm_plan.py: A_PANEL rows of A, or
+    B_PANEL columns of B), zero-padded to whole panels; row/col strides are then ignored."""
 
     batch_strides: tuple[int, ...]
     row_stride: int

@@ -1,33 +1,12 @@
-"""The spec: what argument type and sources each op takes. `verify` checks a whole graph; the tests
-run it after every pass."""
+"""The spec: what argument type and sources each op takes. `verify` checks a whole graph; with
+CompileOptions.check_ir the pipeline runs it after every pass and on every kernel, and the tests
+turn that on for every compilation (tests/conftest.py)."""
 
 from __future__ import annotations
 
+from svodc.ir import ops
 from svodc.ir.dtypes import dtypes
-from svodc.ir.ops import (
-    BINARY,
-    COMPARE,
-    REDUCE_OPS,
-    TERNARY,
-    UNARY,
-    ConstData,
-    ConvArg,
-    GatherArg,
-    GemmArg,
-    InputArg,
-    KernelArg,
-    Ops,
-    PadArg,
-    ParamArg,
-    PermuteArg,
-    RangeArg,
-    ReduceArg,
-    ScatterArg,
-    ShapeArg,
-    SliceArg,
-    VarArg,
-    WindowArg,
-)
+from svodc.ir.ops import BINARY, COMPARE, REDUCE_OPS, TERNARY, UNARY, Ops
 from svodc.ir.uop import UOp, toposort
 
 
@@ -37,28 +16,28 @@ class SpecError(ValueError):
 
 # op -> (argument type or None, number of sources or None for "any")
 _SPEC: dict[Ops, tuple[type | tuple[type, ...] | None, int | None]] = {
-    Ops.SINK: ((KernelArg, type(None)), None),
-    Ops.INPUT: (InputArg, 0),
-    Ops.WEIGHT: (ConstData, 0),
+    Ops.SINK: ((ops.KernelArg, type(None)), None),
+    Ops.INPUT: (ops.InputArg, 0),
+    Ops.WEIGHT: (ops.ConstData, 0),
     Ops.CONST: ((int, float, bool), 0),
-    Ops.RESHAPE: (ShapeArg, 1),
-    Ops.PERMUTE: (PermuteArg, 1),
-    Ops.EXPAND: (ShapeArg, 1),
-    Ops.PAD: (PadArg, 1),
-    Ops.SLICE: (SliceArg, 1),
-    Ops.WINDOW: (WindowArg, 1),
-    Ops.REDUCE: (ReduceArg, 1),
-    Ops.CONV: (ConvArg, 2),
+    Ops.RESHAPE: (ops.ShapeArg, 1),
+    Ops.PERMUTE: (ops.PermuteArg, 1),
+    Ops.EXPAND: (ops.ShapeArg, 1),
+    Ops.PAD: (ops.PadArg, 1),
+    Ops.SLICE: (ops.SliceArg, 1),
+    Ops.WINDOW: (ops.WindowArg, 1),
+    Ops.REDUCE: (ops.ReduceArg, 1),
+    Ops.CONV: (ops.ConvArg, 2),
     Ops.MATMUL: (None, 2),
-    Ops.GATHER: (GatherArg, 2),
-    Ops.SCATTER: (ScatterArg, 3),
-    Ops.DEFINE_VAR: (VarArg, 0),
-    Ops.PARAM: (ParamArg, 0),
-    Ops.RANGE: (RangeArg, 1),
+    Ops.GATHER: (ops.GatherArg, 2),
+    Ops.SCATTER: (ops.ScatterArg, 3),
+    Ops.DEFINE_VAR: (ops.VarArg, 0),
+    Ops.PARAM: (ops.ParamArg, 0),
+    Ops.RANGE: (ops.RangeArg, 1),
     Ops.LOAD: ((int, float, bool), None),
     Ops.STORE: (None, 3),
     Ops.LOOP_REDUCE: (Ops, None),
-    Ops.GEMM: (GemmArg, None),
+    Ops.GEMM: (ops.GemmArg, None),
 }
 for _op in UNARY:
     _SPEC[_op] = (None, 1)

@@ -6,7 +6,8 @@ Invariants:
 - A node never changes. Derived facts (shape, structural hash, bounds) are computed on first use and
   cached on the node.
 - `structural_hash` is a Merkle hash over op, dtype, argument and the children's hashes: stable across
-  processes, the cache key for compiled kernels. It is computed iteratively (graphs can be deep).
+  processes, so orders derived from it (the symbolic simplifier sorts terms by it) do not depend on
+  PYTHONHASHSEED or object addresses. It is computed iteratively (graphs can be deep).
 - Provenance (which ONNX nodes a UOp came from) lives in a side table (`provenance.py`), never in the
   node, so it never blocks sharing.
 """
@@ -15,11 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 from svodc.ir.dtypes import DType, dtypes
-from svodc.ir.ops import ALU, COMPARE, ConstData, Ops, arg_key
+from svodc.ir.ops import COMPARE, ConstData, Ops, arg_key
 
 _INTERN: weakref.WeakValueDictionary[tuple, UOp] = weakref.WeakValueDictionary()
 
@@ -157,17 +157,6 @@ class UOp:
     def logical_and(self, o) -> UOp: return self.alu(Ops.AND, o)
 
     # ------------------------------------------------------------------ small queries
-    @property
-    def is_const(self) -> bool:
-        return self.op is Ops.CONST
-
-    def const_value(self) -> Any:
-        assert self.op is Ops.CONST, self
-        return self.arg
-
-    @property
-    def is_alu(self) -> bool:
-        return self.op in ALU
 
 
 def _fill(root: UOp, slot: str, fn) -> None:
@@ -220,6 +209,19 @@ def _stable_arg_bytes(arg: Any) -> bytes:
     return repr(arg).encode()
 
 
+def output_ranges(stmt: UOp) -> list[UOp]:
+    """The RANGEs a statement iterates over (not those a LOOP_REDUCE inside it binds), in id order:
+    the loops around a STORE."""
+    free: set[UOp] = set()
+    bound: set[UOp] = set()
+    for n in toposort([stmt]):
+        if n.op is Ops.RANGE:
+            free.add(n)
+        elif n.op is Ops.LOOP_REDUCE:
+            bound.update(n.src[1:])
+    return sorted(free - bound, key=lambda r: r.arg.id)
+
+
 def toposort(roots: list[UOp]) -> list[UOp]:
     """Nodes reachable from roots, each once, children before parents (iterative DFS)."""
     order: list[UOp] = []
@@ -238,10 +240,6 @@ def toposort(roots: list[UOp]) -> list[UOp]:
             if id(s) not in seen:
                 stack.append((s, False))
     return order
-
-
-def walk(root: UOp) -> Iterator[UOp]:
-    yield from root.toposort()
 
 
 def pretty(root: UOp, max_lines: int | None = None) -> str:

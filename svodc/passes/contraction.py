@@ -28,8 +28,7 @@ from svodc.ir.pattern import PatternMatcher, UPat
 from svodc.ir.uop import UOp
 from svodc.passes.fold import broadcast_weight, is_folded_constant, splat_value
 from svodc.passes.views import affine_view
-
-GEMM_MIN_MACS = 4096  # smaller products are cheaper on the generic path
+from svodc.policy import OptimizationPolicy
 
 
 def channel_vector(c: UOp, channels: int, axis: int = 1) -> np.ndarray | None:
@@ -86,7 +85,7 @@ pm_fold_into_conv = PatternMatcher([
 ], name="fold_into_conv")
 
 
-def conv_to_matmul(n: UOp) -> UOp | None:
+def conv_to_matmul(n: UOp, min_macs: int) -> UOp | None:
     x, w = n.src
     arg: ConvArg = n.arg
     if n.dtype is not dtypes.float32:
@@ -98,7 +97,7 @@ def conv_to_matmul(n: UOp) -> UOp | None:
     nsp = x.ndim - 2
     kernel = w.shape[2:]
     K = cg * math.prod(kernel)
-    if cg == 1 or og * K * math.prod(n.shape[2:]) < GEMM_MIN_MACS:
+    if cg == 1 or og * K * math.prod(n.shape[2:]) < min_macs:
         return None  # depthwise or tiny: the generic path does better
     xp = T.pad(x, [(0, 0), (0, 0), *arg.pads])
     win = T.window(xp, range(2, 2 + nsp), kernel, arg.strides, arg.dilations)  # [N, C, *OS, *K]
@@ -126,7 +125,10 @@ def collapse_splat_operand(n: UOp) -> UOp | None:
     return None
 
 
-pm_conv_to_matmul = PatternMatcher([
-    (UPat(Ops.CONV, name="n"), conv_to_matmul),
-    (UPat(Ops.MATMUL, name="n"), collapse_splat_operand),
-], name="conv_to_matmul")
+def pm_conv_to_matmul(policy: OptimizationPolicy) -> PatternMatcher:
+    """Splat operands of MATMULs collapsed, and with the conv_to_matmul step, convolutions as MATMULs
+    (those under policy.gemm_min_macs stay on the generic path)."""
+    rules = [(UPat(Ops.MATMUL, name="n"), collapse_splat_operand)]
+    if policy.conv_to_matmul:
+        rules.append((UPat(Ops.CONV, name="n"), lambda n: conv_to_matmul(n, policy.gemm_min_macs)))
+    return PatternMatcher(rules, name="conv_to_matmul")

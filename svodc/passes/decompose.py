@@ -12,6 +12,7 @@ from svodc.ir import tensor as T
 from svodc.ir.ops import ConvArg, Ops
 from svodc.ir.pattern import PatternMatcher, UPat
 from svodc.ir.uop import UOp
+from svodc.policy import OptimizationPolicy
 
 
 def decompose_conv(n: UOp) -> UOp:
@@ -34,21 +35,23 @@ def decompose_conv(n: UOp) -> UOp:
     return T.reshape(red, (N, O, *out_sp))
 
 
-def gemm_eligible(n: UOp) -> bool:
-    """MATMULs the GEMM kernels run: float32 and big enough. (A splat operand was collapsed to one
-    row or column by contraction.collapse_splat_operand, so packing it costs K values.)"""
+def gemm_eligible(n: UOp, policy: OptimizationPolicy) -> bool:
+    """MATMULs the GEMM kernels run (the gemm step): float32 and at least policy.gemm_min_macs. (A splat
+    operand was collapsed to one row or column by contraction.collapse_splat_operand, so packing it
+    costs K values.)"""
     from svodc.ir.dtypes import dtypes
-    from svodc.passes.contraction import GEMM_MIN_MACS
 
+    if not policy.gemm:
+        return False
     a, _ = n.src
     macs = a.shape[-1]
     for d in n.shape:
         macs *= d
-    return n.dtype is dtypes.float32 and macs >= GEMM_MIN_MACS
+    return n.dtype is dtypes.float32 and macs >= policy.gemm_min_macs
 
 
-def decompose_matmul(n: UOp, force: bool = False) -> UOp | None:
-    if not force and gemm_eligible(n):
+def decompose_matmul(n: UOp, policy: OptimizationPolicy, force: bool = False) -> UOp | None:
+    if not force and gemm_eligible(n, policy):
         return None
     a, b = n.src
     *batch, M, K = a.shape
@@ -62,7 +65,8 @@ def decompose_matmul(n: UOp, force: bool = False) -> UOp | None:
     return T.reshape(red, (*batch, M, N))
 
 
-pm_decompose = PatternMatcher([
-    (UPat(Ops.CONV, name="n"), decompose_conv),
-    (UPat(Ops.MATMUL, name="n"), decompose_matmul),
-], name="decompose")
+def pm_decompose(policy: OptimizationPolicy) -> PatternMatcher:
+    return PatternMatcher([
+        (UPat(Ops.CONV, name="n"), decompose_conv),
+        (UPat(Ops.MATMUL, name="n"), lambda n: decompose_matmul(n, policy)),
+    ], name="decompose")

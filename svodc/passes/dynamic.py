@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from svodc.errors import SvodcError
-from svodc.frontend.dims import DimSpec
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import (
     ALU,
@@ -40,6 +40,9 @@ from svodc.ir.ops import (
 from svodc.ir.provenance import Provenance
 from svodc.ir.shapes import reshape_groups
 from svodc.ir.uop import UOp, toposort
+
+if TYPE_CHECKING:  # an annotation only: the passes import neither the frontend nor onnx
+    from svodc.frontend.dims import DimSpec
 
 
 class DynamicShapeError(SvodcError):

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import math
 import operator
-import sys
-from collections.abc import Callable
+from collections.abc import Generator
 from functools import reduce
 
 from svodc.ir.dtypes import dtypes
@@ -44,13 +43,16 @@ from svodc.ir.rewrite import graph_rewrite
 from svodc.ir.shapes import reshape_groups
 from svodc.ir.symbolic import pm_symbolic
 from svodc.ir.uop import UOp
+from svodc.passes.buffers import Buffers
 from svodc.passes.dynamic import DynamicAxes
 from svodc.passes.split import split_kernel
+from svodc.policy import OptimizationPolicy
 from svodc.program import Buffer
 
-PARALLEL_MIN = 32  # collapse leading axes into one parallel loop of at least this many iterations
 _IDX = dtypes.index
 _REDUCE_IDENTITY = {Ops.ADD: 0, Ops.MUL: 1}
+# A node's lowering: yields the (source, index) pairs whose values it needs, returns its value.
+Lowering = Generator[tuple[UOp, tuple[UOp, ...]], UOp, UOp]
 
 
 def ic(v: int) -> UOp:
@@ -80,16 +82,19 @@ def reshape_index(idx: tuple[UOp, ...], out_shape: tuple[int, ...], src_shape: t
 
 
 class KernelLowerer:
-    """Lowers one kernel. `buffer_for(node)` gives the realized buffer a node is read from (or None
-    when the node is computed in this kernel)."""
+    """Lowers one kernel. `buffers.get(node)` gives the buffer a node is read from (None when the node
+    is computed in this kernel); `read_back` names nodes this kernel itself has already written to a
+    buffer (a GEMM's product, which its epilogue reads back from C)."""
 
-    def __init__(self, name: str, out: Buffer, buffer_for: Callable[[UOp], Buffer | None],
+    def __init__(self, name: str, out: Buffer, buffers: Buffers, policy: OptimizationPolicy,
                  dyn: DynamicAxes | None = None):
         self.name = name
         self.dyn = dyn
         self.params: list[Buffer] = [out]
         self._param_uops: dict[int, UOp] = {}
-        self._buffer_for = buffer_for
+        self.buffers = buffers
+        self.policy = policy
+        self.read_back: dict[UOp, Buffer] = {}
         self._ranges = 0
         self._memo: dict[tuple[UOp, tuple[UOp, ...]], UOp] = {}
 
@@ -120,7 +125,7 @@ class KernelLowerer:
         # A reshape keeps the linear order, so a kernel whose root is a reshape can iterate over the
         # shape before it and store at the same addresses: no div/mod to split merged axes (this
         # turns an im2col copy into affine loops over the window axes).
-        while copy_from is None and root.op is Ops.RESHAPE and self._buffer_for(root.src[0]) is None:
+        while copy_from is None and root.op is Ops.RESHAPE and self.buffers.get(root.src[0]) is None:
             root = root.src[0]
         shape = root.shape
         idx = self.output_index(shape, merge_inner, self.extents(root))
@@ -153,9 +158,12 @@ class KernelLowerer:
         return _simplify(UOp(Ops.SINK, dtypes.void, (copy, update), KernelArg(self.name, serial=True)))
 
     def index_value(self, ix: UOp, idx: tuple[UOp, ...], size: int) -> UOp:
+        return self._drive(None, self._index_value(ix, idx, size))
+
+    def _index_value(self, ix: UOp, idx: tuple[UOp, ...], size: int) -> Lowering:
         """The index tensor's value at idx as a loop index: negative values count from the end, then
         clamped into [0, size) so a load or store through it stays inside the buffer."""
-        v = self.lower(ix, idx).cast(_IDX)
+        v = (yield ix, idx).cast(_IDX)
         v = v.lt(ic(0)).where(v + size, v)
         return _simplify(v.maximum(ic(0)).minimum(ic(max(size - 1, 0))))
 
@@ -167,7 +175,7 @@ class KernelLowerer:
         group (its index is then the range divided by a constant) and is never merged."""
         ext = shape if extents is None else extents
         k, p = 0, 1
-        while k < len(shape) and p < PARALLEL_MIN and (k == 0 or isinstance(ext[k], int)):
+        while k < len(shape) and p < self.policy.parallel_min and (k == 0 or isinstance(ext[k], int)):
             p *= shape[k]
             k += 1
         idx: list[UOp] = []
@@ -212,40 +220,67 @@ class KernelLowerer:
         return UOp(Ops.LOAD, buf.dtype, (self.param(buf), index), 0)
 
     # ------------------------------------------------------------------ values
+    # Lowering a node needs its sources' values first, at indices that depend on the node (and, for
+    # GATHER, on a source's lowered value). Each node's lowering is a generator that yields the
+    # (source, index) pairs it needs and receives their values; `_drive` runs them on an explicit
+    # stack, memoized on (node, index), so graph depth costs heap, not Python stack.
     def lower(self, n: UOp, idx: tuple[UOp, ...], top: bool = False) -> UOp:
         key = (n, idx)
         hit = self._memo.get(key)
-        if hit is not None:
-            return hit
-        if not top or n.op in (Ops.INPUT, Ops.WEIGHT):
-            buf = self._buffer_for(n)
-            if buf is not None:
-                out = self.load(buf, idx)
-                self._memo[key] = out
-                return out
-        out = self._lower_op(n, idx)
-        self._memo[key] = out
-        return out
+        return hit if hit is not None else self._drive(key, self._lower_node(n, idx, top))
 
-    def _lower_op(self, n: UOp, idx: tuple[UOp, ...]) -> UOp:
+    def _drive(self, key: tuple[UOp, tuple[UOp, ...]] | None, gen: Lowering) -> UOp:
+        stack: list[tuple[tuple[UOp, tuple[UOp, ...]] | None, Lowering]] = [(key, gen)]
+        value: UOp | None = None
+        while stack:
+            key, gen = stack[-1]
+            try:
+                n, idx = gen.send(value)
+            except StopIteration as done:
+                stack.pop()
+                value = done.value
+                if key is not None:
+                    self._memo[key] = value
+                continue
+            value = self._memo.get((n, idx))
+            if value is None:
+                stack.append(((n, idx), self._lower_node(n, idx, False)))
+        assert value is not None
+        return value
+
+    def _lower_node(self, n: UOp, idx: tuple[UOp, ...], top: bool) -> Lowering:
+        written = self.read_back.get(n)
+        if written is not None:  # read at the same linear position of the buffer's own shape
+            return self.load(written, idx if n.shape == written.shape else
+                             tuple(reshape_index(idx, n.shape, written.shape)))
+        if not top or n.op in (Ops.INPUT, Ops.WEIGHT):
+            buf = self.buffers.get(n)
+            if buf is not None:
+                return self.load(buf, idx)
+        return (yield from self._lower_op(n, idx))
+
+    def _lower_op(self, n: UOp, idx: tuple[UOp, ...]) -> Lowering:
         op, arg = n.op, n.arg
         if op is Ops.CONST:
             return n
         if op in ALU:
-            return UOp(op, n.dtype, tuple(self.lower(s, idx) for s in n.src))
+            srcs = []
+            for s in n.src:
+                srcs.append((yield s, idx))
+            return UOp(op, n.dtype, tuple(srcs))
         src = n.src[0] if n.src else None
         if op is Ops.RESHAPE:
             assert isinstance(arg, ShapeArg)
-            return self.lower(src, tuple(reshape_index(idx, arg.shape, src.shape)))
+            return (yield src, tuple(reshape_index(idx, arg.shape, src.shape)))
         if op is Ops.PERMUTE:
             assert isinstance(arg, PermuteArg)
             sidx: list[UOp | None] = [None] * len(idx)
             for i, a in enumerate(arg.order):
                 sidx[a] = idx[i]
-            return self.lower(src, tuple(sidx))
+            return (yield src, tuple(sidx))
         if op is Ops.EXPAND:
-            return self.lower(src, tuple(ic(0) if s == 1 and d != 1 else i
-                                         for i, s, d in zip(idx, src.shape, n.shape, strict=True)))
+            return (yield src, tuple(ic(0) if s == 1 and d != 1 else i
+                                     for i, s, d in zip(idx, src.shape, n.shape, strict=True)))
         if op is Ops.PAD:
             assert isinstance(arg, PadArg)
             valid: UOp = UOp.const(dtypes.bool, True)
@@ -257,25 +292,25 @@ class KernelLowerer:
                 if j.vmax >= size:
                     valid = valid.logical_and(j.lt(size))
                 sidx.append(j)
-            inner = self.lower(src, tuple(sidx))
+            inner = yield src, tuple(sidx)
             return _simplify(valid).where(inner, UOp.const(n.dtype, arg.value))
         if op is Ops.SLICE:
             assert isinstance(arg, SliceArg)
-            return self.lower(src, tuple(_simplify(i * step + start) for i, start, step in
-                                         zip(idx, arg.starts, arg.steps, strict=True)))
+            return (yield src, tuple(_simplify(i * step + start) for i, start, step in
+                                     zip(idx, arg.starts, arg.steps, strict=True)))
         if op is Ops.WINDOW:
             assert isinstance(arg, WindowArg)
             nd = src.ndim
             sidx = list(idx[:nd])
             for k, (a, s, d) in enumerate(zip(arg.axes, arg.strides, arg.dilations, strict=True)):
                 sidx[a] = _simplify(idx[a] * s + idx[nd + k] * d)
-            return self.lower(src, tuple(sidx))
+            return (yield src, tuple(sidx))
         if op is Ops.GATHER:
             assert isinstance(arg, GatherArg)
             x, ix = n.src
             sidx = [ic(0) if d == 1 else i for i, d in zip(idx, x.shape, strict=True)]
-            sidx[arg.axis] = self.index_value(ix, idx, x.shape[arg.axis])
-            return self.lower(x, tuple(sidx))
+            sidx[arg.axis] = yield from self._index_value(ix, idx, x.shape[arg.axis])
+            return (yield x, tuple(sidx))
         if op is Ops.REDUCE:
             assert isinstance(arg, ReduceArg)
             ranges = []
@@ -290,7 +325,7 @@ class KernelLowerer:
                 sidx[a] = r
             if math.prod(src.shape[a] for a in arg.axes) == 0:
                 return UOp.const(n.dtype, reduce_identity(arg.op, n.dtype))
-            inner = self.lower(src, tuple(sidx))
+            inner = yield src, tuple(sidx)
             if not ranges:
                 return inner
             return UOp(Ops.LOOP_REDUCE, n.dtype, (inner, *ranges), arg.op)
@@ -307,23 +342,18 @@ def reduce_identity(op: Ops, dtype) -> int | float | bool:
     return _REDUCE_IDENTITY[op]
 
 
-def lower_kernel(name: str, root: UOp, out: Buffer, buffer_for: Callable[[UOp], Buffer | None],
+def lower_kernel(name: str, root: UOp, out: Buffer, buffers: Buffers, policy: OptimizationPolicy,
                  copy_from: Buffer | None = None, dyn: DynamicAxes | None = None) -> tuple[UOp, list[Buffer]]:
     """Lower one kernel. The inner output axes are tried as one merged loop first: when that indexes
     every buffer without div/mod (the axes are contiguous everywhere), it gives the vectorizer one
     long loop instead of short nested ones; otherwise each axis keeps its own loop."""
-    old = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(old, 20000))  # kernel subgraphs are bounded (schedule.MAX_FUSED_OPS)
-    try:
-        results = []
-        for merge in (True, False):
-            lowerer = KernelLowerer(name, out, buffer_for, dyn)
-            ast = lowerer.lower_kernel(root, copy_from, merge_inner=merge)
-            results.append((_divmods(ast), ast, lowerer.params))
-    finally:
-        sys.setrecursionlimit(old)
-    (merged_cost, ast, params), (plain_cost, plain_ast, plain_params) = results
-    return (ast, params) if merged_cost <= plain_cost else (plain_ast, plain_params)
+    results = []
+    for merge in (True, False) if policy.merge_inner_loops else (False,):
+        lowerer = KernelLowerer(name, out, buffers, policy, dyn)
+        ast = lowerer.lower_kernel(root, copy_from, merge_inner=merge)
+        results.append((_divmods(ast), ast, lowerer.params))
+    _, ast, params = min(results, key=lambda r: r[0])  # the first (merged) on a tie
+    return ast, params
 
 
 def _divmods(ast: UOp) -> int:

@@ -6,26 +6,23 @@ reshapes), followed by an epilogue STORE that rewrites each tile of C in place w
 in cache: bias, folded BatchNormalization, activation, residual add...
 
 Operands are read through affine views. A constant operand is packed at compile time into panels
-(A: A_PANEL rows, B: B_PANEL columns, zero-padded), the layout the micro-kernels stream; the run time
-never repacks.
+(svodc/gemm_plan.py; A: A_PANEL rows, B: B_PANEL columns, zero-padded), the layout the micro-kernels
+stream; the run time never repacks.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import numpy as np
 
+from svodc.gemm_plan import A_PANEL, B_PANEL
 from svodc.ir.dtypes import dtypes
 from svodc.ir.interpret import evaluate
 from svodc.ir.ops import (
-    A_PANEL,
-    B_PANEL,
     ConstData,
     GemmArg,
     GemmOperand,
-    InputArg,
     KernelArg,
     Ops,
     RangeKind,
@@ -33,13 +30,13 @@ from svodc.ir.ops import (
 )
 from svodc.ir.rewrite import graph_rewrite
 from svodc.ir.symbolic import pm_symbolic
-from svodc.ir.uop import UOp, toposort
+from svodc.ir.uop import UOp
+from svodc.passes.buffers import Buffers
 from svodc.passes.dynamic import DynamicAxes, is_constant
 from svodc.passes.lower import KernelLowerer, reshape_index
 from svodc.passes.views import affine_view
+from svodc.policy import OptimizationPolicy
 from svodc.program import Buffer
-
-BufferFor = Callable[[UOp], Buffer | None]
 
 
 def pack_a(a: np.ndarray) -> np.ndarray:
@@ -58,17 +55,6 @@ def pack_b(b: np.ndarray) -> np.ndarray:
     padded = np.zeros((k, np_ * B_PANEL), b.dtype)
     padded[:, :n] = b
     return np.ascontiguousarray(padded.reshape(k, np_, B_PANEL).transpose(1, 0, 2))
-
-
-def substitute(root: UOp, old: UOp, new: UOp) -> UOp:
-    """root with every use of `old` replaced by `new` (iterative, shared nodes rebuilt once)."""
-    done: dict[UOp, UOp] = {old: new}
-    for n in toposort([root]):
-        if n in done:
-            continue
-        src = tuple(done.get(s, s) for s in n.src)
-        done[n] = n if all(a is b for a, b in zip(src, n.src, strict=True)) else n.replace(src=src)
-    return done[root]
 
 
 def find_matmul(root: UOp, is_buffer: Callable[[UOp], bool]) -> UOp | None:
@@ -92,7 +78,7 @@ class GemmLowerer(KernelLowerer):
         nb = x.ndim - 2
 
         def is_base(n: UOp) -> bool:
-            return n.op in (Ops.WEIGHT, Ops.CONST) or self._buffer_for(n) is not None
+            return n.op in (Ops.WEIGHT, Ops.CONST) or self.buffers.get(n) is not None
 
         if is_constant(x):
             # Constants are evaluated and packed now, whatever their view (a flipped ConvTranspose
@@ -102,7 +88,7 @@ class GemmLowerer(KernelLowerer):
         view = affine_view(x, is_base)
         if view is None:
             raise AssertionError(f"GEMM operand {role} is not an affine view (the scheduler should have realized it)")
-        buf = self._buffer_for(view.base)
+        buf = self.buffers.get(view.base)
         assert buf is not None
         *bs, rs, cs = view.strides
         return self.param(buf), GemmOperand(tuple(bs), rs, cs, view.offset)
@@ -127,9 +113,7 @@ class GemmLowerer(KernelLowerer):
             strides[i] = s
             s *= batch[i]
         weight = UOp(Ops.WEIGHT, dtypes.float32, (), ConstData(panels.astype(np.float32)))
-        real = self._buffer_for(weight)
-        assert real is not None
-        return self.param(real), GemmOperand(tuple(strides), 0, 0, 0, packed=True)
+        return self.param(self.buffers.weight(weight)), GemmOperand(tuple(strides), 0, 0, 0, packed=True)
 
     def lower_gemm(self, root: UOp, mm: UOp) -> UOp:
         out = self.params[0]
@@ -137,7 +121,8 @@ class GemmLowerer(KernelLowerer):
         batch, (m, n), k = mm.shape[:-2], mm.shape[-2:], a.shape[-1]
         # a run-time m, n or k: lanes along n (the run-time tile counts are those of GemmArg's *_var)
         runtime = bool(self.dyn) and any(x is not None for x in (*self.dyn.axes(mm)[-2:], self.dyn.axes(a)[-1]))
-        self.transposed = not runtime and _vectorize_along_m(m, n, k, is_constant(a), is_constant(b))
+        self.transposed = (self.policy.gemm_transpose and not runtime
+                           and _vectorize_along_m(m, n, k, is_constant(a), is_constant(b)))
         a_param, a_op = self.operand(a, "a")
         b_param, b_op = self.operand(b, "b")
         c_strides, s = [], m * n
@@ -151,17 +136,9 @@ class GemmLowerer(KernelLowerer):
             return UOp(Ops.GEMM, dtypes.void, (a_param, b_param, c_param), arg)
         # The epilogue: the root's value at (batch, m, n), reading the product back from C.
         ranges = [self.new_range(d, RangeKind.LOOP) for d in (*batch, m, n)]
-        c_view = UOp(Ops.INPUT, dtypes.float32, (), InputArg(f"__gemm_c_{out.id}__", out.shape))
-        from svodc.ir import tensor as T
-
-        body = substitute(root, mm, T.reshape(c_view, mm.shape))
-        inner = self._buffer_for
-        self._buffer_for = lambda node: out if node is c_view else inner(node)
-        try:
-            idx = tuple(_simplify(i) for i in reshape_index(tuple(ranges), mm.shape, root.shape))
-            value = self.lower(body, idx, top=True)
-        finally:
-            self._buffer_for = inner
+        self.read_back[mm] = out
+        idx = tuple(_simplify(i) for i in reshape_index(tuple(ranges), mm.shape, root.shape))
+        value = self.lower(root, idx, top=True)
         store = UOp(Ops.STORE, dtypes.void, (c_param, self.linear(idx, root.shape), value))
         return UOp(Ops.GEMM, dtypes.void, (a_param, b_param, c_param, store, *ranges), arg)
 
@@ -194,13 +171,9 @@ def _simplify(x: UOp) -> UOp:
     return graph_rewrite(x, pm_symbolic)
 
 
-def lower_gemm_kernel(name: str, root: UOp, mm: UOp, out: Buffer, buffer_for: BufferFor,
+def lower_gemm_kernel(name: str, root: UOp, mm: UOp, out: Buffer, buffers: Buffers, policy: OptimizationPolicy,
                       dyn: DynamicAxes | None = None) -> tuple[UOp, list[Buffer]]:
-    lowerer = GemmLowerer(name, out, buffer_for, dyn)
+    lowerer = GemmLowerer(name, out, buffers, policy, dyn)
     gemm = lowerer.lower_gemm(root, mm)
     sink = UOp(Ops.SINK, dtypes.void, (gemm,), KernelArg(name))
     return graph_rewrite(sink, pm_symbolic), lowerer.params
-
-
-def gemm_macs(mm: UOp) -> int:
-    return math.prod(mm.shape) * mm.src[0].shape[-1]

@@ -2,7 +2,7 @@
 
 fold constants -> decompose contractions -> fold again -> schedule into kernels -> lower each kernel
 to loops -> plan memory. Each step is a named rule set or a function of one graph; with
-SVOD_DEBUG >= 2 the graph after each pass is printed.
+SVOD_DEBUG >= 2 the graph after each pass is printed, with CompileOptions.check_ir it is verified.
 """
 
 from __future__ import annotations
@@ -10,14 +10,15 @@ from __future__ import annotations
 import re
 import sys
 
-from svodc.frontend.importer import ImportedGraph
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import Ops
 from svodc.ir.pattern import PatternMatcher, UPat
 from svodc.ir.provenance import Provenance
 from svodc.ir.rewrite import debug_level, graph_rewrite
+from svodc.ir.spec import verify
 from svodc.ir.uop import UOp, pretty
 from svodc.options import CompileOptions
+from svodc.passes.buffers import Buffers
 from svodc.passes.contraction import pm_conv_to_matmul, pm_fold_into_conv
 from svodc.passes.decompose import decompose_matmul, pm_decompose
 from svodc.passes.dynamic import DynamicAxes, is_constant
@@ -26,32 +27,41 @@ from svodc.passes.lower import lower_kernel
 from svodc.passes.lower_gemm import find_matmul, lower_gemm_kernel
 from svodc.passes.memory import plan_arena, plan_weights
 from svodc.passes.schedule import KernelPlan, plan_kernels
-from svodc.program import Buffer, BufferKind, Kernel, Program
+from svodc.policy import DEFAULT_POLICY, OptimizationPolicy
+from svodc.program import Buffer, BufferKind, ImportedGraph, Kernel, Program
 
 
-def _debug_graph(title: str, sink: UOp) -> None:
+def _after_pass(title: str, sink: UOp, options: CompileOptions) -> None:
+    if options.check_ir:
+        verify(sink)
     if debug_level() >= 2:
         print(f"===== after {title} =====\n{pretty(sink)}", file=sys.stderr)
 
 
-def optimize(graph: ImportedGraph, options: CompileOptions, dyn: DynamicAxes | None = None) -> UOp:
+def optimize(graph: ImportedGraph, options: CompileOptions, policy: OptimizationPolicy = DEFAULT_POLICY,
+             dyn: DynamicAxes | None = None) -> UOp:
     """The tensor-level graph after folding and decomposition, as a SINK of the outputs."""
     prov = graph.provenance
     sink = UOp(Ops.SINK, dtypes.void, tuple(o for _, o in graph.outputs))
     fold = pm_fold(options.fold_limit)
+    _after_pass("import", sink, options)
     sink = graph_rewrite(sink, fold, prov=prov)
-    _debug_graph("fold", sink)
+    _after_pass("fold", sink, options)
     sink = graph_rewrite(sink, pm_fold_into_conv + fold, prov=prov)
-    sink = graph_rewrite(sink, pm_conv_to_matmul, prov=prov)
+    _after_pass("fold into conv", sink, options)
+    sink = graph_rewrite(sink, pm_conv_to_matmul(policy), prov=prov)
+    _after_pass("conv to matmul", sink, options)
     if dyn:
-        sink = graph_rewrite(sink, _generic_runtime_matmuls(dyn), prov=prov)
-    sink = graph_rewrite(sink, pm_decompose, prov=prov)
+        sink = graph_rewrite(sink, _generic_runtime_matmuls(dyn, policy), prov=prov)
+        _after_pass("run-time matmuls", sink, options)
+    sink = graph_rewrite(sink, pm_decompose(policy), prov=prov)
+    _after_pass("decompose", sink, options)
     sink = graph_rewrite(sink, fold, prov=prov)
-    _debug_graph("decompose", sink)
+    _after_pass("fold after decompose", sink, options)
     return sink
 
 
-def _generic_runtime_matmuls(dyn: DynamicAxes) -> PatternMatcher:
+def _generic_runtime_matmuls(dyn: DynamicAxes, policy: OptimizationPolicy) -> PatternMatcher:
     """MATMULs with a run-time inner batch axis, or an axis of a multiple of a dim, go to the generic path
     (MUL + REDUCE, whose loops take run-time extents); the GEMM kernels take a run-time outermost batch
     axis, M, N and K (lower_gemm.py), K only with neither operand a constant (packed at compile time)."""
@@ -61,7 +71,7 @@ def _generic_runtime_matmuls(dyn: DynamicAxes) -> PatternMatcher:
         lead = batch[0] if batch else None
         runtime = (any(batch[1:]) or any(a is not None and a.factor != 1 for a in (m, cols, k, lead))
                    or (k is not None and any(is_constant(s) for s in n.src)))
-        return decompose_matmul(n, force=True) if runtime else None
+        return decompose_matmul(n, policy, force=True) if runtime else None
 
     return PatternMatcher([(UPat(Ops.MATMUL, name="n"), rule)], name="runtime-matmul")
 
@@ -84,34 +94,24 @@ def _provenance(root: UOp, realized: set[UOp], prov: Provenance) -> list[str]:
     return sorted(names)
 
 
-def build_program(graph: ImportedGraph, options: CompileOptions) -> Program:
+def build_program(graph: ImportedGraph, options: CompileOptions, policy: OptimizationPolicy = DEFAULT_POLICY
+                  ) -> Program:
+    """The program for the variants that share `policy` (svodc/policy.py)."""
     dyn = DynamicAxes(graph.dims, graph.input_dims, graph.provenance) if graph.dims else None
-    sink = optimize(graph, options, dyn)
+    sink = optimize(graph, options, policy, dyn)
     outputs = list(zip([name for name, _ in graph.outputs], sink.src, strict=True))
     out_axes = [dyn.axes(x) if dyn else () for _, x in outputs]  # also checks every node up front
-    plans, realized = plan_kernels(outputs)
+    plans, realized = plan_kernels(outputs, policy)
 
     next_id = iter(range(1 << 30))
     inputs = [Buffer(next(next_id), BufferKind.INPUT, x.dtype, x.shape, name, slot=i,
                      dims=dyn.axes(x) if dyn else ()) for i, (name, x) in enumerate(graph.inputs)]
-    input_by_name = {b.name: b for b in inputs}
     out_bufs = [Buffer(next(next_id), BufferKind.OUTPUT, x.dtype, x.shape, name, slot=i, dims=ax)
                 for i, ((name, x), ax) in enumerate(zip(outputs, out_axes, strict=True))]
     out_by_name = {b.name: b for b in out_bufs}
-    weights: dict[UOp, Buffer] = {}
+    buffers = Buffers(inputs, next_id)
     scratch: list[Buffer] = []
-    realized_buf: dict[UOp, Buffer] = {}  # realized node -> the buffer consumers read it from
     written: dict[UOp, Buffer] = {}  # kernel root -> the buffer its kernel wrote
-
-    def buffer_for(n: UOp) -> Buffer | None:
-        if n.op is Ops.INPUT:
-            return input_by_name[n.arg.name]
-        if n.op is Ops.WEIGHT:
-            if n not in weights:
-                weights[n] = Buffer(next(next_id), BufferKind.WEIGHT, n.dtype, n.shape,
-                                    f"w{len(weights)}", data=n.arg)
-            return weights[n]
-        return realized_buf.get(n)
 
     kernels: list[Kernel] = []
     for plan in plans:
@@ -121,19 +121,18 @@ def build_program(graph: ImportedGraph, options: CompileOptions) -> Program:
         copy_from = written[plan.root] if plan.copy else None
         mm = None if plan.copy else find_matmul(plan.root, lambda n: n in realized or n.op in (Ops.INPUT, Ops.WEIGHT))
         if mm is not None:
-            ast, params = lower_gemm_kernel(name, plan.root, mm, out, buffer_for, dyn)
+            ast, params = lower_gemm_kernel(name, plan.root, mm, out, buffers, policy, dyn)
         else:
-            ast, params = lower_kernel(name, plan.root, out, buffer_for, copy_from=copy_from, dyn=dyn)
+            ast, params = lower_kernel(name, plan.root, out, buffers, policy, copy_from=copy_from, dyn=dyn)
         if not plan.copy:
             written.setdefault(plan.root, out)
             if plan.root in realized:
-                realized_buf.setdefault(plan.root, out)
+                buffers.realized.setdefault(plan.root, out)
         kind = "copy" if plan.copy else "gemm" if mm is not None else "loop"
         kernels.append(Kernel(name, ast, params, prov, kind))
-        if debug_level() >= 2:
-            print(f"===== kernel {name} =====\n{pretty(ast)}", file=sys.stderr)
+        _after_pass(f"lowering kernel {name}", ast, options)
 
-    weight_list = list(weights.values())
+    weight_list = list(buffers.weights.values())
     program = Program(inputs, out_bufs, kernels, weight_list, scratch, producer=graph.producer,
                       vocabulary=graph.vocabulary, zipmaps=graph.zipmaps,
                       edge_outputs=graph.edge_outputs, dims=graph.dims)

@@ -8,7 +8,7 @@ arithmetic, elementwise chains are recomputed in place). A compute node is reali
   another REDUCE, or has several consumers;
 - it is an expensive elementwise chain that a consumer reuses (more than a few ops per element),
   or a GATHER that a consumer reuses;
-- its fused subgraph would grow past MAX_FUSED_OPS (keeps kernels and compile time bounded);
+- its fused subgraph would grow past the policy's max_fused_ops (keeps kernels and compile time bounded);
 - it is a SCATTER (always a kernel of its own: copy, then serial updates; see lower.py).
 GATHER reads its source at run-time positions, so for the rules above it reuses elements like EXPAND.
 Realizing a movement op realizes its source instead: views of a buffer cost nothing.
@@ -29,9 +29,8 @@ from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import ALU, MOVEMENT, Ops
 from svodc.ir.uop import UOp, toposort
 from svodc.passes.views import affine_view
+from svodc.policy import DEFAULT_POLICY, OptimizationPolicy
 
-MAX_FUSED_OPS = 400
-CHEAP_TO_REPEAT = 16  # ops per element a reusing consumer may recompute instead of loading
 _REUSE = frozenset({Ops.EXPAND, Ops.PAD, Ops.WINDOW})
 _VIEW_THROUGH = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.SLICE})
 
@@ -97,7 +96,8 @@ def _pads_window(n: UOp) -> bool:
     return any(b or a for b, a in n.arg.pads) and n.src[0].op is not Ops.CONST
 
 
-def plan_kernels(outputs: list[tuple[str, UOp]]) -> tuple[list[KernelPlan], set[UOp]]:
+def plan_kernels(outputs: list[tuple[str, UOp]], policy: OptimizationPolicy = DEFAULT_POLICY,
+                 ) -> tuple[list[KernelPlan], set[UOp]]:
     """The kernels in execution order, and the set of realized nodes (kernel roots)."""
     roots = [o for _, o in outputs]
     nodes = toposort(roots)
@@ -144,7 +144,7 @@ def plan_kernels(outputs: list[tuple[str, UOp]]) -> tuple[list[KernelPlan], set[
                 realized.add(n)
             continue
         if (n in output_roots or (hr and (reuse or into_reduce or many))
-                or (reuse and ops > CHEAP_TO_REPEAT) or ops > MAX_FUSED_OPS):
+                or (reuse and ops > policy.cheap_to_repeat) or ops > policy.max_fused_ops):
             realized.add(n)
     plans: list[KernelPlan] = []
     names_by_root: dict[UOp, str] = {}

@@ -17,7 +17,7 @@ from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import Ops
 from svodc.ir.rewrite import graph_rewrite
 from svodc.ir.symbolic import pm_symbolic
-from svodc.ir.uop import UOp, toposort
+from svodc.ir.uop import UOp, output_ranges, toposort
 
 MAX_PIECES = 24  # statements one kernel may be split into
 MAX_INTERVALS = 32  # intervals of one index
@@ -67,17 +67,6 @@ def _substitute(root: UOp, old: UOp, new: UOp) -> UOp:
     return done[root]
 
 
-def _output_ranges(store: UOp) -> list[UOp]:
-    free: set[UOp] = set()
-    bound: set[UOp] = set()
-    for n in toposort([store]):
-        if n.op is Ops.RANGE:
-            free.add(n)
-        elif n.op is Ops.LOOP_REDUCE:
-            bound.update(n.src[1:])
-    return sorted(free - bound, key=lambda r: r.arg.id)
-
-
 def split_store(store: UOp) -> list[UOp]:
     """The store as one or more stores over disjoint intervals."""
     pieces = [store]
@@ -87,7 +76,7 @@ def split_store(store: UOp) -> list[UOp]:
         out: list[UOp] = []
         for st in pieces:
             best = None
-            for r in _output_ranges(st):
+            for r in output_ranges(st):
                 ts = thresholds(st.src[2], r)
                 if ts and len(ts) < MAX_INTERVALS and (best is None or len(ts) > len(best[1])):
                     best = (r, ts)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from svodc.codegen.worker import WorkerPool
 from tests.conformance.cases import Case
 from tests.conformance.compare import mismatch
 
@@ -82,7 +83,7 @@ def flatten(name: str, value) -> dict[str, np.ndarray | None]:
     return {name: None if value is None else np.asarray(value)}
 
 
-def run_case(case: Case) -> Result:
+def run_case(case: Case, workers: WorkerPool) -> Result:
     import onnx
 
     import svodrt
@@ -121,7 +122,7 @@ def run_case(case: Case) -> Result:
         expanded = sorted(getattr(graph, "expanded_ops", ()))
         program = build_program(graph, options)
         target, = parse_target("host")
-        bundle = write_bundle(program, [(target, compile_program(program, target, options))], "conformance")
+        bundle = write_bundle(program, [(target, compile_program(program, target, options, workers=workers))], "conformance")
     except UnsupportedModelError as e:
         return Result(case.name, "unsupported", _unsupported_reason(e), time.perf_counter() - t0, expanded=expanded,
                       fixed_inputs=sorted(fixed))
@@ -162,12 +163,13 @@ def run_case(case: Case) -> Result:
 def main() -> None:
     inp, out = sys.stdin.fileno(), os.dup(sys.stdout.fileno())
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not corrupt the protocol
-    while True:
-        try:
-            case = read_frame(inp)
-        except EOFError:
-            return
-        write_frame(out, run_case(case))
+    with WorkerPool(1) as workers:  # one LLVM worker for every case this process runs
+        while True:
+            try:
+                case = read_frame(inp)
+            except EOFError:
+                return
+            write_frame(out, run_case(case, workers))
 
 
 if __name__ == "__main__":

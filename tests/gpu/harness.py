@@ -121,15 +121,16 @@ def lower(model, options=None):
     return build_program(import_model(load_model(model), options), options)
 
 
-def emulate(model, options=None, program=None) -> Emulation:
-    """The CPU emulation of the GPU kernels of a model (or of its already lowered program)."""
+def emulate(model, options=None, program=None, workers=None) -> Emulation:
+    """The CPU emulation of the GPU kernels of a model (or of its already lowered program); LLVM runs
+    on `workers` (a WorkerPool) when given."""
     from svodc.codegen.gpu_compile import compile_gpu_emulation
     from svodc.options import CompileOptions
     from svodc.target import parse_target
 
     options = options or CompileOptions()
     program = program or lower(model, options)
-    image, launches = compile_gpu_emulation(program, parse_target("x86_64-linux-gnu:x86-64")[0], options)
+    image, launches = compile_gpu_emulation(program, parse_target("x86_64-linux-gnu:x86-64")[0], options, workers)
     return Emulation(program, image, launches)
 
 

@@ -1,0 +1,69 @@
+"""The optimisation policy (svodc/policy.py): named, switchable machine-dependent steps and the
+passes' thresholds, chosen per variant through CompileOptions.policies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import svodc
+import svodrt
+from svodc.errors import TargetError
+from svodc.frontend.importer import import_model
+from svodc.ir.dtypes import dtypes
+from svodc.ir.ops import InputArg, Ops
+from svodc.ir.provenance import Provenance
+from svodc.ir.uop import UOp
+from svodc.options import CompileOptions
+from svodc.passes.pipeline import build_program
+from svodc.policy import DEFAULT_POLICY, OptimizationPolicy
+from svodc.program import ImportedGraph
+from tests.onnx_util import reference, small_cnn
+
+
+def _gemms(program) -> int:
+    return sum(1 for k in program.kernels for s in k.ast.src if s.op is Ops.GEMM)
+
+
+def test_steps_and_thresholds_change_the_program():
+    model, _ = small_cnn()
+    graph = import_model(model)
+    base = build_program(graph, CompileOptions())
+    no_gemm = build_program(graph, CompileOptions(), DEFAULT_POLICY.without("conv_to_matmul", "gemm"))
+    assert _gemms(base) > 0 and _gemms(no_gemm) == 0
+
+
+def test_fusion_limit_is_the_policys():
+    x = UOp(Ops.INPUT, dtypes.float32, (), InputArg("x", (4,)))
+    y = x
+    for _ in range(50):
+        y = UOp(Ops.SIN, dtypes.float32, (y,))
+    graph = ImportedGraph([("x", x)], [("y", y)], Provenance(), "test")
+    assert len(build_program(graph, CompileOptions()).kernels) == 1
+    assert len(build_program(graph, CompileOptions(), OptimizationPolicy(max_fused_ops=10)).kernels) >= 5
+
+
+def test_a_variant_policy_changes_its_bundle_and_keeps_the_outputs():
+    model, feeds = small_cnn()
+    want = reference(model, feeds)
+    variant = "x86_64:x86-64-v3"
+    generic = DEFAULT_POLICY.without("conv_to_matmul", "gemm")
+    default = svodc.compile(model, target=variant)
+    other = svodc.compile(model, target=variant, options=CompileOptions(policies={variant: generic}))
+    assert other != default
+    for data in (default, other):
+        with svodrt.load(data) as m:
+            got = list(m.run(feeds).values())
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_policies_that_a_bundle_cannot_hold_are_refused():
+    model, _ = small_cnn()
+    split = CompileOptions(policies={"x86_64:x86-64": DEFAULT_POLICY.without("gemm_transpose")})
+    with pytest.raises(TargetError, match="different optimisation policies"):
+        svodc.compile(model, target="x86_64:x86-64-v3,x86-64", options=split)
+    with pytest.raises(TargetError, match="lacks"):
+        svodc.compile(model, target="x86_64:x86-64-v3", options=split)
+    with pytest.raises(ValueError, match="unknown optimisation step"):
+        DEFAULT_POLICY.without("winograd")
