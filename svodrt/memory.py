@@ -51,10 +51,8 @@ class Mapping:
 
 
 def map_code(data: bytes | memoryview, fixups: tuple[int, ...], sha256: bytes, what: str) -> Mapping:
-    """Copy a code image into fresh anonymous memory, check its sha256 there, apply base fixups,
-    then make it read+execute. Checking the copy means the bytes that run are the bytes that were
-    verified: nothing can change them afterwards (another process rewriting the file), and a file
-    truncated after loading cannot fault the code pages (SIGBUS)."""
+    """Copy a code image into fresh anonymous memory, check its sha256 there, apply base fixups, make it
+    read+execute: the bytes that run are the bytes checked, and no file change can reach them (no SIGBUS)."""
     import hashlib  # here, not at `import svodrt`
     length = len(data)
     m = Mapping(length, what)

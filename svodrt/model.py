@@ -50,8 +50,7 @@ def variant_problem(v: Variant, host: Host) -> str | None:
 
 
 def select_variant(bundle: Bundle, host: Host, index: int | None = None) -> Variant:
-    """The first variant whose architecture is the host's and whose features the host has all of
-    (or variant `index`, if the host can run it)."""
+    """The first variant this host runs, or variant `index` if it runs (docs/architecture.md "Runtime")."""
     candidates = bundle.variants if index is None else [bundle.variants[index]]
     reasons = []
     for v in candidates:

@@ -141,9 +141,8 @@ def check_shape(t: TensorInfo, value: object) -> None:
 
 
 def check_input(t: TensorInfo, value: object) -> np.ndarray:
-    """Validate one input against its declaration; returns a C-contiguous, aligned array.
-    Non-contiguous or misaligned arrays are copied (documented); a wrong type, dtype (including byte
-    order), rank or dimension is an InputError, never a silent conversion."""
+    """One input checked: a C-contiguous, aligned array (else a copy); a wrong type, dtype (byte order included),
+    rank or dimension is an InputError, never a silent conversion (docs/architecture.md "Runtime", Inputs)."""
     if not isinstance(value, np.ndarray) or isinstance(value, np.ma.MaskedArray):
         raise InputError(f"input {t.name!r} must be a numpy.ndarray, got {type(value).__name__}")
     want = np.dtype(DTYPES[t.dtype][0])

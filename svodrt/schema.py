@@ -135,8 +135,7 @@ def tensor(d: Any, where: str, dims: dict[str, Dim] | None = None) -> TensorInfo
 
 
 def vocabulary(m: Any) -> tuple[str, ...]:
-    """The manifest's `vocabulary` (format 1.4; required when an input is a string): distinct strings,
-    each at most MAX_STRING characters, at most MAX_ITEMS of them. Its order is the ids' meaning."""
+    """The manifest's `vocabulary` (format 1.4, docs/bundle-format.md "Strings"); its order is the ids' meaning."""
     v = items(m, "vocabulary", "manifest")
     seen: set[str] = set()
     for i, s in enumerate(v):
