@@ -32,7 +32,7 @@ class Runner:
         self._string_inputs = [t for t in self.bundle.inputs if t.dtype == STRING]
         self._dim_slots = {d.name: i for i, d in enumerate(self.bundle.dims)}
         self._strings = StringTable(self.bundle.vocabulary) if self._string_inputs else None
-        # Format 1.5: outputs decoded at the edge (string ids -> str, ZipMap scores -> dicts, edge outputs).
+        # Format 1.6: outputs decoded at the edge (string ids -> str, ZipMap scores -> dicts, edge outputs).
         self._string_outputs = [t.name for t in self.bundle.outputs if t.dtype == STRING]
         b = self.bundle
         self._decode = StringTable(b.vocabulary) if self._string_outputs or b.zipmaps or b.edge_outputs else None

@@ -197,7 +197,7 @@ class TestVector:
 
 
 def zipmaps(m: Any, outputs: list[TensorInfo]) -> tuple[tuple[str, tuple], ...]:
-    """The manifest's `zipmaps` (format 1.5): [output name, keys] per float32 [N, len(keys)] output that
+    """The manifest's `zipmaps` (format 1.6): [output name, keys] per float32 [N, len(keys)] output that
     run() returns as a list of {key: score} dicts (ai.onnx.ml ZipMap); keys all str or all int."""
     if "zipmaps" not in m:
         return ()
@@ -215,7 +215,7 @@ def zipmaps(m: Any, outputs: list[TensorInfo]) -> tuple[tuple[str, tuple], ...]:
 
 
 def edge_outputs(m: Any, inputs: list[TensorInfo], outputs: list[TensorInfo]) -> tuple[tuple[str, str, dict], ...]:
-    """The manifest's `edge_outputs` (format 1.5): [output, "StringNormalizer", string input, {"case":
+    """The manifest's `edge_outputs` (format 1.6): [output, "StringNormalizer", string input, {"case":
     NONE|LOWER|UPPER, "case_sensitive": bool, "stopwords": [str]}], outputs run() computes itself."""
     strings = {t.name for t in inputs if t.dtype == "string"}
     taken, out = {t.name for t in outputs}, []

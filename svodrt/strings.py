@@ -58,7 +58,7 @@ class StringTable:
 
 
 def normalize(x: np.ndarray, case: str, case_sensitive: bool, stopwords: Sequence[str]) -> np.ndarray:
-    """ONNX StringNormalizer on a [C] or [1, C] array of str (format 1.5 `edge_outputs`; svodc folds
+    """ONNX StringNormalizer on a [C] or [1, C] array of str (format 1.6 `edge_outputs`; svodc folds
     constants with it too): elements equal to a stopword (ignoring case unless case_sensitive) are
     dropped, the rest change case; nothing left gives [""] ([[""]])."""
     fold = (lambda s: s) if case_sensitive else str.lower

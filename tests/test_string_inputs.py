@@ -129,7 +129,7 @@ def _set(path, value):
     (_set(["vocabulary", 0], "x" * 70000), r"vocabulary\[0\]: has 70000 characters, over the limit 65536"),
     (_set(["vocabulary"], lambda v: v[1:] + v[:1]), r"variants\[0\]\.binding: does not match"),
     (_set(["vocabulary"], lambda v: [*v, "extra"]), r"variants\[0\]\.binding: does not match"),
-    (_set(["outputs", 0, "dtype"], "string"), r"variants\[0\]\.binding: does not match"),  # 1.5: a string output
+    (_set(["outputs", 0, "dtype"], "string"), r"variants\[0\]\.binding: does not match"),  # 1.6: a string output
 ], ids=["missing", "not-str", "repeat", "too-long", "reordered", "extended", "string-output"])
 def test_vocabulary_edits_are_refused_by_name(codes_bundle, edit, message):
     data = codes_bundle[0]

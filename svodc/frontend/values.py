@@ -35,7 +35,7 @@ class OptionalValue:
 @dataclass(frozen=True)
 class ZipMapValue:
     """ai.onnx.ml ZipMap's sequence of maps: row i is {keys[j]: scores[i, j]}. Only a graph output can
-    take it; the bundle output is the scores tensor, with the keys in the manifest (format 1.5)."""
+    take it; the bundle output is the scores tensor, with the keys in the manifest (format 1.6)."""
 
     scores: UOp
     keys: tuple[int | str, ...]
@@ -44,7 +44,7 @@ class ZipMapValue:
 @dataclass(frozen=True)
 class EdgeStrings:
     """A string op on a graph input whose result only svodrt computes, at the edge (its shape depends on
-    the strings): only a graph output can take it (format 1.5 `edge_outputs`)."""
+    the strings): only a graph output can take it (format 1.6 `edge_outputs`)."""
 
     op: str
     input: str

@@ -4,7 +4,7 @@ does (docs/architecture.md "Weights and dtypes at the edges").
 On strings known at compile time (initializers, constants, --input-value) the op runs here, at
 import, on the vocabulary's strings, and its string results are interned: a constant. On a run-time
 string input, StringNormalizer is a pure function of the input's strings with a data-dependent
-shape: when its result is a graph output, svodrt computes it at the edge (EdgeStrings, format 1.5
+shape: when its result is a graph output, svodrt computes it at the edge (EdgeStrings, format 1.6
 `edge_outputs`, with the same function, svodrt.strings.normalize). Everything else on run-time
 strings is refused with the reason.
 """
