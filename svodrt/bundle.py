@@ -254,19 +254,17 @@ class Program:
 
     def __init__(self, source: str | os.PathLike | bytes, verify_weights: bool | None = None,
                  trust: TrustSpec | None = None, variant: int | None = None):
-        if isinstance(source, (bytes, bytearray, memoryview)):
-            self.source = Source(bytes(source))
-        else:
-            self.source = Source.open(source)
+        is_bytes = isinstance(source, (bytes, bytearray, memoryview))
+        self.source = Source(bytes(source)) if is_bytes else Source.open(source)
         try:
             self.bundle: Bundle = parse_bundle(self.source)
             self.signer = check_signature(self.bundle.manifest, None if trust is None else trusted_keys(trust))
-            n = len(self.bundle.variants)
-            if variant is not None and not 0 <= variant < n:
+            if variant is not None and not 0 <= variant < (n := len(self.bundle.variants)):
                 raise ValueError(f"variant {variant} does not exist (the bundle has {n})")
-            # The weights are checked once (svodrt verify), not at every load, unless asked or under a
-            # trust policy (docs/architecture.md "Runtime": at 0.6 ms/MB, more than the whole load).
-            self.check_weights = trust is not None or bool(verify_weights)
+            # Weights up to fmt.WEIGHTS_CHECK_LIMIT are checked at every load (damage is an error, not a wrong
+            # answer); larger ones by svodrt verify, when asked, or under a trust policy (architecture.md).
+            small = self.bundle.weights.length <= fmt.WEIGHTS_CHECK_LIMIT
+            self.check_weights = trust is not None or (small if verify_weights is None else bool(verify_weights))
         except BaseException:
             self.close()
             raise

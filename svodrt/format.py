@@ -23,6 +23,7 @@ MAX_MANIFEST_RAW = 256 << 20  # a manifest larger than this is refused before de
 MAX_BYTES = 1 << 40  # no tensor, arena, section or weights area may be larger (1 TiB)
 MAX_RANK = 64  # numpy's own limit
 MAX_ITEMS = 1 << 20  # no manifest list (kernels, buffers, fixups, ...) may be longer
+WEIGHTS_CHECK_LIMIT = 16 << 20  # weights bytes that every load checksums (~10 ms of sha256; svodrt/bundle.py)
 MAX_NAME = 4096  # characters in any name
 MAX_TEST_VECTORS = 16
 MAX_STRING = 1 << 16  # characters in one vocabulary string

@@ -17,6 +17,7 @@ import pytest
 
 import svodrt
 from svodrt.bundle import Source, parse_bundle
+from svodrt.format import WEIGHTS_CHECK_LIMIT
 from svodrt_tools.verify import verify
 from tests.bundle_tools import manifest_of, repack
 
@@ -338,10 +339,14 @@ def test_6_unchecked_weights_are_a_visible_decision(small_bundle):
     data = bytearray(path_bytes(small_bundle))
     w = parse_bundle(bytes(data)).weights
     data[w.offset + 8] ^= 0x40
-    with svodrt.load(bytes(data)) as m:
-        assert not m.weights_verified  # the default (checked once, by svodrt verify): loads, and says so
+    # The default checks weights up to WEIGHTS_CHECK_LIMIT at every load: a damaged byte is an error.
+    assert w.length <= WEIGHTS_CHECK_LIMIT
     with pytest.raises(svodrt.BundleFormatError, match="'weights' .* fails its sha256"):
-        svodrt.load(bytes(data), verify_weights=True)
+        svodrt.load(bytes(data))
+    with svodrt.load(bytes(data), verify_weights=False) as m:  # skipped on request (as above the limit): says so
+        assert not m.weights_verified
+    with svodrt.load(path_bytes(small_bundle)) as m:
+        assert m.weights_verified
 
 
 # 7 ---------------------------------------------------------------- close and signals
