@@ -128,7 +128,7 @@ def run_test_vector(model: Runner, tv: TestVector) -> list[tuple[str, float, flo
 
 def _check_variants(data: bytes, bundle: Bundle, host: Host, threads: int, report: Report, device: str,
                     trust: TrustSpec | None) -> None:
-    runnable = 0
+    runnable, seen = 0, {}  # code -> the variant that ran it: a bundle may repeat one code image many times
     for v in bundle.variants:
         label = f"variant {v.index} {v.describe()}"
         problem = variant_problem(v, host) if device == "cpu" else \
@@ -137,6 +137,11 @@ def _check_variants(data: bytes, bundle: Bundle, host: Host, threads: int, repor
             report.add("skip", f"{label}: cannot run on this host ({problem})")
             continue
         runnable += 1
+        code = (v.kind, v.section.sha256, v.cubin and v.cubin.sha256, v.entry, v.kernels, v.fixups, v.launches)
+        if code in seen:
+            report.add("ok", f"{label}: the same code as variant {seen[code]}, checked there")
+            continue
+        seen[code] = v.index
         try:
             with load(data, threads=threads, host=host, verify_weights=True, variant=v.index, device=device,
                       trust=trust) as m:
