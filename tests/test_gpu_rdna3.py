@@ -73,9 +73,9 @@ def test_decoder_agrees_with_llvm_objdump(wmma_code):
 
 
 @pytest.fixture(scope="module")
-def wmma_code():
+def wmma_code(llvm_workers):
     g = WmmaGemm(32, 48, 64)
-    return g, compile_wmma_gemm(g, GpuTarget("gfx1100"))
+    return g, compile_wmma_gemm(g, GpuTarget("gfx1100"), llvm_workers)
 
 
 def _run_wmma(g: WmmaGemm, code: bytes, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Emulator:
@@ -105,11 +105,11 @@ def test_access_outside_device_memory_fails_loudly(wmma_code):
         _run_wmma(g, code, a, b, too_small)
 
 
-def test_wmma_gemm_refuses_what_it_cannot_do():
+def test_wmma_gemm_refuses_what_it_cannot_do(llvm_workers):
     with pytest.raises(CodegenError, match="multiple of 16"):
-        compile_wmma_gemm(WmmaGemm(20, 16, 16), GpuTarget("gfx1100"))
+        compile_wmma_gemm(WmmaGemm(20, 16, 16), GpuTarget("gfx1100"), llvm_workers)
     with pytest.raises(CodegenError, match="gfx942 has no gfx11 WMMA"):
-        compile_wmma_gemm(WmmaGemm(16, 16, 16), GpuTarget("gfx942"))
+        compile_wmma_gemm(WmmaGemm(16, 16, 16), GpuTarget("gfx942"), llvm_workers)
 
 
 def test_unknown_instruction_fails_loudly():

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from svodc.codegen.compile import LLVMJob, run_jobs
 from svodc.codegen.gpu_tools import check_amd_code_object, link_amd_code_object
+from svodc.codegen.worker import WorkerPool
 from svodc.errors import CodegenError
 from svodc.gpu_target import GpuTarget
 
@@ -107,13 +108,13 @@ def wmma_gemm_ir(g: WmmaGemm) -> str:
     return "\n".join(lines) + "\n"
 
 
-def compile_wmma_gemm(g: WmmaGemm, target: GpuTarget, opt_level: int = 2) -> bytes:
-    """The loadable code object (ET_DYN, HSA v5) holding the kernel, for a gfx11 target."""
+def compile_wmma_gemm(g: WmmaGemm, target: GpuTarget, workers: WorkerPool, opt_level: int = 2) -> bytes:
+    """The loadable code object (ET_DYN, HSA v5) holding the kernel, for a gfx11 target (LLVM on `workers`)."""
     if target.cpu not in WMMA_ARCHS:
         raise CodegenError(f"WMMA GEMM: {target.cpu} has no gfx11 WMMA instructions (targets: {', '.join(WMMA_ARCHS)})")
     job = LLVMJob(f"WMMA GEMM for {target.describe()}", wmma_gemm_ir(g), target.triple, target.cpu,
                   target.llvm_features + ",+wavefrontsize32", opt_level, "small", False, set_datalayout=True)
-    (obj, _), = run_jobs([job], 1)
+    (obj, _), = run_jobs([job], workers)
     so = link_amd_code_object(obj, job.name)
     check_amd_code_object(so, target.cpu, {SYMBOL: 3})
     return so
