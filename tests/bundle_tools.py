@@ -45,10 +45,10 @@ def with_wrong_test_vector(data: bytes) -> bytes:
     return repack(data, m)
 
 
-def old_runtime_load(commit: str, minor: int, bundle: bytes, tmp_path) -> str:
-    """Load `bundle` with the svodrt of `commit` (this repository's history; a format 1.`minor` runtime)
-    in a fresh interpreter: what it prints (the BundleFormatError it raises, or nothing). Skips when
-    the commit is not in this checkout's history."""
+def run_old_runtime(commit: str, minor: int, script: str, tmp_path) -> str:
+    """Run `script` (argv[1]: tmp_path) in a fresh interpreter that imports the svodrt of `commit` (this
+    repository's history; a format 1.`minor` runtime) from tmp_path: what it prints. Skips when the
+    commit is not in this checkout's history."""
     import subprocess
     import sys
     import tarfile
@@ -64,18 +64,25 @@ def old_runtime_load(commit: str, minor: int, bundle: bytes, tmp_path) -> str:
                     f"{r.stderr.decode(errors='replace').strip()[:200]}")
     with tarfile.open(fileobj=BytesIO(r.stdout)) as tar:
         tar.extractall(tmp_path, filter="data")
-    (tmp_path / "b.svod").write_bytes(bundle)
     script = f"""
 import svodrt, sys
 assert svodrt.__file__.startswith(sys.argv[1]), svodrt.__file__
 from svodrt.format import FORMAT_MINOR
 assert FORMAT_MINOR == {minor}
-try:
-    svodrt.load(sys.argv[1] + "/b.svod")
-except svodrt.BundleFormatError as e:
-    print(e)
-"""
+""" + script
     out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
                          cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)}, timeout=120)
     assert out.returncode == 0, out.stderr
     return out.stdout
+
+
+def old_runtime_load(commit: str, minor: int, bundle: bytes, tmp_path) -> str:
+    """Load `bundle` with the svodrt of `commit` (a format 1.`minor` runtime) in a fresh interpreter:
+    what it prints (the BundleFormatError it raises, or nothing)."""
+    (tmp_path / "b.svod").write_bytes(bundle)
+    return run_old_runtime(commit, minor, """
+try:
+    svodrt.load(sys.argv[1] + "/b.svod")
+except svodrt.BundleFormatError as e:
+    print(e)
+""", tmp_path)

@@ -234,39 +234,22 @@ FORMAT_1_0_COMMIT = "96fc5d7"  # main just before format 1.2: its svodrt is a fo
 def test_a_format_1_0_runtime_runs_the_cpu_variant_and_refuses_gpu_ones(small_model, tmp_path):
     """Compatibility promise of 1.2 (docs/bundle-format.md): an older runtime reads a fat CPU + GPU bundle
     and runs its CPU variant; a GPU-only bundle it refuses by architecture, with its usual message."""
-    import subprocess
-    import sys
-    import tarfile
-    from io import BytesIO
-    from pathlib import Path
+    from tests.bundle_tools import run_old_runtime
 
-    root = Path(__file__).resolve().parent.parent
-    r = subprocess.run(["git", "-C", str(root), "archive", FORMAT_1_0_COMMIT, "svodrt"], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"the format 1.0 runtime (commit {FORMAT_1_0_COMMIT}) is not in this checkout's history: "
-                    f"{r.stderr.decode(errors='replace').strip()[:200]}")
-    with tarfile.open(fileobj=BytesIO(r.stdout)) as tar:
-        tar.extractall(tmp_path, filter="data")
     model, feeds = small_model
     (tmp_path / "fat.svod").write_bytes(svodc.compile(model, target="x86_64,sm_90,gfx942"))
     (tmp_path / "gpu.svod").write_bytes(svodc.compile(model, target="sm_90"))
     np.save(tmp_path / "x.npy", feeds["x"])
-    script = """
-import numpy as np, svodrt, sys
-assert svodrt.__file__.startswith(sys.argv[1]), svodrt.__file__
-from svodrt.format import FORMAT_MINOR
-assert FORMAT_MINOR == 0
+    out = run_old_runtime(FORMAT_1_0_COMMIT, 0, """
+import numpy as np
 with svodrt.load(sys.argv[1] + "/fat.svod") as m:
     np.save(sys.argv[1] + "/y.npy", m.run({"x": np.load(sys.argv[1] + "/x.npy")})["y"])
 try:
     svodrt.load(sys.argv[1] + "/gpu.svod")
 except svodrt.UnsupportedHostError as e:
     print(e)
-"""
-    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
-                         cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)}, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert "nvptx64:sm_90 (architecture nvptx64)" in out.stdout
+""", tmp_path)
+    assert "nvptx64:sm_90 (architecture nvptx64)" in out
     with svodrt.load(tmp_path / "fat.svod") as m:
         np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), m.run(feeds)["y"])
 

@@ -147,3 +147,23 @@ def test_unknown_providers_fall_back_to_cpu_aloud(paths):
     with pytest.warns(UserWarning, match="using CPUExecutionProvider"):
         sess = svodrt.InferenceSession(paths[1], providers=["CUDAExecutionProvider"])
     assert sess.get_providers() == ["CPUExecutionProvider"]
+
+
+def test_session_decodes_string_and_zipmap_outputs_as_load_does():
+    """String labels and ZipMap (format 1.6) come back decoded from InferenceSession.run too."""
+    from tests.test_golden import ARTIFACTS
+
+    path = ARTIFACTS / "v1.6" / "labels_and_maps.svod"
+    feeds = {k.removeprefix("input."): v for k, v in np.load(path.with_suffix(".expected.npz")).items()
+             if k.startswith("input.")}
+    with svodrt.load(path, threads=1) as m:
+        want = m.run(feeds)
+    s = svodrt.InferenceSession(str(path))
+    got = s.run(None, feeds)
+    names = [o.name for o in s.get_outputs()]
+    assert any(isinstance(want[n], list) for n in names)  # a ZipMap output: a list of dicts
+    for name, g in zip(names, got, strict=True):
+        if isinstance(want[name], list):
+            assert g == want[name]
+        else:
+            np.testing.assert_array_equal(g, want[name])
