@@ -28,7 +28,6 @@ from svodc.errors import BundleError, OutputWriteError, TargetError
 from svodc.frontend.importer import ModelSource, import_model, load_model
 from svodc.gpu_target import GpuTarget, parse_targets
 from svodc.options import CompileOptions
-from svodc.passes.dynamic import DynamicShapeError
 from svodc.passes.pipeline import build_program
 from svodc.policy import OptimizationPolicy, check_policy_names, policy_for
 from svodc.testvec import build_test_vectors
@@ -92,10 +91,6 @@ def _compile_parts(model: ModelSource, target: str, options: CompileOptions | No
     images = []
     gpus = [t for t in targets if isinstance(t, GpuTarget)]
     gpu_images = []
-    if gpus and program.dims:
-        names = ", ".join(t.describe() for t in gpus)
-        raise DynamicShapeError(f"bounded dims {[d.name for d in program.dims]}: GPU variants ({names}) take fixed "
-                                "dims only for now; fix them with --dim NAME=N")
     with borrow(workers, worker_count(options)) as pool:
         for t in targets:
             if not isinstance(t, GpuTarget):

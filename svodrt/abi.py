@@ -40,3 +40,11 @@ SYNC_SIZE = 64
 SYNC_YIELD = 8  # void (*)(void): the host's sched_yield, called by a thread that has spun long enough
 SYNC_NEXT = 16  # uint32: the work queue's next ticket to claim (svodc/codegen/module.py)
 SYNC_DONE = 20  # uint32: tickets finished; kernel i starts when every ticket of kernels < i is done
+
+
+
+def launch_blocks(grid: int, values: int, bounds: int) -> int:
+    """Blocks of a GPU launch that lists dims (bounded dims: every kernel takes `dims`' device address after its
+    buffers): its grid at the bounds times values / bounds (the products of those dims' values and upper bounds),
+    rounded up. The kernel computes the same count and strides over the rest: the count only affects speed."""
+    return -(-grid * values // bounds)

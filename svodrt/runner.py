@@ -76,6 +76,13 @@ class Runner:
                 result[name] = normalize(np.array(strings_of(t, feeds[source]), dtype=object).reshape(t.shape), **attrs)
         return result
 
+    def _prepare(self, feeds: MappingT[str, object]) -> tuple[list[np.ndarray], object]:
+        """The checked inputs as the code reads them and the `dims` array (None: static)."""
+        arrays, ins = self.check_inputs(feeds), self.bundle.inputs
+        if not self.bundle.dims:
+            return arrays, None
+        return [at_bound(t, a) for t, a in zip(ins, arrays, strict=True)], dim_values(ins, arrays, self.bundle.dims)
+
     def check_inputs(self, feeds: MappingT[str, object]) -> list[np.ndarray]:
         """Validate a feed dict against the model's inputs; returns the arrays the code will read, in
         input order (C-contiguous and aligned: copied if they were not)."""

@@ -204,9 +204,16 @@ def test_cli_takes_ranges_and_fixed_sizes(tmp_path):
     assert r.returncode == 1 and "--dim N=1..64" in r.stderr and "--input-shape x=1..64x1..64" in r.stderr
 
 
-def test_gpu_targets_refuse_bounded_dims_for_now(cnn):
-    with pytest.raises(DynamicShapeError, match="GPU variants"):
-        svodc.compile(_cnn(), target="host,sm_90", dims={"N": (1, 9)})
+def test_gpu_targets_compile_bounded_dims(cnn):
+    """Every GPU kernel then takes `dims`, and the launches that scale with N list it (the stand-in driver and
+    the RDNA3 emulator run such bundles: tests/test_gpu_runtime.py, tests/test_gpu_rdna3.py)."""
+    from svodrt.bundle import parse_bundle
+
+    bundle = parse_bundle(svodc.compile(_cnn(), target="host,sm_90,sm_80,gfx942,gfx1100", dims={"N": (1, 9)}))
+    gpus = [v for v in bundle.variants if v.kind != "cpu"]
+    assert [v.cpu for v in gpus] == ["sm_90", "sm_80", "gfx942", "gfx1100"]
+    for v in gpus:
+        assert any(x.dims == (0,) for x in v.launches) and all(x.dims in ((), (0,)) for x in v.launches)
 
 
 FORMAT_1_4_COMMIT = "581609a"  # main just before format 1.5: its svodrt is a format 1.4 runtime

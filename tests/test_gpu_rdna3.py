@@ -67,6 +67,22 @@ def test_small_model_runs_in_the_emulator(emulated_hip, small_gfx1100):
         np.testing.assert_array_equal(value, one_at_a_time[name])
 
 
+def test_a_bounded_batch_runs_in_the_emulator_at_two_sizes(emulated_hip):
+    """One gfx1100 bundle with N in 1..4 (tests/test_dynamic.py's model: a conv GEMM over a run-time batch,
+    pooling, a Gemm, Softmax): its machine code reads N from `dims` and runs at N=1 and N=3."""
+    import svodc
+    from tests.test_dynamic import _cnn, _feeds
+
+    model, options = _cnn(), CompileOptions(dims={"N": (1, 4)})
+    image = _gfx1100(lower(model, options), options)
+    bundle = svodc.compile(model, target="gfx1100", options=options)
+    for n in (1, 3):
+        feeds = _feeds(n)
+        got = run_in_emulator(emulated_hip, bundle, image.code, feeds)
+        assert_close(got, reference(model, feeds))
+        assert got["z"].shape == (n, 10)
+
+
 @OBJDUMP
 def test_decoder_agrees_with_llvm_objdump(wmma_code):
     assert mismatches(wmma_code[1]) == []  # and every model's code object, in _gfx1100

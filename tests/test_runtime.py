@@ -183,7 +183,7 @@ def test_code_fixups_are_relocated_checked_and_the_image_made_read_execute():
 RUNTIME_BUDGET = 2_000  # lines in svodrt/*.py (`wc -l`): ../shared/DESIGN.md, issue 11's acceptance
 # The count today, within the budget since issue 11 moved the GPU executor to svodrt_gpu/: a change that adds
 # lines raises this by what it adds (and says so), never past the budget.
-RUNTIME_LINES_NOW = 1_989
+RUNTIME_LINES_NOW = 1_999
 
 
 def _runtime_lines() -> int:

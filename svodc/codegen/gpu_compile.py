@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from svodc.codegen.compile import LLVMJob, prepare_kernel, run_jobs
 from svodc.codegen.elf import read_object
-from svodc.codegen.gpu_emit import GpuEmitter, Launch, map_launch
+from svodc.codegen.gpu_emit import GpuEmitter, Launch, map_launch, scaling_dims
 from svodc.codegen.gpu_gemm import gemm_launch
 from svodc.codegen.gpu_tools import assemble_ptx, check_amd_code_object, link_amd_code_object
 from svodc.codegen.link import CodeImage, link
@@ -48,21 +48,25 @@ class Statement:
     nparams: int
 
 
-def _store_total(stmt: UOp) -> int:
-    return math.prod(int(r.src[0].arg) for r in output_ranges(stmt))
+def _map_launch(ki: int, symbol: str, stmt: UOp, serial: bool, with_dims: bool) -> Launch | None:
+    extents = [r.src[0] for r in output_ranges(stmt)]
+    return map_launch(ki, symbol, math.prod(int(e.vmax) for e in extents), serial,
+                      scaling_dims(extents) if with_dims else None)
 
 
 def plan_statements(program: Program, check_ir: bool = False) -> list[Statement]:
     """Every statement of every kernel (after the target-level rewrites) with its launch, in execution
-    order. Symbols are ours (`svod_k<kernel>_<statement>`): PTX allows no '.' in names."""
+    order. Symbols are ours (`svod_k<kernel>_<statement>`): PTX allows no '.' in names. With bounded
+    dims, every kernel takes `dims` after its buffers (Launch.dims)."""
     out = []
+    with_dims = bool(program.dims)
     for ki, kernel in enumerate(program.kernels):
         k = prepare_kernel(kernel, check_ir=check_ir)
         serial = getattr(k.ast.arg, "serial", False)
         for si, stmt in enumerate(k.ast.src):
             symbol = f"svod_k{ki}_{si}"
-            launch = gemm_launch(ki, symbol, stmt.arg) if stmt.op is Ops.GEMM else \
-                map_launch(ki, symbol, _store_total(stmt), serial)
+            launch = gemm_launch(ki, symbol, stmt.arg, with_dims) if stmt.op is Ops.GEMM else \
+                _map_launch(ki, symbol, stmt, serial, with_dims)
             if launch is not None:
                 out.append(Statement(launch, stmt, len(kernel.params)))
     return out
@@ -114,7 +118,8 @@ def compile_gpu_programs(program: Program, targets: list[GpuTarget], options: Co
             images.append(GpuImage(t, asm.encode() + b"\0", assemble_ptx(asm, t.cpu, what), launches))
         else:
             so = link_amd_code_object(obj, what)
-            check_amd_code_object(so, t.cpu, {s.launch.symbol: s.nparams for s in statements})
+            check_amd_code_object(so, t.cpu, {s.launch.symbol: s.nparams + (s.launch.dims is not None)
+                                              for s in statements})
             images.append(GpuImage(t, so, None, launches))
     return images
 

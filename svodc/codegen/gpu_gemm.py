@@ -13,6 +13,10 @@ protects the tiles from the next step's loads. Last, every thread stores its ele
 the epilogue STORE on each of them (the epilogue reads C only at the element it writes, see
 passes/lower_gemm.py), bound to that element's (batch, m, n).
 
+Bounded dims (GemmArg.batch_var, m_var, n_var, k_var): the sizes come from `dims`, the block count
+scales with them (Launch.dims), and each block strides over the run-time tiles (any block count is
+then correct); staging, the k steps and the stores are bounded by the run-time sizes.
+
 Operand addressing follows GemmOperand: strided views, or constants packed in panels at compile
 time (svodc/gemm_plan.py: A_PANEL rows of A, B_PANEL columns of B and of a transposed GEMM's A). The
 panel layout was chosen for the CPU micro-kernels; the GPU kernel just indexes it. Tile sizes and
@@ -21,11 +25,13 @@ the block count come from the same plan.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from svodc.codegen.gpu_emit import GpuEmitter, Launch, loop_range
 from svodc.codegen.llvm_gemm import operand_offset
 from svodc.gemm_plan import B_PANEL, GPU_BM, GPU_BN, GPU_TK, a_panel, gpu_plan
 from svodc.ir.dtypes import dtypes
-from svodc.ir.ops import GemmArg, GemmOperand
+from svodc.ir.ops import GemmArg, GemmOperand, VarArg
 from svodc.ir.uop import UOp
 
 BM, BN, TK = GPU_BM, GPU_BN, GPU_TK
@@ -37,9 +43,38 @@ RM, RN = BM // SIDE, BN // SIDE
 KK_UNROLL = 2
 
 
-def gemm_launch(kernel: int, symbol: str, arg: GemmArg) -> Launch | None:
+def gemm_launch(kernel: int, symbol: str, arg: GemmArg, with_dims: bool = False) -> Launch | None:
     blocks = gpu_plan(arg).blocks
-    return Launch(kernel, symbol, blocks, THREADS) if blocks else None
+    dims = tuple((v.slot, v.hi) for v in (arg.batch_var, arg.m_var, arg.n_var) if v is not None)
+    return Launch(kernel, symbol, blocks, THREADS, dims if with_dims else None) if blocks else None
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """A GEMM's m, n, k and batch sizes as i64 values: constants, or read from `dims` (bounded dims)."""
+
+    m: str
+    n: str
+    k: str
+    batch: tuple[str, ...]
+
+    @staticmethod
+    def of(em: GpuEmitter, arg: GemmArg) -> Sizes:
+        def size(var: VarArg | None, static: int) -> str:
+            return str(static) if var is None else em.dim_value(var.slot)
+        batch = (size(arg.batch_var, arg.batch[0]), *map(str, arg.batch[1:])) if arg.batch else ()
+        return Sizes(size(arg.m_var, arg.m), size(arg.n_var, arg.n), size(arg.k_var, arg.k), batch)
+
+
+def _ceil_div(em: GpuEmitter, v: str, d: int) -> str:
+    if v.isdigit():
+        return str(-(-int(v) // d))
+    top = em.stack[0]
+    return em.emit_line(top, f"udiv i64 {em.emit_line(top, f'add nuw nsw i64 {v}, {d - 1}')}, {d}")
+
+
+def _minus_one(em: GpuEmitter, v: str) -> str:
+    return str(int(v) - 1) if v.isdigit() else em.emit_line(em.stack[0], f"sub nsw i64 {v}, 1")
 
 
 def _strided(em: GpuEmitter, op: GemmOperand, base: str, row: str, col: str) -> str:
@@ -60,13 +95,14 @@ def _panel(em: GpuEmitter, base: str, lane: str, kk: str, panel: int, k: int) ->
     return line(sc, f"add nsw i64 {base}, {line(sc, f'add nuw nsw i64 {po}, {inner}')}")
 
 
-def _stage(em: GpuEmitter, arg: GemmArg, which: str, param: str, base: str, tile: str, tile_t: str,
+def _stage(em: GpuEmitter, arg: GemmArg, size: Sizes, which: str, param: str, base: str, tile: str, tile_t: str,
            r0: str, c0: str) -> None:
     """Every thread copies its share of one operand tile into shared memory (zero outside the operand).
     A tile: BM rows (m) x TK columns (k); B tile: TK rows (k) x BN columns (n); both row-major."""
-    line, sc = em.emit_line, em.stack[-1]
     rows, cols = (BM, TK) if which == "a" else (TK, BN)
-    limit_r, limit_c = (arg.m, arg.k) if which == "a" else (arg.k, arg.n)
+    limit_r, limit_c = (size.m, size.k) if which == "a" else (size.k, size.n)
+    last_r, last_c = _minus_one(em, limit_r), _minus_one(em, limit_c)
+    line, sc = em.emit_line, em.stack[-1]
     t = em.value(em.tid_r)
     for e in range(rows * cols // THREADS):
         idx = line(sc, f"add nuw nsw i64 {t}, {e * THREADS}")
@@ -74,8 +110,8 @@ def _stage(em: GpuEmitter, arg: GemmArg, which: str, param: str, base: str, tile
         c = line(sc, f"add nuw nsw i64 {c0}, {line(sc, f'urem i64 {idx}, {cols}')}")
         ok_r = line(sc, f"icmp ult i64 {r}, {limit_r}")
         ok_c = line(sc, f"icmp ult i64 {c}, {limit_c}")
-        rc = line(sc, f"select i1 {ok_r}, i64 {r}, i64 {limit_r - 1}")  # clamped: the load is always in bounds
-        cc = line(sc, f"select i1 {ok_c}, i64 {c}, i64 {limit_c - 1}")
+        rc = line(sc, f"select i1 {ok_r}, i64 {r}, i64 {last_r}")  # clamped: the load is always in bounds
+        cc = line(sc, f"select i1 {ok_c}, i64 {c}, i64 {last_c}")
         if which == "a" and arg.a.packed:  # A (m, k); a transposed GEMM packs A like B (B_PANEL rows)
             off = _panel(em, base, rc, cc, a_panel(arg), arg.k)
         elif which == "b" and arg.b.packed:  # B (k, n)
@@ -125,8 +161,8 @@ def _accumulate(em: GpuEmitter, a_tile: str, a_t: str, b_tile: str, b_t: str, ac
     em.close_loop()
 
 
-def _store(em: GpuEmitter, arg: GemmArg, pc: str, c_base: str, m0: str, n0: str, batch: list[str], acc: str,
-           epilogue: UOp | None, ranges: tuple[UOp, ...]) -> None:
+def _store(em: GpuEmitter, arg: GemmArg, size: Sizes, pc: str, c_base: str, m0: str, n0: str, batch: list[str],
+           acc: str, epilogue: UOp | None, ranges: tuple[UOp, ...]) -> None:
     """Every thread writes its elements of C that lie inside C, each followed by the epilogue. A loop
     over the thread's RM x RN elements, so the epilogue's code exists once (not RM x RN times); the
     element's value is picked from the accumulators (registers) by a chain of selects."""
@@ -144,7 +180,7 @@ def _store(em: GpuEmitter, arg: GemmArg, pc: str, c_base: str, m0: str, n0: str,
     j = line(sc, f"mul nuw nsw i64 {line(sc, f'urem i64 {c}, {RN}')}, {SIDE}")
     m = line(sc, f"add nuw nsw i64 {m0}, {line(sc, f'add nuw nsw i64 {ty}, {i}')}")
     n = line(sc, f"add nuw nsw i64 {n0}, {line(sc, f'add nuw nsw i64 {tx}, {j}')}")
-    inside = line(sc, f"and i1 {line(sc, f'icmp ult i64 {m}, {arg.m}')}, {line(sc, f'icmp ult i64 {n}, {arg.n}')}")
+    inside = line(sc, f"and i1 {line(sc, f'icmp ult i64 {m}, {size.m}')}, {line(sc, f'icmp ult i64 {n}, {size.n}')}")
     k = em.fresh_label()
     sc.lines += [f"  br i1 {inside}, label %E{k}.in, label %E{k}.out", f"E{k}.in:"]
     off = _strided(em, arg.c, c_base, m, n)
@@ -173,9 +209,16 @@ def emit_gpu_gemm(em: GpuEmitter, node: UOp) -> None:
     a_tile, a_t = em.shared("As", BM * TK)
     b_tile, b_t = em.shared("Bs", TK * BN)
     acc = em.private_array(RM * RN)
+    size = Sizes.of(em, arg)
+    steps = _ceil_div(em, size.k, TK)
+    loop_sizes = (_ceil_div(em, size.n, BN), _ceil_div(em, size.m, BM), *reversed(size.batch))
     with em.blocks():
+        tile = em.value(em.bid_r)
+        if arg.runtime:  # the block strides over the run-time tiles
+            em.open_loop(loop_range(-8, plan.blocks), tile, em.product(list(loop_sizes)), em.grid_value())
+            tile = em.stack[-1].ivar
         sc = em.stack[-1]
-        tn, tm, *batch = em.split_index(sc, em.value(em.bid_r), plan.loop_sizes)
+        tn, tm, *batch = em.split_flat(sc, tile, list(reversed(loop_sizes)))
         batch.reverse()
         m0 = line(sc, f"mul nuw nsw i64 {tm}, {BM}")
         n0 = line(sc, f"mul nuw nsw i64 {tn}, {BN}")
@@ -184,15 +227,17 @@ def emit_gpu_gemm(em: GpuEmitter, node: UOp) -> None:
         with em.threads():
             for i in range(RM * RN):
                 em.stack[-1].lines.append(f"  store float 0.0, {pt} {em.private_slot(acc, RM * RN, i)}, align 4")
-        em.open_loop(loop_range(-5, plan.steps), "0", str(plan.steps))
+        em.open_loop(loop_range(-5, plan.steps), "0", steps)
         k0 = line(em.stack[-1], f"mul nuw nsw i64 {em.stack[-1].ivar}, {TK}")
         with em.threads():
-            _stage(em, arg, "a", pa, a_base, a_tile, a_t, m0, k0)
-            _stage(em, arg, "b", pb, b_base, b_tile, b_t, k0, n0)
+            _stage(em, arg, size, "a", pa, a_base, a_tile, a_t, m0, k0)
+            _stage(em, arg, size, "b", pb, b_base, b_tile, b_t, k0, n0)
         em.barrier()
         with em.threads():
             _accumulate(em, a_tile, a_t, b_tile, b_t, acc)
         em.barrier()  # the next step overwrites the tiles
         em.close_loop()
         with em.threads():
-            _store(em, arg, pc, c_base, m0, n0, batch, acc, epilogue, ranges)
+            _store(em, arg, size, pc, c_base, m0, n0, batch, acc, epilogue, ranges)
+        if arg.runtime:
+            em.close_loop()
