@@ -109,11 +109,14 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--sign", "sign_key", type=click.Path(exists=True, dir_okay=False), metavar="KEY.pem",
               help="Sign the bundle with this Ed25519 private key (PEM; needs svod[sign]); load it with "
                    "`svodrt run --trust PUBKEY.pem`.")
+@click.option("--precision", type=click.Choice(["fp32", "f16", "bf16"]), default="fp32", show_default=True,
+              help="Store GEMM weights as float16/bfloat16 (GPU targets; float32 accumulation); prints the max "
+                   "error against fp32.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success.")
 @click.option("-v", "--verbose", is_flag=True, help="Print each stage as it finishes (default on a terminal).")
 def compile(model: str, output: str | None, target: str, dims: tuple[str, ...], shapes: tuple[str, ...],
             values: tuple[str, ...], weights: tuple[str, ...], opt_level: int, jobs: int,
-            test_vectors: bool | None, sign_key: str | None, quiet: bool, verbose: bool) -> None:
+            test_vectors: bool | None, sign_key: str | None, precision: str, quiet: bool, verbose: bool) -> None:
     """Compile MODEL (.onnx) into a .svod bundle."""
     from svodc.api import compile_to_file
     from svodc.options import CompileOptions
@@ -125,12 +128,13 @@ def compile(model: str, output: str | None, target: str, dims: tuple[str, ...], 
     value_map = {n: _npy(v) for n, v in _pairs(values, "--input-value")}
     out = Path(output) if output else Path(model).with_suffix(".svod")
     options = CompileOptions(dims=dim_map, input_shapes=shape_map, input_values=value_map, weights=tuple(weights),
-                             opt_level=opt_level, jobs=jobs, test_vectors=test_vectors, sign_key=sign_key)
+                             opt_level=opt_level, jobs=jobs, test_vectors=test_vectors, sign_key=sign_key,
+                             precision=precision)
     t0 = time.perf_counter()
     show = not quiet and (verbose or sys.stderr.isatty())
 
     def progress(line: str) -> None:
-        if show or (not quiet and line.startswith("warning:")):
+        if show or (not quiet and line.startswith(("warning:", "precision "))):
             click.echo(f"  {line}", err=True)
 
     bar = _KernelBar() if not quiet and sys.stderr.isatty() else None

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from svodc.codegen.gpu_emit import GpuEmitter, Launch, loop_range
 from svodc.codegen.llvm_gemm import operand_offset
 from svodc.gemm_plan import B_PANEL, GPU_BM, GPU_BN, GPU_TK, a_panel, gpu_plan
-from svodc.ir.dtypes import dtypes
+from svodc.ir.dtypes import DType, dtypes
 from svodc.ir.ops import GemmArg, GemmOperand, VarArg
 from svodc.ir.uop import UOp
 
@@ -95,8 +95,35 @@ def _panel(em: GpuEmitter, base: str, lane: str, kk: str, panel: int, k: int) ->
     return line(sc, f"add nsw i64 {base}, {line(sc, f'add nuw nsw i64 {po}, {inner}')}")
 
 
-def _stage(em: GpuEmitter, arg: GemmArg, size: Sizes, which: str, param: str, base: str, tile: str, tile_t: str,
-           r0: str, c0: str) -> None:
+F16_TO_F32_SCALE = "0x46F0000000000000"  # 2^112: a float16's bits << 13 as a float32, times this, is its value
+
+
+def load_float(em: GpuEmitter, param: str, off: str, elem: DType) -> str:
+    """Element `off` of an operand as a float32 value: float32, or float16 / bfloat16 weights (--precision)
+    widened exactly. float16 on the x86 emulation by integer code (LLVM would call a runtime helper there)."""
+    line, sc = em.emit_line, em.stack[-1]
+    if elem is dtypes.float32:
+        return line(sc, f"load float, ptr {line(sc, f'getelementptr inbounds float, ptr {param}, i64 {off}', 'ptr')}")
+    h = line(sc, f"load i16, ptr {line(sc, f'getelementptr inbounds i16, ptr {param}, i64 {off}', 'ptr')}, align 2")
+    if elem is dtypes.bfloat16:  # the high half of a float32
+        wide = line(sc, f"zext i16 {h} to i32")
+        return line(sc, f"bitcast i32 {line(sc, f'shl i32 {wide}, 16')} to float")
+    assert elem is dtypes.float16, elem
+    if not em.emulated:
+        return line(sc, f"fpext half {line(sc, f'bitcast i16 {h} to half')} to float")
+    x = line(sc, f"zext i16 {h} to i32")
+    mag = line(sc, f"and i32 {x}, 32767")
+    shifted = line(sc, f"shl i32 {mag}, 13")
+    scaled = line(sc, f"fmul float {line(sc, f'bitcast i32 {shifted} to float')}, {F16_TO_F32_SCALE}")
+    special = line(sc, f"or i32 {shifted}, 2139095040")  # exponent 31 (inf, NaN) -> 255
+    bits = line(sc, f"select i1 {line(sc, f'icmp uge i32 {mag}, 31744')}, i32 {special}, "
+                    f"i32 {line(sc, f'bitcast float {scaled} to i32')}")
+    sign = line(sc, f"shl i32 {line(sc, f'and i32 {x}, 32768')}, 16")
+    return line(sc, f"bitcast i32 {line(sc, f'or i32 {bits}, {sign}')} to float")
+
+
+def _stage(em: GpuEmitter, arg: GemmArg, size: Sizes, which: str, param: str, elem: DType, base: str, tile: str,
+           tile_t: str, r0: str, c0: str) -> None:
     """Every thread copies its share of one operand tile into shared memory (zero outside the operand).
     A tile: BM rows (m) x TK columns (k); B tile: TK rows (k) x BN columns (n); both row-major."""
     rows, cols = (BM, TK) if which == "a" else (TK, BN)
@@ -118,8 +145,7 @@ def _stage(em: GpuEmitter, arg: GemmArg, size: Sizes, which: str, param: str, ba
             off = _panel(em, base, cc, rc, B_PANEL, arg.k)
         else:
             off = _strided(em, arg.a if which == "a" else arg.b, base, rc, cc)
-        p = line(sc, f"getelementptr inbounds float, ptr {param}, i64 {off}", "ptr")
-        v = line(sc, f"load float, ptr {p}, align 4")
+        v = load_float(em, param, off, elem)
         ok = line(sc, f"and i1 {ok_r}, {ok_c}")
         v = line(sc, f"select i1 {ok}, float {v}, float 0.0")
         sp = line(sc, f"getelementptr inbounds float, {tile_t} {tile}, i64 {idx}", "ptr")
@@ -200,7 +226,9 @@ def _store(em: GpuEmitter, arg: GemmArg, size: Sizes, pc: str, c_base: str, m0: 
 
 def emit_gpu_gemm(em: GpuEmitter, node: UOp) -> None:
     arg: GemmArg = node.arg
-    assert all(x.dtype.base is dtypes.float32 for x in node.src[:3]), "GEMM kernels are float32"
+    elem_a, elem_b, elem_c = (x.dtype.base for x in node.src[:3])
+    assert elem_c is dtypes.float32 and {elem_a, elem_b} <= {dtypes.float32, dtypes.float16, dtypes.bfloat16}, \
+        "GEMM kernels compute in float32 (packed constants may be float16/bfloat16: --precision)"
     pa, pb, pc = (em.value(x) for x in node.src[:3])
     epilogue = node.src[3] if len(node.src) > 3 else None
     ranges = node.src[4:]
@@ -230,8 +258,8 @@ def emit_gpu_gemm(em: GpuEmitter, node: UOp) -> None:
         em.open_loop(loop_range(-5, plan.steps), "0", steps)
         k0 = line(em.stack[-1], f"mul nuw nsw i64 {em.stack[-1].ivar}, {TK}")
         with em.threads():
-            _stage(em, arg, size, "a", pa, a_base, a_tile, a_t, m0, k0)
-            _stage(em, arg, size, "b", pb, b_base, b_tile, b_t, k0, n0)
+            _stage(em, arg, size, "a", pa, elem_a, a_base, a_tile, a_t, m0, k0)
+            _stage(em, arg, size, "b", pb, elem_b, b_base, b_tile, b_t, k0, n0)
         em.barrier()
         with em.threads():
             _accumulate(em, a_tile, a_t, b_tile, b_t, acc)

@@ -17,7 +17,7 @@ from svodc.ir.provenance import Provenance
 from svodc.ir.rewrite import debug_level, graph_rewrite
 from svodc.ir.spec import verify
 from svodc.ir.uop import UOp, pretty
-from svodc.options import CompileOptions
+from svodc.options import PRECISIONS, CompileOptions
 from svodc.passes.buffers import Buffers
 from svodc.passes.contraction import pm_conv_to_matmul, pm_fold_into_conv
 from svodc.passes.decompose import decompose_matmul, pm_decompose
@@ -121,7 +121,8 @@ def build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimiz
         copy_from = written[plan.root] if plan.copy else None
         mm = None if plan.copy else find_matmul(plan.root, lambda n: n in realized or n.op in (Ops.INPUT, Ops.WEIGHT))
         if mm is not None:
-            ast, params = lower_gemm_kernel(name, plan.root, mm, out, buffers, policy, dyn)
+            ast, params = lower_gemm_kernel(name, plan.root, mm, out, buffers, policy, dyn,
+                                            getattr(dtypes, PRECISIONS[options.precision]))
         else:
             ast, params = lower_kernel(name, plan.root, out, buffers, policy, copy_from=copy_from, dyn=dyn)
         if not plan.copy:
