@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import svodrt
 from svodc.codegen.gpu_compile import compile_gpu_programs
 from svodc.codegen.gpu_wmma import SYMBOL, WmmaGemm, compile_wmma_gemm
 from svodc.errors import CodegenError
@@ -23,7 +24,7 @@ from svodc.options import CompileOptions
 from tests.gpu.harness import assert_close, gpu_bundle, lower
 from tests.gpu.rdna3.decode import UnknownInstruction, decode
 from tests.gpu.rdna3.objdump import find_objdump, mismatches
-from tests.gpu.rdna3.on_stub import run_in_emulator
+from tests.gpu.rdna3.on_stub import RDNA3Launcher, run_in_emulator
 from tests.gpu.rdna3.runner import CodeObject, Emulator
 from tests.gpu.rdna3.wave import Memory, MemoryFault
 from tests.light_models import dummy_inputs, random_weight_variant
@@ -81,6 +82,29 @@ def test_a_bounded_batch_runs_in_the_emulator_at_two_sizes(emulated_hip):
         got = run_in_emulator(emulated_hip, bundle, image.code, feeds)
         assert_close(got, reference(model, feeds))
         assert got["z"].shape == (n, 10)
+
+
+@pytest.mark.parametrize(("precision", "instruction", "tolerance"), [("f16", "v_wmma_f32_16x16x16_f16", 2e-3),
+                                                                    ("bf16", "v_wmma_f32_16x16x16_bf16", 2e-2)])
+def test_reduced_precision_gemms_run_on_the_matrix_units(emulated_hip, small_model, precision, instruction,
+                                                          tolerance):
+    """--precision on gfx1100: the model's GEMMs run on WMMA (weights stored in that type, activations
+    rounded to it, float32 accumulation); against onnxruntime's fp32 within the stated tolerance (softmax
+    outputs; f16 keeps 11 significant bits, bf16 8)."""
+    model, feeds = small_model
+    options = CompileOptions(precision=precision)
+    program = lower(model, options)
+    image = _gfx1100(program, options)
+    launcher = RDNA3Launcher(emulated_hip, image.code)
+    emulated_hip.set_launcher(launcher)
+    with svodrt.load(gpu_bundle(program, [image]), device="hip:0", graph=False) as m:
+        got = m.run(feeds)
+    assert not launcher.errors, launcher.errors[0]
+    ran = {ins.name for k in launcher.emulator.code.kernels.values() for _, ins, _ in k.decoded.values()}
+    assert instruction in ran
+    for (name, g), w in zip(got.items(), reference(model, feeds), strict=True):
+        err = float(np.abs(g - w).max())
+        assert 0.0 < err <= tolerance, (name, err)
 
 
 @OBJDUMP

@@ -20,6 +20,7 @@ from svodc.codegen.elf import read_object
 from svodc.codegen.gpu_emit import GpuEmitter, Launch, map_launch, scaling_dims
 from svodc.codegen.gpu_gemm import gemm_launch
 from svodc.codegen.gpu_tools import assemble_ptx, check_amd_code_object, link_amd_code_object
+from svodc.codegen.gpu_wmma import WMMA_ARCHS
 from svodc.codegen.link import CodeImage, link
 from svodc.codegen.llvm_ir import FN_ATTRS
 from svodc.codegen.worker import WorkerPool, borrow
@@ -72,11 +73,11 @@ def plan_statements(program: Program, check_ir: bool = False) -> list[Statement]
     return out
 
 
-def gpu_module(statements: list[Statement], backend: str, triple: str) -> str:
+def gpu_module(statements: list[Statement], backend: str, triple: str, wmma: bool = False) -> str:
     bodies, declares, globals_, metadata = [], set(), [], []
     md_ids = itertools.count(1)  # !0 is the module flag
     for s in statements:
-        em = GpuEmitter(s.launch.symbol, s.stmt, s.launch, backend, md_ids)
+        em = GpuEmitter(s.launch.symbol, s.stmt, s.launch, backend, md_ids, wmma)
         bodies.append(em.render(s.nparams))
         declares |= em.uses_intrinsics
         globals_ += em.globals
@@ -106,7 +107,8 @@ def compile_gpu_programs(program: Program, targets: list[GpuTarget], options: Co
     jobs = []
     for t in targets:
         backend = "nvptx" if t.kind == "cuda" else "amdgcn"
-        jobs.append(LLVMJob(f"kernels for {t.describe()}", gpu_module(statements, backend, t.triple), t.triple, t.cpu,
+        module = gpu_module(statements, backend, t.triple, t.cpu in WMMA_ARCHS)
+        jobs.append(LLVMJob(f"kernels for {t.describe()}", module, t.triple, t.cpu,
                             t.llvm_features, options.opt_level, "small", False, set_datalayout=True,
                             emit="assembly" if t.kind == "cuda" else "object"))
     with borrow(workers, options.jobs or len(jobs)) as pool:

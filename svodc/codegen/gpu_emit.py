@@ -86,7 +86,8 @@ def loop_range(uid: int, end: int) -> UOp:
 class GpuEmitter(KernelEmitter):
     """Emits one statement as one GPU kernel function for `backend`."""
 
-    def __init__(self, symbol: str, stmt: UOp, launch: Launch, backend: str, md_ids: Iterator[int]):
+    def __init__(self, symbol: str, stmt: UOp, launch: Launch, backend: str, md_ids: Iterator[int],
+                 wmma: bool = False):
         super().__init__(symbol, stmt, None)  # type: ignore[arg-type]  (the CPU target is not used)
         assert backend in BACKENDS
         self.backend = backend
@@ -100,6 +101,7 @@ class GpuEmitter(KernelEmitter):
         self.bid_r = loop_range(-2, launch.grid)
         self.tid_r = loop_range(-3, launch.block)
         self.emulated = backend == "emulate"
+        self.wmma = wmma  # gfx11 matrix units, for GEMMs with float16/bfloat16 weights (gpu_wmma.py)
 
     # ------------------------------------------------------------------ ids, phases, memory
     def extent(self, r: UOp) -> str:

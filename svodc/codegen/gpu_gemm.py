@@ -1,6 +1,6 @@
-"""GPU code for GEMM nodes: a shared-memory tiled kernel (the first correct version; the matrix units
--- MFMA, WMMA, mma.sync -- are not used by it; gpu_wmma.py is a first float16 WMMA kernel for gfx11,
-not yet wired into model compilation).
+"""GPU code for GEMM nodes: a shared-memory tiled kernel (the first correct version) on the vector ALUs;
+on gfx11 with float16/bfloat16 weights (--precision) its inner products run on the matrix units instead
+(gpu_wmma.accumulate_wmma; MFMA and mma.sync are not used).
 
 C[b, m, n] = sum_k A[b, m, k] * B[b, k, n]. One block of THREADS = 16 x 16 threads computes a
 BM x BN = 64 x 64 tile of C; thread (ty, tx) = (t / 16, t % 16) owns the 4 x 4 elements
@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from svodc.codegen.gpu_emit import GpuEmitter, Launch, loop_range
+from svodc.codegen.gpu_wmma import accumulate_wmma, wmma_position
 from svodc.codegen.llvm_gemm import operand_offset
 from svodc.gemm_plan import B_PANEL, GPU_BM, GPU_BN, GPU_TK, a_panel, gpu_plan
 from svodc.ir.dtypes import DType, dtypes
@@ -187,13 +188,22 @@ def _accumulate(em: GpuEmitter, a_tile: str, a_t: str, b_tile: str, b_t: str, ac
     em.close_loop()
 
 
+def _tiled_position(em: GpuEmitter, c: str) -> tuple[str, str]:
+    """(row, column) in the block's tile of accumulator c of this thread: (ty + 16 i, tx + 16 j)."""
+    line, sc = em.emit_line, em.stack[-1]
+    ty, tx = _thread_yx(em)
+    i = line(sc, f"mul nuw nsw i64 {line(sc, f'udiv i64 {c}, {RN}')}, {SIDE}")
+    j = line(sc, f"mul nuw nsw i64 {line(sc, f'urem i64 {c}, {RN}')}, {SIDE}")
+    return line(sc, f"add nuw nsw i64 {ty}, {i}"), line(sc, f"add nuw nsw i64 {tx}, {j}")
+
+
 def _store(em: GpuEmitter, arg: GemmArg, size: Sizes, pc: str, c_base: str, m0: str, n0: str, batch: list[str],
-           acc: str, epilogue: UOp | None, ranges: tuple[UOp, ...]) -> None:
+           acc: str, epilogue: UOp | None, ranges: tuple[UOp, ...], wmma: bool) -> None:
     """Every thread writes its elements of C that lie inside C, each followed by the epilogue. A loop
     over the thread's RM x RN elements, so the epilogue's code exists once (not RM x RN times); the
-    element's value is picked from the accumulators (registers) by a chain of selects."""
+    element's value is picked from the accumulators (registers) by a chain of selects. wmma: the
+    accumulators are in the matrix units' layout (gpu_wmma.wmma_position)."""
     line = em.emit_line
-    ty, tx = _thread_yx(em)
     values = [line(em.stack[-1], f"load float, {em.PRIVATE_PTR} {em.private_slot(acc, RM * RN, c)}, align 4")
               for c in range(RM * RN)]
     em.open_loop(loop_range(-7, RM * RN), "0", str(RM * RN), loop_md=em.unroll(1))
@@ -202,10 +212,9 @@ def _store(em: GpuEmitter, arg: GemmArg, size: Sizes, pc: str, c_base: str, m0: 
     v = values[0]
     for e in range(1, RM * RN):
         v = line(sc, f"select i1 {line(sc, f'icmp eq i64 {c}, {e}')}, float {values[e]}, float {v}")
-    i = line(sc, f"mul nuw nsw i64 {line(sc, f'udiv i64 {c}, {RN}')}, {SIDE}")
-    j = line(sc, f"mul nuw nsw i64 {line(sc, f'urem i64 {c}, {RN}')}, {SIDE}")
-    m = line(sc, f"add nuw nsw i64 {m0}, {line(sc, f'add nuw nsw i64 {ty}, {i}')}")
-    n = line(sc, f"add nuw nsw i64 {n0}, {line(sc, f'add nuw nsw i64 {tx}, {j}')}")
+    row, col = (wmma_position if wmma else _tiled_position)(em, c)
+    m = line(sc, f"add nuw nsw i64 {m0}, {row}")
+    n = line(sc, f"add nuw nsw i64 {n0}, {col}")
     inside = line(sc, f"and i1 {line(sc, f'icmp ult i64 {m}, {size.m}')}, {line(sc, f'icmp ult i64 {n}, {size.n}')}")
     k = em.fresh_label()
     sc.lines += [f"  br i1 {inside}, label %E{k}.in, label %E{k}.out", f"E{k}.in:"]
@@ -229,6 +238,9 @@ def emit_gpu_gemm(em: GpuEmitter, node: UOp) -> None:
     elem_a, elem_b, elem_c = (x.dtype.base for x in node.src[:3])
     assert elem_c is dtypes.float32 and {elem_a, elem_b} <= {dtypes.float32, dtypes.float16, dtypes.bfloat16}, \
         "GEMM kernels compute in float32 (packed constants may be float16/bfloat16: --precision)"
+    # gfx11 with float16/bfloat16 weights (--precision): the matrix units, the other operand rounded to that type
+    reduced = {elem_a, elem_b} - {dtypes.float32}
+    wmma = next(iter(reduced)) if em.wmma and len(reduced) == 1 else None
     pa, pb, pc = (em.value(x) for x in node.src[:3])
     epilogue = node.src[3] if len(node.src) > 3 else None
     ranges = node.src[4:]
@@ -262,10 +274,13 @@ def emit_gpu_gemm(em: GpuEmitter, node: UOp) -> None:
             _stage(em, arg, size, "b", pb, elem_b, b_base, b_tile, b_t, k0, n0)
         em.barrier()
         with em.threads():
-            _accumulate(em, a_tile, a_t, b_tile, b_t, acc)
+            if wmma is not None:
+                accumulate_wmma(em, a_tile, a_t, b_tile, b_t, acc, wmma)
+            else:
+                _accumulate(em, a_tile, a_t, b_tile, b_t, acc)
         em.barrier()  # the next step overwrites the tiles
         em.close_loop()
         with em.threads():
-            _store(em, arg, size, pc, c_base, m0, n0, batch, acc, epilogue, ranges)
+            _store(em, arg, size, pc, c_base, m0, n0, batch, acc, epilogue, ranges, wmma is not None)
         if arg.runtime:
             em.close_loop()

@@ -23,10 +23,10 @@ SOPC = {0x10: "s_cmp_eq_u64", 0x11: "s_cmp_lg_u64"}
 SOPK = {0x10: "s_mulk_i32"}
 SOPP = {0x0: "s_nop", 0x4: "s_set_inst_prefetch_distance", 0x5: "s_clause", 0x7: "s_delay_alu",
         0x8: "s_waitcnt_depctr", 0x9: "s_waitcnt", 0x20: "s_branch", 0x21: "s_cbranch_scc0",
-        0x22: "s_cbranch_scc1", 0x24: "s_cbranch_vccnz", 0x25: "s_cbranch_execz",
+        0x22: "s_cbranch_scc1", 0x23: "s_cbranch_vccz", 0x24: "s_cbranch_vccnz", 0x25: "s_cbranch_execz",
         0x26: "s_cbranch_execnz", 0x30: "s_endpgm", 0x3d: "s_barrier"}
 SMEM = {0x0: "s_load_b32", 0x1: "s_load_b64", 0x2: "s_load_b128", 0x3: "s_load_b256", 0x4: "s_load_b512"}
-VOP1 = {0x1: "v_mov_b32", 0x2: "v_readfirstlane_b32", 0x8: "v_cvt_i32_f32", 0x1c: "v_mov_b16",
+VOP1 = {0x1: "v_mov_b32", 0x2: "v_readfirstlane_b32", 0x8: "v_cvt_i32_f32", 0xa: "v_cvt_f16_f32", 0xb: "v_cvt_f32_f16", 0x1c: "v_mov_b16",
         0x2a: "v_rcp_f32", 0x33: "v_sqrt_f32"}
 VOP2 = {0x1: "v_cndmask_b32", 0x3: "v_add_f32", 0x4: "v_sub_f32", 0x5: "v_subrev_f32", 0x8: "v_mul_f32", 0x9: "v_mul_i32_i24",
         0xa: "v_mul_hi_i32_i24", 0xb: "v_mul_u32_u24", 0xc: "v_mul_hi_u32_u24", 0x10: "v_max_f32", 0x18: "v_lshlrev_b32",
@@ -47,12 +47,12 @@ VOP3_ONLY = {0x20b: "v_mad_u32_u24", 0x210: "v_bfe_u32", 0x213: "v_fma_f32", 0x2
              0x362: "v_and_b16"}
 VALU = VOPC | {VOP2_BASE + k: v for k, v in VOP2.items()} | {VOP1_BASE + k: v for k, v in VOP1.items()} | VOP3_ONLY
 VOP3SD = {"v_add_co_u32", "v_add_co_ci_u32", "v_sub_co_u32", "v_sub_co_ci_u32", "v_mad_u64_u32", "v_div_scale_f32"}  # sdst in bits 14:8
-VOP3P = {0x40: "v_wmma_f32_16x16x16_f16"}
+VOP3P = {0x40: "v_wmma_f32_16x16x16_f16", 0x41: "v_wmma_f32_16x16x16_bf16"}
 VOPD = {0x0: "v_fmac_f32", 0x1: "v_fmaak_f32", 0x2: "v_fmamk_f32", 0x3: "v_mul_f32", 0x4: "v_add_f32",
         0x5: "v_sub_f32", 0x8: "v_mov_b32", 0x9: "v_cndmask_b32", 0xa: "v_max_f32", 0x10: "v_add_nc_u32", 0x11: "v_lshlrev_b32",
         0x12: "v_and_b32"}
-DS = {0xf: "ds_store_2addr_stride64_b32", 0x37: "ds_load_2addr_b32", 0x78: "ds_load_2addr_stride64_b64"}
-GLOBAL = {0x14: "global_load_b32", 0x15: "global_load_b64", 0x16: "global_load_b96", 0x17: "global_load_b128",
+DS = {0xf: "ds_store_2addr_stride64_b32", 0x36: "ds_load_b32", 0x37: "ds_load_2addr_b32", 0xff: "ds_load_b128", 0x78: "ds_load_2addr_stride64_b64"}
+GLOBAL = {0x12: "global_load_u16", 0x14: "global_load_b32", 0x15: "global_load_b64", 0x16: "global_load_b96", 0x17: "global_load_b128",
           0x1a: "global_store_b32", 0x1e: "global_load_d16_u8", 0x20: "global_load_d16_b16",
           0x23: "global_load_d16_hi_b16"}
 MUBUF = {0x2b: "buffer_gl0_inv"}

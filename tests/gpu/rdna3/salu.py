@@ -112,7 +112,8 @@ def _sopp(w: Waves, ins: Instr) -> None:
         w.pc = target
         return
     taken = {"s_cbranch_scc0": w.scc == 0, "s_cbranch_scc1": w.scc == 1, "s_cbranch_execz": w.s[EXEC] == 0,
-             "s_cbranch_execnz": w.s[EXEC] != 0, "s_cbranch_vccnz": w.s[VCC] != 0}[name]
+             "s_cbranch_execnz": w.s[EXEC] != 0, "s_cbranch_vccnz": w.s[VCC] != 0,
+             "s_cbranch_vccz": w.s[VCC] == 0}[name]
     if taken.all():
         w.pc = target
     elif taken.any():

@@ -82,6 +82,8 @@ OPS: dict[str, tuple[tuple[int, ...], object, str]] = {
     "v_mov_b16": ((16,), lambda a: a, "v16"),
     "v_readfirstlane_b32": ((32,), lambda a: a, "s"),
     "v_cvt_i32_f32": ((32,), _cvt_i32, "v"),
+    "v_cvt_f32_f16": ((16,), lambda a: bits(a.astype(np.uint16).view(np.float16).astype(F32)), "v"),
+    "v_cvt_f16_f32": ((32,), lambda a: f(a).astype(np.float16).view(np.uint16).astype(U32), "v16"),
     "v_rcp_f32": ((32,), lambda a: bits(F32(1) / f(a)), "v"),
     "v_sqrt_f32": ((32,), lambda a: bits(np.sqrt(f(a))), "v"),
     "v_add_f32": ((32, 32), lambda a, b: bits(f(a) + f(b)), "v"),
