@@ -29,6 +29,7 @@ from svodc.frontend.importer import ModelSource, import_model, load_model
 from svodc.gpu_target import GpuTarget, parse_targets
 from svodc.ir.dtypes import dtypes
 from svodc.options import PRECISIONS, CompileOptions
+from svodc.passes.dynamic import ComputedDim, DynamicShapeError
 from svodc.passes.pipeline import build_program
 from svodc.policy import OptimizationPolicy, check_policy_names, policy_for
 from svodc.testvec import build_test_vectors, precision_errors
@@ -126,6 +127,11 @@ def _compile_parts(model: ModelSource, target: str, options: CompileOptions | No
     images = []
     gpus = [t for t in targets if isinstance(t, GpuTarget)]
     gpu_images = []
+    computed = [d.name for d in program.dims if isinstance(d, ComputedDim)]
+    if gpus and computed:
+        raise DynamicShapeError(f"computed dims {computed} (sizes of convolutions, pools or pads over bounded image "
+                                f"dims): GPU variants ({', '.join(t.describe() for t in gpus)}) take input dims "
+                                "only for now; fix the image dims with --input-shape")
     with borrow(workers, worker_count(options)) as pool:
         for t in targets:
             if not isinstance(t, GpuTarget):

@@ -32,6 +32,14 @@ def table_slots(n_inputs: int, n_outputs: int) -> int:
 # reads it (callers pass NULL); in one with them, every input and output buffer has the layout of
 # its shape at the bounds and the code touches only the elements inside the real shapes.
 DIM_SIZE = 8
+# Format 1.7: after the input dims (the runtime writes them) come the computed dims (the code writes each,
+# clamped into its range, before any kernel reads it), then DIMS_STATUS_WORDS words the runtime zeroes: the
+# status (0, or 1 + the slot of the first dim the code found outside its range) and that dim's value.
+DIMS_STATUS_WORDS = 2
+
+
+def dims_status_slot(n_dims: int) -> int:
+    return n_dims
 
 # sync: SYNC_SIZE bytes, zeroed by the caller before each call, shared by the call's threads. One
 # cache line: two calls' blocks never share one. The caller writes only SYNC_YIELD; the rest is the
@@ -40,11 +48,3 @@ SYNC_SIZE = 64
 SYNC_YIELD = 8  # void (*)(void): the host's sched_yield, called by a thread that has spun long enough
 SYNC_NEXT = 16  # uint32: the work queue's next ticket to claim (svodc/codegen/module.py)
 SYNC_DONE = 20  # uint32: tickets finished; kernel i starts when every ticket of kernels < i is done
-
-
-
-def launch_blocks(grid: int, values: int, bounds: int) -> int:
-    """Blocks of a GPU launch that lists dims (bounded dims: every kernel takes `dims`' device address after its
-    buffers): its grid at the bounds times values / bounds (the products of those dims' values and upper bounds),
-    rounded up. The kernel computes the same count and strides over the rest: the count only affects speed."""
-    return -(-grid * values // bounds)

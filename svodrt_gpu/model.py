@@ -13,11 +13,12 @@ from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint, c_uint64, c_ulong
 
 import numpy as np
 
-from svodrt.abi import DIM_SIZE, launch_blocks
+from svodrt.abi import DIM_SIZE
 from svodrt.bundle import Program, Section, Variant
 from svodrt.errors import DeviceError, ModelClosedError, UnsupportedHostError
 from svodrt.runner import Runner, real_output
 from svodrt.trust import TrustSpec
+from svodrt_gpu.abi import launch_blocks
 
 LIBRARIES = {"cuda": ("libcuda.so.1", "libcuda.so"),
              "hip": ("libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6", "/opt/rocm/lib/libamdhip64.so")}

@@ -47,7 +47,7 @@ class Launch:
     grid: int  # blocks (1-D), at the dims' upper bounds
     block: int  # threads per block (1-D)
     # None: the bundle has no bounded dims. Else the kernel takes `dims` after its buffers, and these
-    # (dims slot, upper bound) scale its grid at run time (svodrt.abi.launch_blocks).
+    # (dims slot, upper bound) scale its grid at run time (svodrt_gpu.abi.launch_blocks).
     dims: tuple[tuple[int, int], ...] | None = None
 
 
@@ -134,7 +134,7 @@ class GpuEmitter(KernelEmitter):
         return out
 
     def grid_value(self) -> str:
-        """Blocks of this launch at run time: svodrt.abi.launch_blocks over the launch's dims, as the runtime
+        """Blocks of this launch at run time: svodrt_gpu.abi.launch_blocks over the launch's dims, as the runtime
         computes it (the grid at the bounds when none scale it)."""
         scale = self.launch.dims or ()
         if not scale:

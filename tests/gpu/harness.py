@@ -95,7 +95,8 @@ class Emulation:
 
     def blocks(self, x, params) -> int:
         """The blocks launch x must run: its grid, scaled by the dims it lists (read from the `dims` argument)."""
-        from svodrt.abi import DIM_SIZE, launch_blocks
+        from svodrt.abi import DIM_SIZE
+        from svodrt_gpu.abi import launch_blocks
 
         if not x.dims:
             return x.grid
