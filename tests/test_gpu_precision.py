@@ -47,15 +47,24 @@ def test_gpu_bundle_stores_reduced_weights_and_matches_fp32_within_tolerance(stu
             assert err > 0.0, "the weights were rounded: fp32 outputs cannot come out exactly"
 
 
-def test_the_error_against_fp32_is_measured_and_recorded(small_model):
+def test_the_error_against_fp32_is_measured_recorded_and_verified_on_the_device(stub, small_model, llvm_workers):
+    """The manifest's options hold the measured error; the test vectors (fp32's outputs) accept 4x it, and
+    `svodrt verify` on the (stand-in) device passes them."""
+    from svodrt_tools.verify import verify
+
     model, _ = small_model
     said = []
-    m = manifest_of(svodc.compile(model, target="sm_90", precision="f16", test_vectors=True, progress=said.append))
+    bundle = svodc.compile(model, target="sm_90", precision="f16", test_vectors=True, progress=said.append)
+    m = manifest_of(bundle)
     err = m["options"]["precision_max_error"]
     assert m["options"]["precision"] == "f16" and 0.0 < err < TOLERANCE["f16"]
     assert any(line.startswith(f"precision f16: max error against fp32 {err:.3g}") for line in said), said
     assert all(t >= 4 * err for t in m["test_vectors"][0]["tolerance"])
     assert "precision" not in manifest_of(svodc.compile(model, target="sm_90"))["options"]
+    emu = emulate(model, CompileOptions(precision="f16"), workers=llvm_workers)
+    stub.set_launcher(emu.launcher(stub))
+    report = verify(bundle, device="cuda:0")
+    assert report.ok and not emu.errors, report.text()
 
 
 def test_cpu_targets_refuse_a_reduced_precision(small_model):
