@@ -33,9 +33,10 @@ def table_slots(n_inputs: int, n_outputs: int) -> int:
 # its shape at the bounds and the code touches only the elements inside the real shapes.
 DIM_SIZE = 8
 # Format 1.7: after the input dims (the runtime writes them) come the computed dims (the code writes each,
-# clamped into its range, before any kernel reads it), then DIMS_STATUS_WORDS words the runtime zeroes: the
-# status (0, or 1 + the slot of the first dim the code found outside its range) and that dim's value.
-DIMS_STATUS_WORDS = 2
+# clamped into its range, before any kernel reads it), then DIMS_STATUS_WORDS words the runtime zeroes:
+# status (0, or 1 + the slot of the first dim the code found wrong), its value, and 0 when it is outside its
+# range, else the size its axis had to equal (an axis of K times it met another of that size).
+DIMS_STATUS_WORDS = 3
 
 
 def dims_status_slot(n_dims: int) -> int:

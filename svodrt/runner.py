@@ -175,10 +175,11 @@ def check_dims_status(values: ctypes.Array, order: tuple) -> None:
     """After the call: a computed dim the code found outside its range (it ran clamped) is an InputError."""
     status = dims_status_slot(len(order))
     if values[status]:
-        d = order[values[status] - 1]
+        d, got, want = order[values[status] - 1], values[status + 1], values[status + 2]
         given = ", ".join(f"{i.name}={values[j]}" for j, i in enumerate(order) if not i.computed)
-        raise InputError(f"dim {d.name!r} ({d.lo}..{d.hi}) came out {values[status + 1]} for the inputs' dims "
-                         f"({given}); give inputs whose dims keep it in range")
+        what = f"came out {got}" if not want else f"sizes an axis of {got} that meets one of {want}"
+        raise InputError(f"dim {d.name!r} ({d.lo}..{d.hi}) {what} for the inputs' dims ({given}); give inputs whose "
+                         f"dims keep {'it in range' if not want else 'them equal'}")
 
 
 def _same_layout(real: tuple[int, ...], bound: tuple[int, ...]) -> bool:

@@ -139,12 +139,21 @@ def test_attention_over_a_run_time_sequence(head):
             np.testing.assert_allclose(m.run(feeds)["y"], reference(model, feeds)[0], rtol=1e-4, atol=1e-5)
 
 
-def test_a_mean_over_a_bounded_dim_is_refused():
-    """ReduceMean divides by the count at compile time, which would be the bound's: refused, not wrong."""
+def test_a_mean_over_a_bounded_dim_divides_by_the_run_time_count():
+    """ReduceMean divides by the count, the bound's at compile time: the kernel divides by the run-time one.
+    A sum scaled by any other constant is refused (it cannot be told from a mean written another way)."""
     model = make_model([helper.make_node("ReduceMean", ["x"], ["y"], axes=[1], name="avg")],
                        {"x": (np.float32, [2, "T"])}, ["y"], opset=13)
-    with pytest.raises(DynamicShapeError, match=r"'avg' .* scales a sum over a bounded dim by a constant"):
-        svodc.compile(model, dims={"T": (1, 8)})
+    with svodrt.load(svodc.compile(model, dims={"T": (1, 8)}), threads=1) as m:
+        for t in (1, 3, 8):
+            x = RNG.standard_normal((2, t)).astype(np.float32)
+            np.testing.assert_allclose(m.run({"x": x})["y"], x.mean(axis=1, keepdims=True), rtol=1e-6)
+    scaled = make_model([helper.make_node("ReduceSum", ["x", "ax"], ["s"]),
+                         helper.make_node("Mul", ["s", "c"], ["y"], name="scale")],
+                        {"x": (np.float32, [2, "T"])}, ["y"], {"ax": np.array([1], np.int64),
+                                                              "c": np.array(0.3, np.float32)}, opset=13)
+    with pytest.raises(DynamicShapeError, match=r"'scale' .* scales a sum over a bounded dim by a constant"):
+        svodc.compile(scaled, dims={"T": (1, 8)})
 
 
 def test_ops_that_do_not_follow_a_run_time_size_are_refused_by_name():
@@ -306,3 +315,32 @@ def test_a_format_1_6_runtime_refuses_a_bundle_with_computed_dims(image_net, tmp
 
     out = old_runtime_load(FORMAT_1_6_COMMIT, 6, image_net[1], tmp_path)
     assert "manifest field dims: a dim sizes no input: no call could give its value" in out
+
+
+def _fpn():
+    """What a text detector's neck does over bounded H, W: a stride-2 conv upsampled back (Resize nearest x2) and
+    added to a lateral 1x1 conv (two dims that must agree: H even), a global mean (SE), a 2x2/2 ConvTranspose,
+    a Concat along the channels."""
+    w1 = RNG.standard_normal((4, 2, 3, 3)).astype(np.float32)
+    w2 = RNG.standard_normal((4, 2, 1, 1)).astype(np.float32)
+    wt = RNG.standard_normal((4, 3, 2, 2)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Resize", ["a", "", "scales"], ["u"], mode="nearest",
+                              coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+             helper.make_node("Conv", ["x", "w2"], ["lat"]), helper.make_node("Add", ["u", "lat"], ["s"]),
+             helper.make_node("GlobalAveragePool", ["s"], ["g"]), helper.make_node("Mul", ["s", "g"], ["m"]),
+             helper.make_node("ConvTranspose", ["a", "wt"], ["t"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Concat", ["m", "t"], ["y"], axis=1)]
+    return make_model(nodes, {"x": (np.float32, [1, 2, "H", "W"])}, ["y"],
+                      {"w1": w1, "w2": w2, "wt": wt, "scales": np.array([1, 1, 2, 2], np.float32)})
+
+
+def test_upsampled_maps_meet_lateral_ones_and_disagreeing_sizes_are_input_errors():
+    model = _fpn()
+    with svodrt.load(svodc.compile(model, dims={"H": (2, 12), "W": (2, 10)}), threads=2) as m:
+        for h, w in ((2, 2), (6, 10), (12, 4)):
+            feeds = {"x": RNG.standard_normal((1, 2, h, w)).astype(np.float32)}
+            np.testing.assert_allclose(m.run(feeds)["y"], reference(model, feeds)[0], rtol=1e-4, atol=1e-5)
+        with pytest.raises(svodrt.InputError, match=r"dim '\(H\+1\)//2' \(1..6\) sizes an axis of 8 that meets one "
+                                                    r"of 7 for the inputs' dims \(H=7, W=4\)"):
+            m.run({"x": np.ones((1, 2, 7, 4), np.float32)})

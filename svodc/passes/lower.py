@@ -264,6 +264,12 @@ class KernelLowerer:
         if op is Ops.CONST:
             return n
         if op in ALU:
+            if self.dyn and n in self.dyn.means:  # a mean over a bounded dim: divided by the run-time count
+                total = n.src[self.dyn.means[n]]
+                extents = self.extents(total.src[0])
+                count = reduce(operator.mul, [extents[a] for a in total.arg.axes if isinstance(extents[a], UOp)])
+                count = count * math.prod(e for a in total.arg.axes if isinstance(e := extents[a], int))
+                return UOp(Ops.DIV, n.dtype, ((yield total, idx), count.cast(n.dtype)))
             srcs = []
             for s in n.src:
                 srcs.append((yield s, idx))
