@@ -344,3 +344,23 @@ def test_upsampled_maps_meet_lateral_ones_and_disagreeing_sizes_are_input_errors
         with pytest.raises(svodrt.InputError, match=r"dim '\(H\+1\)//2' \(1..6\) sizes an axis of 8 that meets one "
                                                     r"of 7 for the inputs' dims \(H=7, W=4\)"):
             m.run({"x": np.ones((1, 2, 7, 4), np.float32)})
+
+
+def test_a_convolution_over_run_time_sizes_is_a_gemm_per_output_row():
+    """One image's convolution over bounded H, W: the GEMM's run-time outermost batch axis is OH, its
+    run-time N is OW (contraction.conv_to_row_matmuls), so it keeps the GEMM kernels' speed."""
+    from svodc.frontend.importer import import_model
+    from svodc.passes.pipeline import build_program
+
+    w = RNG.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], strides=[1, 2])],
+                       {"x": (np.float32, [1, 8, "H", "W"])}, ["y"], {"w": w})
+    options = CompileOptions(dims={"H": (1, 40), "W": (2, 50)})
+    gemms = [n.arg for k in build_program(import_model(model, options), options).kernels
+             for n in k.ast.toposort() if n.op is Ops.GEMM]
+    assert [(a.batch_var is not None, a.m_var, a.n_var is not None, a.k_var) for a in gemms] == [
+        (True, None, True, None)]
+    with svodrt.load(svodc.compile(model, options=options), threads=2) as m:
+        for h, wd in ((1, 2), (17, 33), (40, 50)):
+            feeds = {"x": RNG.standard_normal((1, 8, h, wd)).astype(np.float32)}
+            np.testing.assert_allclose(m.run(feeds)["y"], reference(model, feeds)[0], rtol=1e-4, atol=1e-4)

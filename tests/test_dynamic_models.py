@@ -113,8 +113,8 @@ def test_mtcnn_pnet_matches_onnxruntime_at_every_pyramid_size(pnet):
 @pytest.mark.dynamic_models
 def test_ppocrv4_det_matches_onnxruntime_at_three_image_sizes(tmp_path):
     """Issue 12, image sizes: PP-OCRv4's text detector (conv stack, SE means, an FPN of upsampled maps added to
-    lateral ones, ConvTranspose head) as one bundle, run at 320x320, 640x480 and 960x736 (W x H). ~30 s to
-    compile and ~15 s to run on 2 cores (every convolution over a run-time size takes the generic loops)."""
+    lateral ones, ConvTranspose head) as one bundle, run at 320x320, 640x480 and 960x736 (W x H). ~35 s to
+    compile and ~5 s to run (with onnxruntime's) on 2 cores."""
     import onnx
 
     folder = MODELS / "ppocrv4_det"

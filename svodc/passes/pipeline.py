@@ -19,7 +19,7 @@ from svodc.ir.spec import verify
 from svodc.ir.uop import UOp, pretty
 from svodc.options import CompileOptions
 from svodc.passes.buffers import Buffers
-from svodc.passes.contraction import pm_conv_to_matmul, pm_fold_into_conv
+from svodc.passes.contraction import conv_to_row_matmuls, pm_conv_to_matmul, pm_fold_into_conv
 from svodc.passes.decompose import decompose_conv, decompose_matmul, pm_decompose
 from svodc.passes.dynamic import DynamicAxes, dims_kernel, is_constant
 from svodc.passes.fold import is_folded_constant, pm_fold
@@ -51,7 +51,7 @@ def optimize(graph: ImportedGraph, options: CompileOptions, policy: Optimization
     sink = graph_rewrite(sink, pm_fold_into_conv + fold, prov=prov)
     _after_pass("fold into conv", sink, options)
     if dyn:
-        sink = graph_rewrite(sink, _generic_runtime_convs(dyn), prov=prov)
+        sink = graph_rewrite(sink, _runtime_convs(dyn, policy), prov=prov)
         _after_pass("run-time convs", sink, options)
     sink = graph_rewrite(sink, pm_conv_to_matmul(policy), prov=prov)
     _after_pass("conv to matmul", sink, options)
@@ -80,11 +80,15 @@ def _generic_runtime_matmuls(dyn: DynamicAxes, policy: OptimizationPolicy) -> Pa
     return PatternMatcher([(UPat(Ops.MATMUL, name="n"), rule)], name="runtime-matmul")
 
 
-def _generic_runtime_convs(dyn: DynamicAxes) -> PatternMatcher:
-    """CONVs over a bounded spatial dim go to the generic path (PAD -> WINDOW -> MUL -> REDUCE, whose loops take
-    run-time extents): the im2col GEMM merges the output's spatial axes, which a run-time extent cannot lead."""
+def _runtime_convs(dyn: DynamicAxes, policy: OptimizationPolicy) -> PatternMatcher:
+    """CONVs over a bounded spatial dim: one image's as a GEMM per output row (contraction.conv_to_row_matmuls),
+    the others on the generic path (PAD -> WINDOW -> MUL -> REDUCE, whose loops take run-time extents): the
+    im2col GEMM merges the output's spatial axes, which a run-time extent cannot lead."""
     def rule(n: UOp) -> UOp | None:
-        return decompose_conv(n) if any(dyn.axes(n.src[0])[2:]) else None
+        if not any(dyn.axes(n.src[0])[2:]):
+            return None
+        rows = conv_to_row_matmuls(n, policy.gemm_min_macs) if policy.conv_to_matmul and policy.gemm else None
+        return rows if rows is not None else decompose_conv(n)
 
     return PatternMatcher([(UPat(Ops.CONV, name="n"), rule)], name="runtime-conv")
 
