@@ -364,3 +364,32 @@ def test_a_convolution_over_run_time_sizes_is_a_gemm_per_output_row():
         for h, wd in ((1, 2), (17, 33), (40, 50)):
             feeds = {"x": RNG.standard_normal((1, 8, h, wd)).astype(np.float32)}
             np.testing.assert_allclose(m.run(feeds)["y"], reference(model, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_slices_from_the_front_of_a_bounded_dim_follow_its_size():
+    """x[:, 1:], x[:, 2::3] (to the end: computed dims) and x[:, 0:2] (an end every size reaches: fixed) over T
+    in 3..9; x[:, 1:-1] (an end relative to the end) is refused by name."""
+    def sliced(start, end, step, name):
+        return helper.make_node("Slice", ["x", f"{name}_s", f"{name}_e", "ax", f"{name}_p"], [name], name=name)
+
+    consts = {"ax": np.array([1], np.int64)}
+    nodes = []
+    for name, (s, e, p) in {"tail": (1, 2**62, 1), "strided": (2, 100, 3), "head": (0, 2, 1)}.items():
+        nodes.append(sliced(s, e, p, name))
+        consts.update({f"{name}_s": np.array([s], np.int64), f"{name}_e": np.array([e], np.int64),
+                       f"{name}_p": np.array([p], np.int64)})
+    nodes.append(helper.make_node("Exp", ["strided"], ["y"]))
+    model = make_model(nodes, {"x": (np.float32, [2, "T"])}, ["tail", "y", "head"], consts)
+    with svodrt.load(svodc.compile(model, dims={"T": (3, 9)}), threads=1) as m:
+        assert [str(t) for t in m.outputs] == ["tail: float32[2, T-1=2..8]", "y: float32[2, T//3=1..3]",
+                                               "head: float32[2, 2]"]
+        for t in (3, 5, 9):
+            feeds = {"x": RNG.standard_normal((2, t)).astype(np.float32)}
+            for (name, g), want in zip(m.run(feeds).items(), reference(model, feeds), strict=True):
+                assert g.shape == want.shape, (name, t)
+                np.testing.assert_allclose(g, want, rtol=1e-6, err_msg=f"{name} at T={t}")
+    consts["tail_e"] = np.array([-1], np.int64)
+    with pytest.raises(DynamicShapeError, match=r"node 'tail' \(SLICE\) slices a bounded dim relative to its end.*"
+                                                r"--dim T=SIZE"):
+        svodc.compile(make_model(nodes, {"x": (np.float32, [2, "T"])}, ["tail", "y", "head"], consts),
+                      dims={"T": (3, 9)})

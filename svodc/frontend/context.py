@@ -50,7 +50,7 @@ def constant_value(x: UOp) -> np.ndarray:
 class NodeContext:
     def __init__(self, node: onnx.NodeProto, inputs: list[Value | None], version: int, opset: int,
                  subgraph_runner: SubgraphRunner | None = None, vocabulary: Vocabulary | None = None,
-                 bounded_axes: Callable[[UOp], tuple[bool, ...]] | None = None):
+                 bounded_axes: Callable[[UOp], tuple[str | None, ...]] | None = None):
         self.node = node
         self.inputs = inputs
         self.version = version  # the op's schema since_version this node uses
@@ -60,9 +60,9 @@ class NodeContext:
         self._vocabulary = vocabulary
         self._bounded_axes = bounded_axes
 
-    def bounded(self, x: UOp) -> tuple[bool, ...]:
-        """Which axes of x a bounded dim sizes (their size varies per call; frontend/dims.py)."""
-        return self._bounded_axes(x) if self._bounded_axes is not None else (False,) * x.ndim
+    def bounded(self, x: UOp) -> tuple[str | None, ...]:
+        """Per axis of x the bounded input dim its size follows (it varies per call; frontend/dims.py), or None."""
+        return self._bounded_axes(x) if self._bounded_axes is not None else (None,) * x.ndim
 
     @property
     def vocabulary(self) -> Vocabulary:

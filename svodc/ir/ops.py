@@ -167,6 +167,9 @@ class SliceArg:
     starts: tuple[int, ...]
     steps: tuple[int, ...]
     shape: tuple[int, ...]
+    # An ONNX Slice over a bounded dim whose starts count from the front and whose ends are its own, not
+    # positions the bound's size resolved: passes/dynamic.py may then run it to the real end.
+    from_front: bool = False
 
 
 @dataclass(frozen=True, slots=True)

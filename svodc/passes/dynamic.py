@@ -15,10 +15,11 @@ later kernels, and the runtime for the outputs' real shapes, read them like any 
 That is exact for prefix-consistent ops: the value at index i < n along a dim axis depends only on
 indices < n of that axis in the sources (elementwise, broadcasts, reshapes that keep the dim the
 outermost axis of its group, permutes, movement on other axes, contractions and reductions over it,
-whose loops run to the run-time size), and for windows and padding, whose output index i reads source
-indices fixed by i and whose padding tests compare with the source's run-time extent. Anything else on
-a dim axis -- slicing, gathering along it, a sum over it scaled by a constant (a mean would divide by
-the bound) -- is refused with a DynamicShapeError naming the node, instead of computing a wrong value.
+whose loops run to the run-time size), and for windows, slices from the front and padding, whose output
+index i reads source indices fixed by i and whose padding tests compare with the source's run-time
+extent. Anything else on a dim axis -- slices relative to its end, gathering along it, a sum over it
+scaled by a constant other than 1 / the bound's count (a mean: divided by the run-time count) -- is
+refused with a DynamicShapeError naming the node, instead of computing a wrong value.
 Not detected: a size read with Shape and folded into a value (x / Cast(Shape(x)[0])) is the upper
 bound's; such models need the dim fixed.
 """
@@ -170,10 +171,8 @@ class DynamicAxes:
                          for a, p, size in zip(a0, arg.pads, n.shape, strict=True))
         if op is Ops.SLICE:
             assert isinstance(arg, SliceArg)
-            cut = [i for i, (st, sp, sz) in enumerate(zip(arg.starts, arg.steps, arg.shape, strict=True))
-                   if (st, sp, sz) != (0, 1, n.src[0].shape[i])]
-            self._untouched(n, a0, cut, "slices a bounded dim")
-            return a0
+            return tuple(self._slice(n, a, st, sp, sz, size, arg.from_front) for a, st, sp, sz, size in
+                         zip(a0, arg.starts, arg.steps, arg.shape, n.src[0].shape, strict=True))
         if op is Ops.WINDOW:
             assert isinstance(arg, WindowArg)
             out = list(a0)
@@ -213,6 +212,23 @@ class DynamicAxes:
                 self._untouched(n, a, [axis], "scatters along a bounded dim")
             return self._merge(n, [(a0, n.src[0].shape), (src[2], n.src[2].shape)])
         raise self._fail(n, "is an op the bounded-dim analysis does not know")
+
+    def _slice(self, n: UOp, a: SymAxis | None, start: int, step: int, size: int, src: int, from_front: bool
+               ) -> SymAxis | None:
+        """A slice of a dim axis: only an ONNX Slice's own (`from_front`: its start and step count from the
+        front, the frontend refuses others), not positions the bound's size resolved (a reflect pad's). One
+        that reaches the bound's end runs to the real end: ceil((value - start) / step) elements; at any
+        original end past the bound's last element taken, that is what ONNX takes too. One that stops
+        before must stop inside every size: then its size is fixed."""
+        if a is None or (start, step, size) == (0, 1, src):
+            return a
+        if not from_front:
+            raise self._fail(n, "slices a bounded dim")
+        if size == len(range(start, src, step)):
+            return self._sized(n, a, size, add=step - 1 - start, div=step)
+        if a.factor == 1 and start + (size - 1) * step < self.dims[a.dim].lo:
+            return None
+        raise self._fail(n, "slices a bounded dim to a fixed end that some sizes in its range do not reach")
 
     def _mean(self, n: UOp) -> None:
         """sum / count or sum * (1 / count), count the bound's number of elements summed: a mean, which
