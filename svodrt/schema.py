@@ -107,15 +107,12 @@ def dim_table(m: Any) -> dict[str, Dim]:
         dim = Dim(name(d, "name", f"dims[{i}]"), uint(d, "lo", f"dims[{i}]"), uint(d, "hi", f"dims[{i}]"), computed)
         if not 1 <= dim.lo <= dim.hi or dim.name in out:
             raise fail(f"dims[{i}]", f"{dim.name!r} {dim.lo}..{dim.hi} must be a new name with 1 <= lo <= hi")
-        if out and not computed and list(out.values())[-1].computed:
-            raise fail(f"dims[{i}]", "an input dim after a computed dim: input dims come first")
         out[dim.name] = dim
     return out
 
 
 def _dim_axis(v: str, dims: dict[str, Dim] | None, where: str) -> tuple[Dim, int]:
-    """"NAME" or "NAME*K" (a computed dim's name may hold a "*" itself)."""
-    if v in (dims or {}):
+    if v in (dims or {}):  # a computed dim's name may hold a "*"
         return dims[v], 1
     dim_name, _, k = v.rpartition("*")
     if dim_name not in (dims or {}) or not (k.isdigit() and 0 < int(k) <= MAX_BYTES):
@@ -444,8 +441,6 @@ def parse_plan(m: dict, sections: list[Section], weights: Section) -> Plan:
     sized = {d.name for t in inputs for _, d, _ in t.dims}
     if {n for n, d in dims.items() if not d.computed} - sized:
         raise fail("dims", "a dim sizes no input: no call could give its value")
-    if any(dims[n].computed for n in sized):
-        raise fail("dims", "a computed dim sizes an input: the code writes it, a call cannot give it")
     arena = uint(m, "arena_size", "manifest", fmt.MAX_BYTES)
     weights_size = uint(m, "weights_size", "manifest", fmt.MAX_BYTES)
     if weights.length < weights_size:

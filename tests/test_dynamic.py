@@ -296,14 +296,14 @@ def test_a_computed_dim_out_of_range_is_an_input_error_after_the_call():
     """The status words after the dims (svodrt/abi.py): what code that computes a dim from values reports."""
     import ctypes
 
-    from svodrt.abi import DIMS_STATUS_WORDS, dims_status_slot
+    from svodrt.abi import DIMS_STATUS_WORDS
     from svodrt.runner import check_dims_status
     from svodrt.schema import Dim
 
     order = (Dim("H", 1, 9), Dim("K", 1, 4, computed=True))
     values = (ctypes.c_int64 * (len(order) + DIMS_STATUS_WORDS))(7, 4)
     check_dims_status(values, order)
-    values[dims_status_slot(len(order))], values[dims_status_slot(len(order)) + 1] = 2, 11
+    values[len(order)], values[len(order) + 1] = 2, 11  # the status words follow the dims
     with pytest.raises(svodrt.InputError, match=r"dim 'K' \(1..4\) came out 11 for the inputs' dims \(H=7\)"):
         check_dims_status(values, order)
 

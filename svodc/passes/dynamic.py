@@ -366,7 +366,7 @@ def _formula(src: str, mul: int, add: int, div: int, off: int) -> str:
     return f"{t}{off:+d}" if off else t
 
 
-def dims_kernel(dyn: DynamicAxes, status_slot: int) -> UOp:
+def dims_kernel(dyn: DynamicAxes) -> UOp:
     """The kernel that writes each computed dim into the `dims` array, clamped into its range, and the
     status words (svodrt/abi.py): 1 + the slot of the first dim found outside its range and its value,
     or of the first dim whose axis disagrees with one it meets, that axis' size and the size it meets.
@@ -394,7 +394,7 @@ def dims_kernel(dyn: DynamicAxes, status_slot: int) -> UOp:
         bad = clamped.ne(v)
         status, got, want = bad.where(ic(dyn.slots[d.name] + 1), status), bad.where(v, got), bad.where(ic(0), want)
         stores.insert(0, UOp(Ops.STORE, dtypes.void, (word(dyn.slots[d.name], d.name), ic(0), clamped)))
-    stores += [UOp(Ops.STORE, dtypes.void, (word(status_slot + k, "status"), ic(0), v))
+    stores += [UOp(Ops.STORE, dtypes.void, (word(len(dyn.dims) + k, "status"), ic(0), v))
                for k, v in enumerate((status, got, want))]
     return graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(stores), KernelArg("k_dims", serial=True)), pm_symbolic)
 

@@ -29,7 +29,6 @@ from svodc.passes.memory import plan_arena, plan_weights
 from svodc.passes.schedule import KernelPlan, plan_kernels
 from svodc.policy import DEFAULT_POLICY, OptimizationPolicy
 from svodc.program import Buffer, BufferKind, ImportedGraph, Kernel, Program
-from svodrt.abi import dims_status_slot
 
 
 def _after_pass(title: str, sink: UOp, options: CompileOptions) -> None:
@@ -150,7 +149,7 @@ def build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimiz
         _after_pass(f"lowering kernel {name}", ast, options)
 
     if dyn and dyn.computed():  # format 1.7: the computed dims, written before any kernel reads them
-        kernels.insert(0, Kernel("k_dims", dims_kernel(dyn, dims_status_slot(len(dyn.dims))), [], [], "dims"))
+        kernels.insert(0, Kernel("k_dims", dims_kernel(dyn), [], [], "dims"))
     weight_list = list(buffers.weights.values())
     program = Program(inputs, out_bufs, kernels, weight_list, scratch, producer=graph.producer,
                       vocabulary=graph.vocabulary, zipmaps=graph.zipmaps,
