@@ -393,3 +393,25 @@ def test_slices_from_the_front_of_a_bounded_dim_follow_its_size():
                                                 r"--dim T=SIZE"):
         svodc.compile(make_model(nodes, {"x": (np.float32, [2, "T"])}, ["tail", "y", "head"], consts),
                       dims={"T": (3, 9)})
+
+
+@pytest.mark.parametrize("mode, coord, scale", [("linear", "half_pixel", 2.0), ("nearest", "asymmetric", 0.5),
+                                                ("cubic", "half_pixel", 1.5), ("linear", "asymmetric", 0.75)])
+def test_resize_by_scales_over_bounded_dims(mode, coord, scale):
+    """Taps and weights of a Resize by scales depend on the output position only (in these coordinate modes):
+    the table made at the bound is right at every size, its indices clamped into the real one; the output
+    has floor(H * scale) rows, a computed dim. By sizes it is refused by name."""
+    model = make_model([helper.make_node("Resize", ["x", "", "scales"], ["y"], mode=mode, name="up",
+                                         coordinate_transformation_mode=coord)],
+                       {"x": (np.float32, [1, 2, "H", 5])}, ["y"],
+                       {"scales": np.array([1, 1, scale, 1], np.float32)}, opset=13)
+    with svodrt.load(svodc.compile(model, dims={"H": (3, 20)}), threads=1) as m:
+        for h in (3, 10, 13, 20):
+            feeds = {"x": RNG.standard_normal((1, 2, h, 5)).astype(np.float32)}
+            np.testing.assert_allclose(m.run(feeds)["y"], reference(model, feeds)[0], rtol=1e-5, atol=1e-5,
+                                       err_msg=f"H={h}")
+    by_sizes = make_model([helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode=mode, name="up")],
+                          {"x": (np.float32, [1, 2, "H", 5])}, ["y"], {"sizes": np.array([1, 2, 8, 5], np.int64)},
+                          opset=13)
+    with pytest.raises(DynamicShapeError, match=r"node 'up' \(Resize\) resizes bounded dim 'H' by sizes.*--dim H=SIZE"):
+        svodc.compile(by_sizes, dims={"H": (3, 20)})

@@ -7,10 +7,11 @@ entry's `dims` argument), so a call at a small size runs only the iterations it 
 upper-bound layout: element i of a dim axis sits where it sits at the bound.
 
 A dim is an input dim (its value comes with the inputs) or a computed dim (format 1.7): an output
-size of padding, a sliding window or a convolution over a dim axis, `(value(src) * mul + add) // div +
-off` of another dim (`ComputedDim`; chains fold into one map of an input dim where they can). The
-code computes them (`dims_kernel`: the first kernel) into the `dims` array after the input dims, so
-later kernels, and the runtime for the outputs' real shapes, read them like any dim.
+size of padding, a sliding window, a convolution, a slice from the front or a Resize by scales (a
+positional gather) over a dim axis, `(value(src) * mul + add) // div + off` of another dim
+(`ComputedDim`; chains fold into one map of an input dim where they can). The code computes them
+(`dims_kernel`: the first kernel) into the `dims` array after the input dims, so later kernels, and
+the runtime for the outputs' real shapes, read them like any dim.
 
 That is exact for prefix-consistent ops: the value at index i < n along a dim axis depends only on
 indices < n of that axis in the sources (elementwise, broadcasts, reshapes that keep the dim the
@@ -203,9 +204,14 @@ class DynamicAxes:
             return (*batch, a[-2], b[-1])
         if op is Ops.GATHER:
             axis = arg.axis
-            self._untouched(n, a0, [axis], "gathers along a bounded dim")
+            if arg.sized is None or any(src[1]):
+                self._untouched(n, a0, [axis], "gathers along a bounded dim")
             x = tuple(None if i == axis else a for i, a in enumerate(a0))
-            return self._merge(n, [(x, n.src[0].shape), (src[1], n.src[1].shape)])
+            out = list(self._merge(n, [(x, n.src[0].shape), (src[1], n.src[1].shape)]))
+            if arg.sized is not None and a0[axis] is not None:  # positions along out_axis, by a scale
+                at, mul, div = arg.sized
+                out[at] = self._sized(n, a0[axis], n.shape[at], mul=mul, div=div)
+            return tuple(out)
         if op is Ops.SCATTER:
             axis = arg.axis
             for a in src:
