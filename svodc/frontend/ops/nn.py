@@ -250,12 +250,18 @@ def _conv_transpose_blocks(x: UOp, w: UOp, kernel: list[int], bounded: bool) -> 
     input position owns its own k1 x k2 block of the output, y[n, o, i*k + a] = sum_c x[n, c, i] *
     w[c, o, a]. One matrix product [O*K, C] x [C, H*W] reads x in place (no zeros multiplied, no
     im2col), then the blocks are moved into place (depth to space). Over bounded spatial dims the
-    product keeps the spatial axes (a sum over C: H*W would merge two run-time sizes)."""
+    product keeps the spatial axes (H*W would merge two run-time sizes): a GEMM per row for one image,
+    else a sum over C."""
     n, c, *sp = x.shape
     nsp, m = len(sp), w.shape[1]
     kk = math.prod(kernel)
     wm = T.reshape(T.permute(w, (1, *range(2, 2 + nsp), 0)), (m * kk, c))  # [(o, a), c]
-    if bounded:
+    if bounded and n == 1 and nsp == 2:  # a GEMM per row: run-time batch H, run-time N W (as conv_to_row_matmuls)
+        h, wd = sp
+        rows = T.matmul(T.broadcast_to(T.reshape(wm, (1, m * kk, c)), (h, m * kk, c)),
+                        T.permute(T.reshape(x, (c, h, wd)), (1, 0, 2)))  # [H, (o, a), W]
+        prod = T.reshape(T.permute(rows, (1, 0, 2)), (1, m * kk, h, wd))
+    elif bounded:
         full = (n, m * kk, c, *sp)
         xs = T.expand(T.reshape(x, (n, 1, c, *sp)), full)
         ws = T.expand(T.reshape(wm, (1, m * kk, c, *(1,) * nsp)), full)
