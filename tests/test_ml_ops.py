@@ -75,6 +75,22 @@ def test_tree_ensemble_classifier_binary_case(weights, transform):
     check(ml_model([node], {"x": (F, [5, 3])}, {"label": (I64, [5]), "scores": (F, [5, 2])}), {"x": X})
 
 
+@pytest.mark.parametrize("weights,transform,base", [([0.5, -1.0, 2.0, -0.25, 0.75], "NONE", None),
+                                                    ([0.5, -1.0, 2.0, -0.25, 0.75], "LOGISTIC", [-0.2]),
+                                                    ([0.5, 0.1, 0.2, 0.25, 0.75], "NONE", [-0.2]),
+                                                    ([0.5, 0.1, 0.2, 0.25, 0.75], "SOFTMAX", None),
+                                                    ([0.5, -1.0, 2.0, -0.25, 0.75], "SOFTMAX_ZERO", None)])
+def test_tree_ensemble_classifier_binary_case_weights_on_class_1(weights, transform, base):
+    """Only class 1 has weights: class 0 scores 0, base_values are ignored, the threshold is 0.5 for
+    non-negative weights (rows 0 and 2 score 0.35 and 0.45 there: label 0) and 0 otherwise."""
+    extra = {"base_values": base} if base else {}
+    node = helper.make_node("TreeEnsembleClassifier", ["x"], ["label", "scores"], domain=ML, nodes_modes=_modes(),
+                            **NODES, class_treeids=[t for t, _ in LEAVES], class_nodeids=[n for _, n in LEAVES],
+                            class_ids=[1] * 5, class_weights=weights, classlabels_int64s=[3, 8],
+                            post_transform=transform, **extra)
+    check(ml_model([node], {"x": (F, [5, 3])}, {"label": (I64, [5]), "scores": (F, [5, 2])}), {"x": X})
+
+
 @pytest.mark.parametrize("aggregate,transform", [(1, 0), (0, 2), (2, 1), (3, 0)])
 def test_tree_ensemble_v5_with_member_sets(aggregate, transform):
     """TreeEnsemble (ai.onnx.ml 5): node 0 tests membership of feature 1 in {-3, 0, 2}."""
