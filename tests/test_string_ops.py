@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import os
+import warnings
 
 import numpy as np
 import onnx
@@ -15,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 import svodc
 import svodrt
 from svodc.errors import UnsupportedModelError
-from tests.ml_util import assert_same, ml_model, reference_run, svod_run
+from tests.ml_util import ML, assert_same, ml_model, ort_run, svod_run
 
 S, I64, BOOL = TensorProto.STRING, TensorProto.INT64, TensorProto.BOOL
 SIMPLE = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "simple")
@@ -48,7 +49,7 @@ def test_simple_normalizer_models_are_there():
 def _folded(nodes, inputs, outputs, values, opset=20):
     model = ml_model(nodes, inputs, outputs, opset=opset)
     got = svod_run(model, {}, input_values=values)
-    for o, w in zip(model.graph.output, reference_run(model, values), strict=True):
+    for o, w in zip(model.graph.output, ort_run(model, values), strict=True):  # ("" splits into no parts there)
         assert_same(got[o.name], w, o.name)
     return got
 
@@ -90,11 +91,142 @@ def _refusal(model) -> str:
     return str(e.value)
 
 
-def test_string_work_on_run_time_strings_is_refused_with_the_reason():
-    concat = helper.make_node("StringConcat", ["x", "x"], ["y"], name="join")
-    msg = _refusal(ml_model([concat], {"x": (S, [2])}, {"y": (S, [2])}, opset=20))
-    assert "join (ai.onnx::StringConcat" in msg and "svod does no string work in compiled code" in msg
+STRING_CASES = ("test_string_concat", "test_regex_full_match", "test_string_split", "test_strnormalizer")
+
+
+@pytest.fixture(scope="module")
+def onnx_string_cases():
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return {c.name: c for c in collect_testcases(None) if c.name.startswith(STRING_CASES)}
+
+
+def test_onnx_node_cases_of_the_string_ops_run_on_run_time_strings(onnx_string_cases):
+    """Every onnx node test case of the four ops, their inputs given at run time: svodrt's string program
+    gives the expected outputs (which onnxruntime gives too: it is checked where its locale lets it run)."""
+    assert len(onnx_string_cases) >= 20
+    for name, case in sorted(onnx_string_cases.items()):
+        (inputs, expected), = case.data_sets
+        feeds = {vi.name: x for vi, x in zip(case.model.graph.input, inputs, strict=True)}
+        with svodrt.load(svodc.compile(case.model, input_shapes={k: v.shape for k, v in feeds.items()}),
+                         threads=1) as m:
+            got = m.run(feeds)
+        for vi, want in zip(case.model.graph.output, expected, strict=True):
+            assert_same(got[vi.name], want, f"{name}: {vi.name}")
+        if not name.startswith("test_strnormalizer"):  # onnxruntime's needs an installed en_US.UTF-8 locale
+            for vi, want in zip(case.model.graph.output, ort_run(case.model, feeds), strict=True):
+                assert_same(got[vi.name], want, f"{name}: {vi.name} (onnxruntime)")
+
+
+def _pipeline(nodes, inputs, outputs, feeds, **kw):
+    model = ml_model(nodes, inputs, outputs, opset=20, ml_opset=4)
+    with svodrt.load(svodc.compile(model, **kw), threads=1) as m:
+        got = m.run(feeds)
+        bundle = m.bundle
+    for o, w in zip(model.graph.output, ort_run(model, feeds), strict=True):
+        assert_same(got[o.name], w, o.name)
+    return got, bundle
+
+
+def test_normalizer_then_label_encoder_then_a_numeric_model():
+    """Text preprocessing at the edge, numbers in native code: StringNormalizer (svodrt, before the
+    code) -> LabelEncoder -> Cast -> MatMul; the normalized strings are a code input svodrt fills."""
+    nodes = [helper.make_node("StringNormalizer", ["x"], ["n"], case_change_action="LOWER", locale="C.UTF-8"),
+             helper.make_node("LabelEncoder", ["n"], ["code"], domain=ML, keys_strings=["cat", "dog", "東京"],
+                              values_int64s=[1, 2, 3], default_int64=0),
+             helper.make_node("Cast", ["code"], ["f"], to=TensorProto.FLOAT),
+             helper.make_node("Reshape", ["f", "shape"], ["row"]),
+             helper.make_node("Constant", [], ["shape"], value_ints=[1, 4]),
+             helper.make_node("Constant", [], ["w"], value=numpy_helper.from_array(np.eye(4, 2, dtype=np.float32))),
+             helper.make_node("MatMul", ["row", "w"], ["y"])]
+    x = np.array(["Cat", "DOG", "東京", "bird"])
+    got, bundle = _pipeline(nodes, {"x": (S, [4])}, {"y": (TensorProto.FLOAT, [1, 2]), "code": (I64, [4])},
+                            {"x": x})
+    assert [t.name for t in bundle.inputs] == ["x", "n"] and bundle.edge_outputs[0][4] == "input"
+    assert got["code"].tolist() == [1, 2, 3, 0]
+
+
+def test_split_lengths_feed_code_and_substrings_come_back_from_the_edge():
+    """StringSplit: its counts are a code input (their shape is X's); its substrings, whose width the
+    strings decide, are an output svodrt returns."""
+    nodes = [helper.make_node("StringSplit", ["x"], ["parts", "count"], delimiter=",", maxsplit=2),
+             helper.make_node("Cast", ["count"], ["f"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["f", "f"], ["y"])]
+    x = np.array([["a,b", "東京,,x,y"], ["", "no comma"]])
+    got, bundle = _pipeline(nodes, {"x": (S, [2, 2])}, {"parts": (S, [2, 2, None]), "y": (TensorProto.FLOAT, [2, 2])},
+                            {"x": x})
+    assert got["parts"].shape == (2, 2, 3) and [t.name for t in bundle.outputs] == ["y"]
+
+
+def test_concat_then_regex_full_match_then_where():
+    """StringConcat of two run-time inputs (broadcast) and of a constant suffix -> RegexFullMatch -> Where
+    on numbers; the concatenation is also a graph output (a code input svodrt returns as well)."""
+    nodes = [helper.make_node("StringConcat", ["user", "at"], ["u"]),
+             helper.make_node("StringConcat", ["u", "domain"], ["email"]),
+             helper.make_node("RegexFullMatch", ["email"], ["ok"], pattern=r"[a-z0-9._]+@[a-z]+\.(com|org)$"),
+             helper.make_node("Constant", [], ["at"], value_strings=["@"]),
+             helper.make_node("Where", ["ok", "one", "zero"], ["score"]),
+             helper.make_node("Constant", [], ["one"], value_floats=[1.0]),
+             helper.make_node("Constant", [], ["zero"], value_floats=[0.0])]
+    feeds = {"user": np.array(["ann", "b.o_b", "Cid", "東京"]), "domain": np.array(["ex.com"])}
+    got, _ = _pipeline(nodes, {"user": (S, [4]), "domain": (S, [1])},
+                       {"score": (TensorProto.FLOAT, [4]), "email": (S, [4]), "ok": (BOOL, [4])}, feeds)
+    assert got["ok"].tolist() == [True, True, False, False]
+
+
+def test_a_format_1_6_runtime_refuses_a_string_program_bundle_at_load(tmp_path):
+    """The string program's steps are 1.8's five-item `edge_outputs` entries, which a 1.6 runtime refuses
+    when it loads the bundle, before any code runs."""
+    from tests.bundle_tools import old_runtime_load
+
     nodes = [helper.make_node("StringNormalizer", ["x"], ["n"], case_change_action="UPPER"),
+             helper.make_node("Equal", ["n", "k"], ["y"]),
+             helper.make_node("Constant", [], ["k"], value_strings=["A"])]
+    bundle = svodc.compile(ml_model(nodes, {"x": (S, [2])}, {"y": (BOOL, [2])}))
+    with svodrt.load(bundle, threads=1) as m:
+        assert m.run({"x": np.array(["a", "b"])})["y"].tolist() == [True, False]
+        assert [t.name for t in m.inputs] == ["x"]
+        with pytest.raises(svodrt.InputError, match="'n' is computed by the model"):
+            m.run({"x": np.array(["a", "b"]), "n": np.array(["A", "A"])})
+    out = old_runtime_load(FORMAT_1_6_COMMIT, 6, bundle, tmp_path)
+    assert "manifest field edge_outputs[0]: must be [new output name, 'StringNormalizer'" in out
+
+
+FORMAT_1_6_COMMIT = "78ef871"  # main just before format 1.8 (1.7 is another helper's): a format 1.6 runtime
+
+
+def test_string_work_that_svod_cannot_do_is_refused_with_the_reason():
+    nodes = [helper.make_node("StringNormalizer", ["x"], ["n"], stopwords=["a"]),
              helper.make_node("Equal", ["n", "n"], ["y"], name="after")]
     msg = _refusal(ml_model(nodes, {"x": (S, [2])}, {"y": (BOOL, [None])}))
-    assert "after (ai.onnx::Equal" in msg and "which svod computes only as a graph output" in msg
+    assert "after (ai.onnx::Equal" in msg and "whose shape depends on the strings" in msg
+    nodes = [helper.make_node("StringSplit", ["x"], ["parts", "n"]),
+             helper.make_node("LabelEncoder", ["parts"], ["y"], domain=ML, keys_strings=["a"], values_int64s=[1],
+                              name="codes")]
+    msg = _refusal(ml_model(nodes, {"x": (S, [2])}, {"y": (I64, [2, None])}, opset=20))
+    assert "codes (ai.onnx.ml::LabelEncoder" in msg and "whose shape depends on the strings" in msg
+    nodes = [helper.make_node("Gather", ["x", "i"], ["g"]), helper.make_node("Constant", [], ["i"], value_ints=[1, 0]),
+             helper.make_node("StringConcat", ["g", "x"], ["y"], name="join")]
+    msg = _refusal(ml_model(nodes, {"x": (S, [2])}, {"y": (S, [2])}, opset=20))
+    assert "join (ai.onnx::StringConcat" in msg and "computed from run-time strings by a GATHER" in msg
+
+
+@pytest.mark.parametrize("pattern,why", [(r"(a)\1", "backreference"), (r"(?i)abc", "inline flags"),
+                                         (r"a(?=b)", "lookarounds"), (r"a*+", "possessive"), (r"a{,3}", "{,n}"),
+                                         (r"[[:alpha:]]+", "POSIX class"), (r"\pL+", "\\p classes"),
+                                         (r"[\S]", "inside a character class"), (r"ab\Z", "RE2 has \\z")])
+def test_regex_patterns_python_would_read_otherwise_are_refused(pattern, why):
+    node = helper.make_node("RegexFullMatch", ["x"], ["y"], pattern=pattern, name="re")
+    msg = _refusal(ml_model([node], {"x": (S, [2])}, {"y": (BOOL, [2])}, opset=20))
+    assert "re (ai.onnx::RegexFullMatch" in msg and why in msg, msg
+
+
+def test_regex_dialect_is_re2s_on_the_shared_subset():
+    """\\d \\w \\b are ASCII, \\s excludes \\v, $ is the end of the text: as onnxruntime (RE2) matches."""
+    node = helper.make_node("RegexFullMatch", ["x"], ["y"], pattern=r"\w+\s\d+$|x\sy")
+    model = ml_model([node], {"x": (S, [5])}, {"y": (BOOL, [5])}, opset=20)
+    x = np.array(["ab 12", "é 1", "ab 3\n", "x\vy", "a_1\t٣"])
+    got = svod_run(model, {"x": x})
+    assert got["y"].tolist() == ort_run(model, {"x": x})[0].tolist() == [True, False, False, False, False]

@@ -134,8 +134,18 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
         if isinstance(v, ZipMapValue):
             zipmaps.append((vi.name, v.keys))
         if isinstance(v, EdgeStrings):
-            edge.append((vi.name, v))
+            edge.append((vi.name, v, "output"))
         outputs += graph_output(vi.name, v)  # string outputs are ids: svodrt decodes them (format 1.5)
+    # The string program's results that code reads: code inputs svodrt fills (format 1.8), after the graph's.
+    bounded = set(dim_table.input_axes)
+    for name, (step, x) in vocabulary.edge_inputs.items():
+        if bounded & {s for s in step.sources if isinstance(s, str)}:
+            raise InputShapeError(f"{step.op} {name!r} reads an input with bounded dims ({sorted(bounded)}): string "
+                                  "ops on run-time strings need fixed input shapes (fix them with --input-shape)")
+        inputs.append((name, x))
+    returned = {name for name, _, _ in edge}
+    edge = [(name, step, "both" if name in returned else "input") for name, (step, _) in vocabulary.edge_inputs.items()
+            ] + [e for e in edge if e[0] not in vocabulary.edge_inputs]
     if problems and all(p.shape_error for p in problems) and fixes_unknown_dims(graph, options):
         given = " ".join([f"--input-shape {k}={'x'.join(map(str, v))}" for k, v in options.input_shapes.items()]
                          + [f"--dim {k}={v}" for k, v in options.dims.items()])

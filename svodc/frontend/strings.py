@@ -22,17 +22,19 @@ from collections.abc import Iterable
 import numpy as np
 
 from svodc.frontend.dtypes import UnsupportedDType
-from svodc.frontend.values import OptionalValue, SequenceValue, Value
+from svodc.frontend.values import EdgeStrings, OptionalValue, SequenceValue, Value
 from svodc.ir.dtypes import dtypes
-from svodc.ir.ops import ConstData, Ops
+from svodc.ir.ops import ConstData, InputArg, Ops
 from svodc.ir.uop import UOp
 
 
 class Vocabulary:
-    """The strings of one model, numbered in the order the import first meets them."""
+    """The strings of one model, numbered in the order the import first meets them, and the string
+    program's results that code reads (`edge_inputs`, format 1.8), in the order they were made."""
 
     def __init__(self) -> None:
         self._ids: dict[str, int] = {}
+        self.edge_inputs: dict[str, tuple[EdgeStrings, UOp]] = {}
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -62,8 +64,19 @@ class Vocabulary:
         return UOp(Ops.WEIGHT, dtypes.string, (), ConstData(self.ids(array, where)))
 
 
+def edge_input(vocabulary: Vocabulary, v: EdgeStrings) -> UOp:
+    """The code input that svodrt fills with a string op's result (one INPUT per result, made when code
+    first reads it; its shape must not depend on the strings)."""
+    if v.name not in vocabulary.edge_inputs:
+        assert v.shape is not None, "a result whose shape depends on the strings is only a graph output"
+        vocabulary.edge_inputs[v.name] = (v, UOp(Ops.INPUT, v.dtype, (), InputArg(v.name, v.shape)))
+    return vocabulary.edge_inputs[v.name][1]
+
+
 def is_string(value: Value | None) -> bool:
     """A string tensor, or a sequence or optional of them."""
+    if isinstance(value, EdgeStrings):
+        return value.dtype is dtypes.string
     if isinstance(value, OptionalValue):
         return is_string(value.value)
     if isinstance(value, SequenceValue):
