@@ -160,6 +160,28 @@ def test_split_lengths_feed_code_and_substrings_come_back_from_the_edge():
     assert got["parts"].shape == (2, 2, 3) and [t.name for t in bundle.outputs] == ["y"]
 
 
+def test_normalize_split_lookup_sum_with_a_maxsplit_bounded_width():
+    """normalize -> split -> LabelEncoder -> ReduceSum: with maxsplit the substrings reach code, their
+    width a bounded dim (1..maxsplit + 1) that svodrt sets from the strings of each call."""
+    nodes = [helper.make_node("StringNormalizer", ["x"], ["n"], case_change_action="LOWER", locale="C.UTF-8"),
+             helper.make_node("StringSplit", ["n"], ["words", "count"], delimiter=" ", maxsplit=3),
+             helper.make_node("LabelEncoder", ["words"], ["w"], domain=ML, keys_strings=["good", "bad", "東京"],
+                              values_floats=[1.0, -1.0, 0.5], default_float=0.0),
+             helper.make_node("ReduceSum", ["w", "axis"], ["score"], keepdims=0),
+             helper.make_node("Constant", [], ["axis"], value_ints=[1])]
+    model = ml_model(nodes, {"x": (S, [3])}, {"score": (TensorProto.FLOAT, [3]), "words": (S, [3, None])},
+                     opset=20, ml_opset=4)
+    with svodrt.load(svodc.compile(model), threads=1) as m:
+        assert [str(t) for t in m.bundle.inputs][-1] == "words: string[3, words:1=1..4]"
+        for x in (np.array(["Good 東京", "bad BAD movie really bad", "ok"]), np.array(["a", "b", "GOOD"])):
+            got = m.run({"x": x})
+            for o, w in zip(model.graph.output, ort_run(model, {"x": x}), strict=True):
+                assert_same(got[o.name], w, o.name)
+        assert got["words"].shape == (3, 1)
+        with pytest.raises(svodrt.InputError, match="'words' dim 1 .*got 0, expected 1..4"):
+            m.run({"x": np.array(["", "", ""])})  # no substrings at all: a width of 0, below the bounded dim
+
+
 def test_concat_then_regex_full_match_then_where():
     """StringConcat of two run-time inputs (broadcast) and of a constant suffix -> RegexFullMatch -> Where
     on numbers; the concatenation is also a graph output (a code input svodrt returns as well)."""

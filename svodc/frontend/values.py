@@ -55,6 +55,7 @@ class EdgeStrings:
     attrs: dict
     dtype: DType
     shape: tuple[int, ...] | None
+    bounded: tuple[tuple[int, str, int, int], ...] = ()  # (axis, dim name, lo, hi): shape has hi there
 
 
 Value = UOp | SequenceValue | OptionalValue | ZipMapValue | EdgeStrings

@@ -6,7 +6,8 @@ import, and its string results are interned: a constant. On run-time strings (gr
 results of other string ops) it is a step of the string program that svodrt runs in Python before
 native code (format 1.8; an EdgeStrings value): a result that code reads becomes a code input svodrt
 fills, interned like a string input; a result whose shape depends on the strings (StringNormalizer
-with stopwords, StringSplit's substrings) can only be a graph output, which svodrt returns itself.
+with stopwords, StringSplit's substrings without maxsplit) can only be a graph output, which svodrt
+returns itself.
 Both paths compute with svodrt.strings.edge_value, so folding and run time agree.
 """
 
@@ -72,7 +73,11 @@ def _step(ctx: NodeContext, op: str, attrs: dict, dtype: DType, shape: object, r
                 raise Unsupported(f"input {i} is a constant of shape {list(c.shape)}: with a run-time other input, "
                                   "only one string that broadcasts to its shape is supported")
             steps[i] = [c.reshape(-1)[0]]
-    return EdgeStrings(ctx.node.output[result], op, tuple(steps), attrs, dtype, shape(*shapes))
+    name = ctx.node.output[result]
+    if op == "StringSplit" and not result and attrs["maxsplit"] >= 0:  # at most maxsplit + 1 substrings
+        hi, axis = attrs["maxsplit"] + 1, len(shapes[0])
+        return EdgeStrings(name, op, tuple(steps), attrs, dtype, (*shapes[0], hi), ((axis, f"{name}:{axis}", 1, hi),))
+    return EdgeStrings(name, op, tuple(steps), attrs, dtype, shape(*shapes))
 
 
 @onnx_op("StringNormalizer", 10, strings=True)
@@ -103,9 +108,10 @@ def regex_full_match(ctx: NodeContext) -> UOp | EdgeStrings:
 
 @onnx_op("StringSplit", 20, strings=True)
 def string_split(ctx: NodeContext) -> list[UOp | EdgeStrings]:
-    """[Y, Z]: Y = X's substrings in a new last axis padded with "" to the longest (its width depends on
-    the strings: a run-time Y is only a graph output), Z = their counts. No (or an empty) delimiter
-    splits at runs of whitespace."""
+    """[Y, Z]: Y = X's substrings in a new last axis padded with "" to the longest, Z = their counts. No
+    (or an empty) delimiter splits at runs of whitespace. On run-time strings Y's width depends on them:
+    with maxsplit it is a bounded dim 1..maxsplit + 1 (svodrt sets it per call; 0, all strings empty, is
+    refused then), without it Y is only a graph output."""
     maxsplit = ctx.attr("maxsplit")
     if maxsplit is not None and maxsplit < 0:
         raise Unsupported(f"maxsplit={maxsplit} is negative")
