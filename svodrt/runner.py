@@ -76,7 +76,7 @@ class Runner:
                 result[name] = self._decode.decode(result[name], self._string_inputs, feeds)
             for name, keys in self.bundle.zipmaps:
                 result[name] = [dict(zip(keys, row, strict=True)) for row in result[name].tolist()]
-            result.update((name, feeds[name]) for name, role in self._computed.items() if role != "input")
+            result.update((name, feeds[name]) for name, role in self._computed.items() if role in ("output", "both"))
         return result
 
     def edge_feeds(self, feeds: MappingT[str, object]) -> MappingT[str, object]:
@@ -87,8 +87,10 @@ class Runner:
         if given := [k for k in feeds if k in self._computed]:
             raise InputError(f"input {given[0]!r} is computed by the model from its string inputs: do not pass it")
         env = EdgeFeeds(feeds)
-        for name, op, sources, attrs, _ in self.bundle.edge_outputs:
-            env[name] = edge_value(op, [self._edge_arg(s, env) for s in sources], attrs)
+        for name, op, sources, attrs, role in self.bundle.edge_outputs:
+            value = edge_value(op, [self._edge_arg(s, env) for s in sources], attrs)
+            if role != "check":
+                env[name] = value
         return env
 
     def _edge_arg(self, s: str | list, env: dict) -> np.ndarray:
@@ -96,10 +98,12 @@ class Runner:
             return np.array(s[0], dtype=object)
         if s in self._computed:
             return env[s]
-        t = next(t for t in self._string_inputs if t.name == s)
+        t = next(t for t in self.bundle.inputs if t.name == s)
         if s not in env:
             raise InputError(f"missing input {s!r} ({t.dtype}{list(t.shape)})")
         check_shape(t, env[s])
+        if t.dtype != STRING:  # a OneHotEncoder check's integers
+            return check_input(t, env[s])
         return np.array(strings_of(t, env[s]), dtype=object).reshape(env[s].shape)
 
     def check_inputs(self, feeds: MappingT[str, object]) -> list[np.ndarray]:

@@ -218,25 +218,28 @@ def zipmaps(m: Any, outputs: list[TensorInfo]) -> tuple[tuple[str, tuple], ...]:
 EDGE_OPS = {  # op: (its attributes' types, its result's dtype; StringSplit's result 0, the substrings, is strings)
     "StringNormalizer": ({"case": str, "case_sensitive": bool, "stopwords": list}, "string"),
     "StringConcat": ({}, "string"), "RegexFullMatch": ({"pattern": str}, "bool"),
-    "StringSplit": ({"delimiter": str, "maxsplit": int, "result": int}, "int64")}
+    "StringSplit": ({"delimiter": str, "maxsplit": int, "result": int}, "int64"),
+    "OneHotEncoder": ({"categories": list}, "")}  # a check: no result
 
 
 def edge_outputs(m: Any, inputs: list[TensorInfo], outputs: list[TensorInfo]) -> tuple[tuple, ...]:
     """The manifest's `edge_outputs`, run()'s string program: 1.6's [output, "StringNormalizer", string input,
-    {case, case_sensitive, stopwords}] and 1.8's [name, op, [source], attrs, "input" | "output" | "both"], as
+    {case, case_sensitive, stopwords}] and 1.8's [name, op, [source], attrs, "input" | "output" | "both" | "check"], as
     (name, op, sources, attrs, role) in order. A source is a string input or an earlier "input" step, or (StringConcat)
-    [str]; an "input" step's name is the code input it fills, an "output" step's a new output, "both" is both."""
+    [str]; an "input" step's name is the code input it fills, an "output" step's a new output, "both" is both; a
+    "check" (OneHotEncoder with zeros=0, of a string or integer input) makes a value that is no category an error."""
     raw = items(m, "edge_outputs", "manifest") if "edge_outputs" in m else []
     by_name, taken, out = {t.name: t for t in inputs}, {t.name for t in outputs + inputs}, []
     ready = {t.name for t in inputs if t.dtype == "string"} - {  # what a step may read
         e[0] for e in raw if type(e) is list and len(e) == 5 and isinstance(e[0], str)}
+    ints = {t.name for t in inputs if t.dtype in ("int64", "int32")}  # ... and a OneHotEncoder check
     for i, e in enumerate(raw):
         if type(e) is list and len(e) == 4 and e[1] == "StringNormalizer" and isinstance(e[2], str):
             e = [e[0], e[1], [e[2]], e[3], "output"]  # format 1.6
-        if not _edge_step_ok(e, ready, taken, by_name):
-            raise fail(f"edge_outputs[{i}]", "must be [name, op, [source], attrs, 'input' | 'output' | 'both'] (1.6: "
+        if not _edge_step_ok(e, ready | ints if e[1] == "OneHotEncoder" else ready, taken, by_name):
+            raise fail(f"edge_outputs[{i}]", "must be [name, op, [source], attrs, role] (1.6: "
                        "[new output name, 'StringNormalizer', string input, {case, case_sensitive, stopwords}])")
-        (taken if e[4] == "output" else ready).add(e[0])
+        (ready if e[4] in ("input", "both") else taken).add(e[0])
         out.append((e[0], e[1], tuple(e[2]), e[3], e[4]))
     return tuple(out)
 
@@ -254,9 +257,11 @@ def _edge_step_ok(e: Any, ready: set, taken: set, by_name: dict) -> bool:
             and a.get("case", "NONE") in ("NONE", "LOWER", "UPPER") and a.get("maxsplit", 0) >= -1
             and all(isinstance(w, str) for w in a.get("stopwords", [])) and len(e[2]) == 1 + (e[1] == "StringConcat")
             and all(s in ready if isinstance(s, str) else e[1] == "StringConcat" and type(s) is list and len(s) == 1
-                    and isinstance(s[0], str) for s in e[2])
-            and ((e[4] == "output" and e[0] not in taken) or (e[4] in ("input", "both") and t is not None
-                 and e[0] not in ready and t.dtype == ("string" if a.get("result") == 0 else dtype))))
+                    and isinstance(s[0], str) for s in e[2]) and (e[1] == "OneHotEncoder") == (e[4] == "check")
+            and (e[4] == "check" or (e[4] == "output" and e[0] not in taken) or (
+                e[4] in ("input", "both") and t is not None and e[0] not in ready
+                and t.dtype == ("string" if a.get("result") == 0 else dtype)))
+            and all(type(k) is type(a["categories"][0]) in (str, int) for k in a.get("categories", [])))
 
 
 @dataclass(frozen=True)

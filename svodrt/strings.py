@@ -81,6 +81,11 @@ def edge_value(op: str, args: list[np.ndarray], a: dict) -> np.ndarray:
     if op == "StringConcat":
         return np.array(np.frompyfunc(operator.add, 2, 1)(*args), dtype=object)
     x, flat = args[0], args[0].reshape(-1).tolist()
+    if op == "OneHotEncoder":  # zeros=0: a check, no result
+        if unknown := set(flat) - set(a["categories"]):
+            raise InputError(f"OneHotEncoder (zeros=0): {sorted(unknown)[0]!r:.40} is none of its "
+                             f"{len(a['categories'])} categories; onnxruntime fails such a run")
+        return x
     if op == "RegexFullMatch":
         return np.array([re.fullmatch(a["pattern"], v) is not None for v in flat], dtype=bool).reshape(x.shape)
     parts = [v.split(a["delimiter"] or None, a["maxsplit"]) if v else [] for v in flat]  # "": none (onnxruntime)

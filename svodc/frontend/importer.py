@@ -154,7 +154,7 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
 def _string_program(vocabulary: Vocabulary, dim_table: DimTable, returned: list[tuple[str, EdgeStrings, str]],
                     inputs: list[tuple[str, UOp]]) -> list[tuple[str, EdgeStrings, str]]:
     """svodrt's string program (format 1.8) in order: the results code reads, which become code inputs
-    after the graph's (appended to `inputs`), then the `returned` graph outputs that are not among them."""
+    after the graph's (appended to `inputs`), the `returned` graph outputs that are not among them, checks."""
     bounded = set(dim_table.input_axes)
     for name, (step, x) in vocabulary.edge_inputs.items():
         if reads := bounded & {s for s in step.sources if isinstance(s, str)}:
@@ -166,7 +166,8 @@ def _string_program(vocabulary: Vocabulary, dim_table: DimTable, returned: list[
         inputs.append((name, x))
     names = {name for name, _, _ in returned}
     return [(name, step, "both" if name in names else "input") for name, (step, _) in vocabulary.edge_inputs.items()
-            ] + [e for e in returned if e[0] not in vocabulary.edge_inputs]
+            ] + [e for e in returned if e[0] not in vocabulary.edge_inputs] + [
+        (step.name, step, "check") for step in vocabulary.edge_checks]
 
 
 @functools.cache

@@ -30,11 +30,13 @@ from svodc.ir.uop import UOp
 
 class Vocabulary:
     """The strings of one model, numbered in the order the import first meets them, and the string
-    program's results that code reads (`edge_inputs`, format 1.8), in the order they were made."""
+    program's results that code reads (`edge_inputs`, format 1.8), in the order they were made, and its
+    checks."""
 
     def __init__(self) -> None:
         self._ids: dict[str, int] = {}
         self.edge_inputs: dict[str, tuple[EdgeStrings, UOp]] = {}
+        self.edge_checks: list[EdgeStrings] = []  # OneHotEncoder (zeros=0) of an input: svodrt refuses unknown values
 
     def __len__(self) -> int:
         return len(self._ids)
