@@ -243,19 +243,20 @@ def edge_outputs(m: Any, inputs: list[TensorInfo], outputs: list[TensorInfo]) ->
     for i, e in enumerate(raw):
         if type(e) is list and len(e) == 4 and e[1] == "StringNormalizer" and isinstance(e[2], str):
             e = [e[0], e[1], [e[2]], e[3], "output"]  # format 1.6
-        if not _edge_step_ok(e, ready | ints if e[1] == "OneHotEncoder" else ready, taken, by_name):
+        if not _edge_step_ok(e, ready, ints, taken, by_name):
             raise fail(f"edge_outputs[{i}]", "must be [name, op, [source], attrs, role] (1.6: "
                        "[new output name, 'StringNormalizer', string input, {case, case_sensitive, stopwords}])")
-        (ready if e[4] in ("input", "both") else taken).add(e[0])
+        (ready if e[4] in ("input", "both") and by_name[e[0]].dtype == "string" else taken).add(e[0])
         out.append((e[0], e[1], tuple(e[2]), e[3], e[4]))
     return tuple(out)
 
 
-def _edge_step_ok(e: Any, ready: set, taken: set, by_name: dict) -> bool:
-    if not (type(e) is list and len(e) == 5 and e[1] in EDGE_OPS and isinstance(e[0], str) and type(e[2]) is list
-            and type(e[3]) is dict):
+def _edge_step_ok(e: Any, ready: set, ints: set, taken: set, by_name: dict) -> bool:
+    if not (type(e) is list and len(e) == 5 and isinstance(e[1], str) and e[1] in EDGE_OPS and isinstance(e[0], str)
+            and type(e[2]) is list and type(e[3]) is dict):
         return False
     (spec, dtype), a, t = EDGE_OPS[e[1]], e[3], by_name.get(e[0])
+    ready = ready | ints if e[1] == "OneHotEncoder" else ready
     try:
         re.compile(a.get("pattern", ""))
     except (re.error, TypeError):
