@@ -201,6 +201,7 @@ def test_concat_then_regex_full_match_then_where():
 def test_a_format_1_6_runtime_refuses_a_string_program_bundle_at_load(tmp_path):
     """The string program's steps are 1.8's five-item `edge_outputs` entries, which a 1.6 runtime refuses
     when it loads the bundle, before any code runs."""
+    from svodrt_tools.describe import describe_bundle
     from tests.bundle_tools import old_runtime_load
 
     nodes = [helper.make_node("StringNormalizer", ["x"], ["n"], case_change_action="UPPER"),
@@ -210,6 +211,7 @@ def test_a_format_1_6_runtime_refuses_a_string_program_bundle_at_load(tmp_path):
     with svodrt.load(bundle, threads=1) as m:
         assert m.run({"x": np.array(["a", "b"])})["y"].tolist() == [True, False]
         assert [t.name for t in m.inputs] == ["x"]
+        assert "n: string[2]  (filled by run(): StringNormalizer of x)" in describe_bundle(m.bundle)
         with pytest.raises(svodrt.InputError, match="'n' is computed by the model"):
             m.run({"x": np.array(["a", "b"]), "n": np.array(["A", "A"])})
     out = old_runtime_load(FORMAT_1_6_COMMIT, 6, bundle, tmp_path)
