@@ -59,7 +59,7 @@ class Runner:
         """The common case in a few comparisons: a dict of exactly the inputs, each an ndarray of the
         declared dtype and shape, C-contiguous and aligned. None means: take the full check."""
         specs = self._input_specs
-        if type(feeds) is not dict or len(feeds) != len(specs) or self._strings is not None:
+        if type(feeds) is not dict or len(feeds) != len(specs) or self._strings is not None or self._computed:
             return None
         arrays = []
         for name, dtype, shape in specs:

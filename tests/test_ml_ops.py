@@ -214,3 +214,16 @@ def test_one_hot_encoder_zeros_0_refuses_an_unknown_category_of_an_input_as_onnx
         ort_run(model, {"x": bad})
     with svodrt.load(svodc.compile(model), threads=1) as m, pytest.raises(svodrt.InputError, match="none of its 2"):
         m.run({"x": bad})
+
+
+def test_one_hot_encoder_check_applies_on_every_run_path():
+    """The check runs before native code whatever path the call takes (InferenceSession with out=
+    arrays skips nothing: the fast input path is off for bundles with a string program)."""
+    import svodc
+    import svodrt
+
+    node = helper.make_node("OneHotEncoder", ["x"], ["oh"], domain=ML, zeros=0, cats_int64s=[3, 1])
+    model = ml_model([node], {"x": (I64, [3])}, {"oh": (F, [3, 2])})
+    bad = np.array([3, 2, 1], np.int64)
+    with svodrt.InferenceSession(svodc.compile(model)) as s, pytest.raises(svodrt.InputError, match="none of its 2"):
+        s.run(None, {"x": bad}, out=[np.empty((3, 2), np.float32)])
