@@ -11,8 +11,10 @@ Invariant: a compiled model's outputs depend on string ids only through id equal
 vocabulary entry an id is, never through an id's value past the vocabulary. Two consequences: Equal of
 two string tensors is a comparison of ids, correct for any strings; and the handlers that may touch a
 string tensor are exactly those registered with `strings=True` (movement and selection ops, which move
-ids without reading them, Equal, LabelEncoder). Every other op on a string tensor, and any string
-graph output, is refused at import with the node's name (check_string_use), never compiled wrongly.
+ids without reading them, Equal, LabelEncoder). Every other op on a string tensor is refused at import
+with the node's name (string_use_problem), never compiled wrongly. String work on run-time strings is
+svodrt's (the string program, format 1.8): its results that code reads are code inputs made here
+(edge_input), interned at run time like any string input, so the invariant holds for them too.
 """
 
 from __future__ import annotations
