@@ -230,11 +230,8 @@ EDGE_OPS = {  # op: (its attributes' types, its result's dtype; StringSplit's re
 
 
 def edge_outputs(m: Any, inputs: list[TensorInfo], outputs: list[TensorInfo]) -> tuple[tuple, ...]:
-    """The manifest's `edge_outputs`, run()'s string program: 1.6's [output, "StringNormalizer", string input,
-    {case, case_sensitive, stopwords}] and 1.8's [name, op, [source], attrs, "input" | "output" | "both" | "check"], as
-    (name, op, sources, attrs, role) in order. A source is a string input or an earlier "input" step, or (StringConcat)
-    [str]; an "input" step's name is the code input it fills, an "output" step's a new output, "both" is both; a
-    "check" (OneHotEncoder with zeros=0, of a string or integer input) makes a value that is no category an error."""
+    """The manifest's `edge_outputs`, run()'s string program (1.6's four-item and 1.8's five-item entries,
+    docs/bundle-format.md) as (name, op, sources, attrs, role) in order."""
     raw = items(m, "edge_outputs", "manifest") if "edge_outputs" in m else []
     by_name, taken, out = {t.name: t for t in inputs}, {t.name for t in outputs + inputs}, []
     ready = {t.name for t in inputs if t.dtype == "string"} - {  # what a step may read

@@ -74,8 +74,7 @@ def normalize(x: np.ndarray, case: str, case_sensitive: bool, stopwords: Sequenc
 
 def edge_value(op: str, args: list[np.ndarray], a: dict) -> np.ndarray:
     """One step of the string program (manifest `edge_outputs`, docs/bundle-format.md "Strings") on object arrays
-    of str, as onnxruntime computes the op; svodc folds constants with it too. The pattern is Python's re form of an RE2
-    one (svodc translated it and refused the rest); maxsplit -1: no limit; result: StringSplit's output."""
+    of str, as onnxruntime computes the op; svodc folds constants with it too."""
     if op == "StringNormalizer":
         return normalize(args[0], a["case"], a["case_sensitive"], a["stopwords"])
     if op == "StringConcat":
