@@ -5,10 +5,10 @@ On strings known at compile time (initializers, constants, --input-value) the op
 import, and its string results are interned: a constant. On run-time strings (graph inputs and the
 results of other string ops) it is a step of the string program that svodrt runs in Python before
 native code (format 1.8; an EdgeStrings value): a result that code reads becomes a code input svodrt
-fills, interned like a string input; a result whose shape depends on the strings (StringNormalizer
-with stopwords, StringSplit's substrings without maxsplit) can only be a graph output, which svodrt
-returns itself.
-Both paths compute with svodrt.strings.edge_value, so folding and run time agree.
+fills, interned like a string input. A result whose shape depends on the strings has a bounded dim
+where it can (StringNormalizer with stopwords: 1..C elements; StringSplit's substrings with maxsplit:
+width 1..maxsplit + 1); otherwise (StringSplit without maxsplit) only a graph output takes it, and
+svodrt returns it. Both paths compute with svodrt.strings.edge_value, so folding and run time agree.
 """
 
 from __future__ import annotations
@@ -57,9 +57,10 @@ def _source(ctx: NodeContext, i: int) -> tuple[Source, tuple[int, ...]]:
 
 
 def _step(ctx: NodeContext, op: str, attrs: dict, dtype: DType, shape: object, result: int = 0,
-          n_inputs: int = 1) -> UOp | EdgeStrings:
+          n_inputs: int = 1, bound: tuple[int, int] | None = None) -> UOp | EdgeStrings:
     """The op's result: folded when its inputs are constants, else a step of svodrt's string program.
-    shape: a function of the input shapes, giving None when the strings decide it."""
+    shape: a function of the input shapes, giving None when the strings decide it; bound: (axis, hi)
+    when the strings decide that axis only, in 1..hi (a bounded dim; the shape has hi there)."""
     sources, shapes = zip(*[_source(ctx, i) for i in range(n_inputs)], strict=True)
     if all(s is None for s in sources):
         out = edge_value(op, [_strings(ctx, i) for i in range(n_inputs)], attrs)
@@ -73,11 +74,11 @@ def _step(ctx: NodeContext, op: str, attrs: dict, dtype: DType, shape: object, r
                 raise Unsupported(f"input {i} is a constant of shape {list(c.shape)}: with a run-time other input, "
                                   "only one string that broadcasts to its shape is supported")
             steps[i] = [c.reshape(-1)[0]]
-    name = ctx.node.output[result]
-    if op == "StringSplit" and not result and attrs["maxsplit"] >= 0:  # at most maxsplit + 1 substrings
-        hi, axis = attrs["maxsplit"] + 1, len(shapes[0])
-        return EdgeStrings(name, op, tuple(steps), attrs, dtype, (*shapes[0], hi), ((axis, f"{name}:{axis}", 1, hi),))
-    return EdgeStrings(name, op, tuple(steps), attrs, dtype, shape(*shapes))
+    name, bounded = ctx.node.output[result], ()
+    if bound is not None and bound[1] >= 1:
+        bounded = ((bound[0], f"{name}:{bound[0]}", 1, bound[1]),)
+    return EdgeStrings(name, op, tuple(steps), attrs, dtype, shape(*shapes) if bounded or bound is None else None,
+                       bounded)
 
 
 @onnx_op("StringNormalizer", 10, strings=True)
@@ -90,8 +91,9 @@ def string_normalizer(ctx: NodeContext) -> UOp | EdgeStrings:
         raise Unsupported(f"case_change_action={case!r} is not NONE, LOWER or UPPER")
     attrs = {"case": case, "case_sensitive": bool(ctx.attr("is_case_sensitive", 0)),
              "stopwords": list(ctx.attr("stopwords") or [])}
-    # stopwords are dropped: how many elements remain depends on the strings
-    return _step(ctx, "StringNormalizer", attrs, dtypes.string, lambda s: None if attrs["stopwords"] else s)
+    # stopwords are dropped: how many elements remain (1..C: none left gives [""]) depends on the strings
+    return _step(ctx, "StringNormalizer", attrs, dtypes.string, lambda s: s,
+                 bound=(len(shape) - 1, shape[-1]) if attrs["stopwords"] else None)
 
 
 @onnx_op("StringConcat", 20, strings=True)
@@ -116,5 +118,6 @@ def string_split(ctx: NodeContext) -> list[UOp | EdgeStrings]:
     if maxsplit is not None and maxsplit < 0:
         raise Unsupported(f"maxsplit={maxsplit} is negative")
     attrs = {"delimiter": ctx.attr("delimiter") or "", "maxsplit": -1 if maxsplit is None else int(maxsplit)}
-    return [_step(ctx, "StringSplit", {**attrs, "result": 0}, dtypes.string, lambda s: None),
+    width = (len(_source(ctx, 0)[1]), attrs["maxsplit"] + 1) if maxsplit is not None else (0, 0)
+    return [_step(ctx, "StringSplit", {**attrs, "result": 0}, dtypes.string, lambda s: (*s, width[1]), bound=width),
             _step(ctx, "StringSplit", {**attrs, "result": 1}, dtypes.int64, lambda s: s, result=1)]
