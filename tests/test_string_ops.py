@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 import svodc
 import svodrt
 from svodc.errors import UnsupportedModelError
+from svodc.passes.dynamic import DynamicShapeError
 from tests.ml_util import ML, assert_same, ml_model, ort_run, svod_run
 
 S, I64, BOOL = TensorProto.STRING, TensorProto.INT64, TensorProto.BOOL
@@ -198,6 +199,30 @@ def test_normalizer_with_stopwords_feeds_code_through_a_bounded_dim(shape):
             got = m.run({"x": x})
             for o, w in zip(model.graph.output, ort_run(model, {"x": x}), strict=True):
                 assert_same(got[o.name], w, o.name)
+
+
+def test_normalizer_then_tfidf_vectorizer_with_a_string_pool():
+    """TfIdfVectorizer's string pool compares token ids; the tokens here are StringNormalizer's, filled by svodrt."""
+    nodes = [helper.make_node("StringNormalizer", ["x"], ["n"], case_change_action="LOWER", locale="C.UTF-8"),
+             helper.make_node("TfIdfVectorizer", ["n"], ["tf"], mode="TFIDF", min_gram_length=1, max_gram_length=2,
+                              max_skip_count=1, ngram_counts=[0, 3], ngram_indexes=[0, 1, 2, 3],
+                              pool_strings=["good", "bad", "movie", "good", "movie"], weights=[1.0, 2.0, 0.5, 3.0])]
+    for x in (["Good", "movie", "good", "x", "movie", "BAD"], ["a", "good", "b", "movie", "", "good"]):
+        _pipeline(nodes, {"x": (S, [6])}, {"tf": (TensorProto.FLOAT, [4])}, {"x": np.array(x)})
+
+
+def test_split_then_tfidf_unigrams_count_over_the_bounded_width():
+    """Unigram counts over StringSplit's substrings of a bounded width count the "" padding up to the
+    call's longest row, as onnxruntime does; n-grams (views sliced along the bounded dim) are refused."""
+    def nodes(max_gram):
+        return [helper.make_node("StringSplit", ["x"], ["words", "count"], maxsplit=3),
+                helper.make_node("TfIdfVectorizer", ["words"], ["tf"], mode="TF", min_gram_length=1,
+                                 max_gram_length=max_gram, max_skip_count=0, ngram_counts=[0, 2],
+                                 ngram_indexes=[0, 1, 2], pool_strings=["good", "", "good", "good"])]
+    for x in (["good good good good", "good"], ["good", "a good"], ["x", "y"]):
+        _pipeline(nodes(1), {"x": (S, [2])}, {"tf": (TensorProto.FLOAT, [2, 3])}, {"x": np.array(x)})
+    with pytest.raises(DynamicShapeError, match="slices a bounded dim"):
+        svodc.compile(ml_model(nodes(2), {"x": (S, [2])}, {"tf": (TensorProto.FLOAT, [2, 3])}, opset=20, ml_opset=4))
 
 
 def test_concat_then_regex_full_match_then_where():
