@@ -22,7 +22,7 @@ def plan_arena(kernels: list[Kernel], scratch: list[Buffer]) -> int:
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     for k, kernel in enumerate(kernels):
-        for b in kernel.params:
+        for b in (*kernel.params, *(flag for term in kernel.guard for flag, _ in term)):  # the entry reads flags
             first.setdefault(b.id, k)
             last[b.id] = k
     placed: list[tuple[int, int, int, int]] = []  # (offset, end, first, last)
