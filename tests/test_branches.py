@@ -1,5 +1,6 @@
-"""Run-time If: only the taken branch's kernels run (passes/branches.py, codegen/module.py), with one
-thread and through the work queue, nested, and compared with onnxruntime."""
+"""Run-time branches (passes/branches.py, codegen/module.py): an If whose condition is known only at run
+time runs only the taken branch's kernels, with one thread and through the work queue, nested; a Loop
+with a run-time trip count or condition runs up to its --loop-bound. Compared with onnxruntime."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from onnx import TensorProto, helper
 
 import svodc
 import svodrt
+from svodc.errors import UnsupportedModelError
 from svodc.frontend.importer import import_model
 from svodc.options import CompileOptions
 from svodc.passes.pipeline import build_program
@@ -124,3 +126,60 @@ def test_nested_run_time_ifs_match_onnxruntime(positive, s):
         got = m.run(feeds)
     for name, want in zip(["y", "z"], reference(model, feeds), strict=True):
         np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5)
+
+
+def _loop_model(with_trip_count: bool) -> object:
+    """y = x; loop: y = y + x, while y[0] < 1.5 or keep_going (the condition), at most n times (the trip count)."""
+    b = TensorProto.BOOL
+    body = helper.make_graph(
+        [helper.make_node("Add", ["y_in", "x"], ["y_out"]),
+         helper.make_node("Gather", ["y_out", "first"], ["head"]), helper.make_node("Less", ["head", "limit"], ["c"]),
+         helper.make_node("Or", ["c", "keep_going"], ["cond_out"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("cond_in", b, []),
+         helper.make_tensor_value_info("y_in", F, [16])],
+        [helper.make_tensor_value_info("cond_out", b, []), helper.make_tensor_value_info("y_out", F, [16])])
+    loop = helper.make_node("Loop", ["n" if with_trip_count else "", "go", "x"], ["y"], body=body, name="loop")
+    inputs = {"x": (np.float32, [16]), "go": (np.bool_, []), "keep_going": (np.bool_, [])}
+    if with_trip_count:
+        inputs["n"] = (np.int64, [])
+    return make_model([loop], inputs, ["y"], {"first": np.array(0, np.int64),
+                                              "limit": np.array(1.5, np.float32)})
+
+
+def _loop_feeds(n: int | None, keep_going: bool, x0: float = 0.4) -> dict[str, np.ndarray]:
+    x = np.full(16, x0, np.float32) + R.uniform(0, 0.1, 16).astype(np.float32)
+    x[0] = x0
+    feeds = {"x": x, "go": np.array(True), "keep_going": np.array(keep_going)}
+    return feeds if n is None else {**feeds, "n": np.array(n, np.int64)}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_loop_with_a_run_time_trip_count_runs_that_many_iterations(threads):
+    model = _loop_model(with_trip_count=True)
+    with svodrt.load(svodc.compile(model, options=CompileOptions(loop_bounds={"loop": 6})), threads=threads) as m:
+        for n, keep_going in ((0, True), (3, True), (6, True), (5, False)):
+            feeds = _loop_feeds(n, keep_going)
+            np.testing.assert_allclose(m.run(feeds)["y"], reference(model, feeds)[0], rtol=1e-6, err_msg=f"n={n}")
+        # past the bound the loop runs the bound's iterations (documented: the bound is the most it runs)
+        feeds = _loop_feeds(6, True)
+        np.testing.assert_allclose(m.run({**feeds, "n": np.array(9, np.int64)})["y"], reference(model, feeds)[0],
+                                   rtol=1e-6)
+
+
+def test_a_while_loop_on_a_run_time_condition_stops_when_it_turns_false():
+    model = _loop_model(with_trip_count=False)
+    with svodrt.load(svodc.compile(model, options=CompileOptions(loop_bounds={"loop": 8}))) as m:
+        for x0 in (0.4, 0.7, 2.0):  # y[0] reaches 1.5 after a different number of iterations
+            feeds = _loop_feeds(None, False, x0)
+            np.testing.assert_allclose(m.run(feeds)["y"], reference(model, feeds)[0], rtol=1e-6, err_msg=f"x0={x0}")
+
+
+def test_each_iteration_of_a_run_time_loop_is_a_guarded_branch():
+    model = _loop_model(with_trip_count=True)
+    program = build_program(import_model(model, CompileOptions(loop_bounds={"loop": 6})), CompileOptions())
+    assert len({t for k in program.kernels for t in k.guard}) >= 6  # a flag per iteration
+
+
+def test_a_run_time_trip_count_without_a_bound_names_the_node_and_the_flag():
+    with pytest.raises(UnsupportedModelError, match="--loop-bound loop=N"):
+        svodc.compile(_loop_model(with_trip_count=True))

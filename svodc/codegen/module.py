@@ -20,8 +20,10 @@ Guarded kernels (a run-time If's branches, passes/branches.py) run only when the
 formula over one-byte flags that earlier kernels wrote. Invariant: every thread takes the same
 decision, so all agree on every kernel's tickets. A thread reads a kernel's flags only after its
 wait for that kernel (`done` >= base_i, an acquire): the kernels that wrote them are all finished
-and visible, and nothing writes a flag again in the call, so every thread reads the same bytes. A
-skipped kernel has n_i = 0 tickets, so base_(i+1) = base_i for everyone.
+and visible, and nothing writes a flag again in the call (memory.plan_arena keeps flags to the end of
+the call: a thread held back by the OS may read one after the others have run every later kernel), so
+every thread reads the same bytes. A skipped kernel has n_i = 0 tickets, so base_(i+1) = base_i for
+everyone.
 """
 
 from __future__ import annotations

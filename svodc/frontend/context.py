@@ -49,7 +49,8 @@ def constant_value(x: UOp) -> np.ndarray:
 
 class NodeContext:
     def __init__(self, node: onnx.NodeProto, inputs: list[Value | None], version: int, opset: int,
-                 subgraph_runner: SubgraphRunner | None = None, vocabulary: Vocabulary | None = None):
+                 subgraph_runner: SubgraphRunner | None = None, vocabulary: Vocabulary | None = None,
+                 loop_bounds: dict[str, int] | None = None):
         self.node = node
         self.inputs = inputs
         self.version = version  # the op's schema since_version this node uses
@@ -57,6 +58,7 @@ class NodeContext:
         self._attrs: dict[str, Any] = {a.name: a for a in node.attribute}
         self._run_subgraph = subgraph_runner
         self._vocabulary = vocabulary
+        self.loop_bounds = loop_bounds or {}  # CompileOptions.loop_bounds, by node name
 
     @property
     def vocabulary(self) -> Vocabulary:

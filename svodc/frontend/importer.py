@@ -122,7 +122,7 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
         scope.set(vi.name, value)
         inputs += bundle_inputs
 
-    importer = GraphImporter(prov, lambda init: _weight(init, external, vocabulary), vocabulary)
+    importer = GraphImporter(prov, lambda init: _weight(init, external, vocabulary), vocabulary, options.loop_bounds)
     problems += importer.import_graph_nodes(graph, scope, opsets)
     outputs, zipmaps, edge = [], [], []
     for vi in graph.output:

@@ -1,8 +1,10 @@
 """Run-time branches: the kernels only one side of a run-time If needs run only when that side is taken.
 
 The frontend imports an If whose condition is known only at run time as both branches and, per
-output, a select `WHERE(broadcast(cond), then, else)` (frontend/ops/control_flow.py). Such a select
-(a WHERE made by an If node, whose condition is a non-constant scalar) is a *branch select*. For it,
+output, a select `WHERE(broadcast(cond), then, else)` (frontend/ops/control_flow.py); a Loop with a
+run-time trip count selects each iteration's carried values between the body's and the previous
+ones. Such a select (a WHERE made by an If or Loop node, whose condition is a non-constant scalar) is
+a *branch select*. For it,
 scheduling realizes the condition (a one-byte bool in the arena: the flag) and both sides, and every
 kernel gets a guard: the condition, in disjunctive normal form over flags, under which some graph
 output needs its result. Need flows from the outputs to the sources: an output is always needed; a
@@ -45,7 +47,7 @@ def find_branch_selects(nodes: list[UOp], prov: Provenance, op_types: dict[str, 
         return {}
     out: dict[UOp, UOp] = {}
     for n in nodes:
-        if n.op is not Ops.WHERE or not any(op_types.get(name) == "If" for name in prov.get(n)):
+        if n.op is not Ops.WHERE or not any(op_types.get(name) in ("If", "Loop") for name in prov.get(n)):
             continue
         flag = _base(n.src[0])
         if flag.op in _COMPUTE and flag.op is not Ops.SCATTER and all(d == 1 for d in flag.shape):
