@@ -50,6 +50,7 @@ def constant_value(x: UOp) -> np.ndarray:
 class NodeContext:
     def __init__(self, node: onnx.NodeProto, inputs: list[Value | None], version: int, opset: int,
                  subgraph_runner: SubgraphRunner | None = None, vocabulary: Vocabulary | None = None,
+                 bounded_axes: Callable[[UOp], tuple[bool, ...]] | None = None,
                  loop_bounds: dict[str, int] | None = None):
         self.node = node
         self.inputs = inputs
@@ -58,7 +59,12 @@ class NodeContext:
         self._attrs: dict[str, Any] = {a.name: a for a in node.attribute}
         self._run_subgraph = subgraph_runner
         self._vocabulary = vocabulary
+        self._bounded_axes = bounded_axes
         self.loop_bounds = loop_bounds or {}  # CompileOptions.loop_bounds, by node name
+
+    def bounded(self, x: UOp) -> tuple[bool, ...]:
+        """Which axes of x a bounded dim sizes (their size varies per call; frontend/dims.py)."""
+        return self._bounded_axes(x) if self._bounded_axes is not None else (False,) * x.ndim
 
     @property
     def vocabulary(self) -> Vocabulary:
