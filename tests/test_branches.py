@@ -10,7 +10,7 @@ from onnx import TensorProto, helper
 
 import svodc
 import svodrt
-from svodc.errors import UnsupportedModelError
+from svodc.errors import InputShapeError, UnsupportedModelError
 from svodc.frontend.importer import import_model
 from svodc.options import CompileOptions
 from svodc.passes.pipeline import build_program
@@ -183,3 +183,20 @@ def test_each_iteration_of_a_run_time_loop_is_a_guarded_branch():
 def test_a_run_time_trip_count_without_a_bound_names_the_node_and_the_flag():
     with pytest.raises(UnsupportedModelError, match="--loop-bound loop=N"):
         svodc.compile(_loop_model(with_trip_count=True))
+    with pytest.raises(InputShapeError, match=r"no Loop node 'lop'; its Loop nodes are \['loop'\]"):
+        svodc.compile(_loop_model(with_trip_count=True), options=CompileOptions(loop_bounds={"lop": 4}))
+
+
+def test_the_cli_passes_loop_bounds(tmp_path):
+    from click.testing import CliRunner
+
+    from svodc.cli import main
+
+    path = tmp_path / "loop.onnx"
+    path.write_bytes(_loop_model(with_trip_count=True).SerializeToString())
+    result = CliRunner().invoke(main, ["compile", str(path), "-q", "--loop-bound", "loop=3"])
+    assert result.exit_code == 0, result.output
+    with svodrt.load(str(tmp_path / "loop.svod")) as m:
+        feeds = _loop_feeds(3, True)
+        np.testing.assert_allclose(m.run({**feeds, "n": np.array(5, np.int64)})["y"],
+                                   reference(_loop_model(with_trip_count=True), feeds)[0], rtol=1e-6)
