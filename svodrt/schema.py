@@ -221,22 +221,12 @@ def zipmaps(m: Any, outputs: list[TensorInfo]) -> tuple[tuple[str, tuple], ...]:
     return tuple(out)
 
 
-def edge_outputs(m: Any, inputs: list[TensorInfo], outputs: list[TensorInfo]) -> tuple[tuple[str, str, dict], ...]:
-    """The manifest's `edge_outputs` (format 1.6): [output, "StringNormalizer", string input, {"case":
-    NONE|LOWER|UPPER, "case_sensitive": bool, "stopwords": [str]}], outputs run() computes itself."""
-    strings = {t.name for t in inputs if t.dtype == "string"}
-    taken, out = {t.name for t in outputs}, []
-    for i, e in enumerate(items(m, "edge_outputs", "manifest") if "edge_outputs" in m else []):
-        a = e[3] if isinstance(e, list) and len(e) == 4 and isinstance(e[3], dict) else {}
-        if (not isinstance(e, list) or len(e) != 4 or e[1] != "StringNormalizer" or e[2] not in strings
-                or not isinstance(e[0], str) or e[0] in taken or a.get("case") not in ("NONE", "LOWER", "UPPER")
-                or type(a.get("case_sensitive")) is not bool or not isinstance(a.get("stopwords"), list)
-                or not all(isinstance(w, str) for w in a["stopwords"]) or len(a) != 3):
-            raise fail(f"edge_outputs[{i}]", "must be [new output name, 'StringNormalizer', string input, "
-                       "{case, case_sensitive, stopwords}]")
-        taken.add(e[0])
-        out.append((e[0], e[2], a))
-    return tuple(out)
+def edge_outputs(m: Any, inputs: list[TensorInfo], outputs: list[TensorInfo]) -> tuple[tuple, ...]:
+    """The manifest's `edge_outputs` (1.6, 1.8): the string program, parsed by svodrt_strings when there is one."""
+    if "edge_outputs" not in m:
+        return ()
+    from svodrt_strings import parse_steps
+    return parse_steps(items(m, "edge_outputs", "manifest"), inputs, outputs)
 
 
 @dataclass(frozen=True)
@@ -254,7 +244,7 @@ class Plan:
     vocabulary: tuple[str, ...]
     dims: tuple[Dim, ...]  # format 1.5: the bounded dims in the entry's `dims` order; () in a static bundle
     zipmaps: tuple[tuple[str, tuple], ...]  # format 1.6: (output, keys) returned as a list of dicts
-    edge_outputs: tuple[tuple[str, str, dict], ...]  # format 1.6: (output, input, StringNormalizer attributes)
+    edge_outputs: tuple[tuple, ...]  # formats 1.6/1.8: the string program's steps (svodrt_strings)
 
 
 @dataclass(frozen=True)
