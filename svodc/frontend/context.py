@@ -52,7 +52,8 @@ def constant_value(x: UOp) -> np.ndarray:
 class NodeContext:
     def __init__(self, node: onnx.NodeProto, inputs: list[Value | None], version: int, opset: int,
                  subgraph_runner: SubgraphRunner | None = None, vocabulary: Vocabulary | None = None,
-                 bounded_axes: Callable[[UOp], tuple[str | None, ...]] | None = None):
+                 bounded_axes: Callable[[UOp], tuple[str | None, ...]] | None = None,
+                 loop_bounds: dict[str, int] | None = None):
         self.node = node
         self.inputs = inputs
         self.version = version  # the op's schema since_version this node uses
@@ -61,6 +62,7 @@ class NodeContext:
         self._run_subgraph = subgraph_runner
         self._vocabulary = vocabulary
         self._bounded_axes = bounded_axes
+        self.loop_bounds = loop_bounds or {}  # CompileOptions.loop_bounds, by node name
 
     def bounded(self, x: UOp) -> tuple[str | None, ...]:
         """Per axis of x the bounded input dim its size follows (it varies per call; frontend/dims.py), or None."""

@@ -18,6 +18,7 @@ from svodc.ir.rewrite import debug_level, graph_rewrite
 from svodc.ir.spec import verify
 from svodc.ir.uop import UOp, pretty
 from svodc.options import CompileOptions
+from svodc.passes.branches import ALWAYS, Guard, find_branch_selects
 from svodc.passes.buffers import Buffers
 from svodc.passes.contraction import conv_to_row_matmuls, pm_conv_to_matmul, pm_fold_into_conv
 from svodc.passes.decompose import decompose_conv, decompose_matmul, pm_decompose
@@ -28,7 +29,7 @@ from svodc.passes.lower_gemm import find_matmul, lower_gemm_kernel
 from svodc.passes.memory import plan_arena, plan_weights
 from svodc.passes.schedule import KernelPlan, plan_kernels
 from svodc.policy import DEFAULT_POLICY, OptimizationPolicy
-from svodc.program import Buffer, BufferKind, ImportedGraph, Kernel, Program
+from svodc.program import Buffer, BufferKind, ImportedGraph, Kernel, KernelGuard, Program
 
 
 def _after_pass(title: str, sink: UOp, options: CompileOptions) -> None:
@@ -117,7 +118,8 @@ def build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimiz
     sink = optimize(graph, options, policy, dyn)
     outputs = list(zip([name for name, _ in graph.outputs], sink.src, strict=True))
     out_axes = [dyn.axes(x) if dyn else () for _, x in outputs]  # also checks every node up front
-    plans, realized = plan_kernels(outputs, policy)
+    selects = find_branch_selects(sink.toposort(), graph.provenance, graph.op_types)
+    plans, realized = plan_kernels(outputs, policy, selects)
 
     next_id = iter(range(1 << 30))
     inputs = [Buffer(next(next_id), BufferKind.INPUT, x.dtype, x.shape, name, slot=i,
@@ -145,7 +147,7 @@ def build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimiz
             if plan.root in realized:
                 buffers.realized.setdefault(plan.root, out)
         kind = "copy" if plan.copy else "gemm" if mm is not None else "loop"
-        kernels.append(Kernel(name, ast, params, prov, kind))
+        kernels.append(Kernel(name, ast, params, prov, kind, _kernel_guard(plan.guard, written)))
         _after_pass(f"lowering kernel {name}", ast, options)
 
     if dyn and dyn.computed():  # format 1.7: the computed dims, written before any kernel reads them
@@ -157,6 +159,15 @@ def build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimiz
     program.arena_size = plan_arena(kernels, scratch)
     program.weights_size = plan_weights(weight_list)
     return program
+
+
+def _kernel_guard(guard: Guard, written: dict[UOp, Buffer]) -> KernelGuard:
+    """The plan's guard over the flags' buffers, in a fixed order (bundles stay reproducible)."""
+    if guard == ALWAYS:
+        return ()
+    terms = {tuple(sorted(((written[flag], value) for flag, value in term), key=lambda t: (t[0].id, t[1])))
+             for term in guard}
+    return tuple(sorted(terms, key=lambda t: [(b.id, v) for b, v in t]))
 
 
 def _plan_output(plan: KernelPlan, out_by_name: dict[str, Buffer], scratch: list[Buffer], ids) -> Buffer:
