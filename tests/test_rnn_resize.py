@@ -71,3 +71,25 @@ def test_resize_against_onnxruntime(attrs, scales):
     model = make_model([helper.make_node("Resize", ["x", "", "s"], ["y"], **attrs)], {"x": (np.float32, list(x.shape))},
                        ["y"], {"s": np.array(scales, np.float32)}, opset=19)
     _run(model, {"x": x}, ["y"], spec_reference=True)
+
+
+def _largest_step_kernel(op: str, gates: int, seq: int) -> int:
+    """Nodes in the largest kernel of the layer that writes a [batch, hidden] buffer: a step's state (Y
+    gathers every step and grows with the sequence by design)."""
+    from svodc.frontend.importer import import_model
+    from svodc.options import CompileOptions
+    from svodc.passes.pipeline import build_program
+    from svodc.program import BufferKind
+
+    model, _, _ = _rnn_model(op, gates, 4, {"direction": "bidirectional"}, seq=seq)  # batch 3, hidden 4
+    options = CompileOptions()
+    program = build_program(import_model(model, options), options)
+    return max(len(k.ast.toposort()) for k in program.kernels
+               if k.params[0].kind is BufferKind.SCRATCH and k.params[0].shape == (3, 4))
+
+
+@pytest.mark.parametrize("op,gates", [("LSTM", 4), ("GRU", 3)])
+def test_recurrent_steps_read_stored_states(op, gates):
+    # Each step's states are realized: step kernels do not grow with the step index (an LSTM's cell
+    # state, fused, made step t recompute every earlier step's gates).
+    assert _largest_step_kernel(op, gates, 12) <= _largest_step_kernel(op, gates, 3)

@@ -53,7 +53,7 @@ class NodeContext:
     def __init__(self, node: onnx.NodeProto, inputs: list[Value | None], version: int, opset: int,
                  subgraph_runner: SubgraphRunner | None = None, vocabulary: Vocabulary | None = None,
                  bounded_axes: Callable[[UOp], tuple[str | None, ...]] | None = None,
-                 loop_bounds: dict[str, int] | None = None):
+                 loop_bounds: dict[str, int] | None = None, realize: Callable[[UOp], None] | None = None):
         self.node = node
         self.inputs = inputs
         self.version = version  # the op's schema since_version this node uses
@@ -63,6 +63,13 @@ class NodeContext:
         self._vocabulary = vocabulary
         self._bounded_axes = bounded_axes
         self.loop_bounds = loop_bounds or {}  # CompileOptions.loop_bounds, by node name
+        self._realize = realize
+
+    def realize(self, x: UOp) -> None:
+        """Ask scheduling to store x in a buffer of its own rather than fuse it into its consumers: for a
+        value every later step of a loop reads, which fused would be recomputed from the first step on."""
+        if self._realize is not None:
+            self._realize(x)
 
     def bounded(self, x: UOp) -> tuple[str | None, ...]:
         """Per axis of x the bounded input dim its size follows (it varies per call; frontend/dims.py), or None."""

@@ -146,7 +146,7 @@ class GraphImporter:
             problems.append(_with(label, why))
             return self._poison(node, scope)
         ctx = NodeContext(node, srcs, version, opset, subgraph_runner, self.vocabulary, self.bounded_axes,
-                          self.loop_bounds)
+                          self.loop_bounds, self.prov.ask_realize)
         try:
             result = handler.fn(ctx)
             outs = [result] if isinstance(result, UOp | SequenceValue | OptionalValue | ZipMapValue | EdgeStrings) \

@@ -1,6 +1,10 @@
 """Provenance: which ONNX nodes a UOp came from, kept beside the graph (never inside a node, so it
 never blocks hash-consing). A rewrite that replaces a node passes its provenance on to the
-replacement; a kernel's provenance is the union over the tensor-level nodes it computes."""
+replacement; a kernel's provenance is the union over the tensor-level nodes it computes.
+
+Beside the names it keeps the nodes a frontend handler asks to realize (a recurrent layer's state
+after each step, frontend/ops/rnn.py), passed on to replacements the same way: scheduling realizes
+them (passes/schedule.py) however the rewrites between import and scheduling rebuilt them."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from svodc.ir.uop import UOp
 class Provenance:
     def __init__(self) -> None:
         self._table: weakref.WeakKeyDictionary[UOp, frozenset[str]] = weakref.WeakKeyDictionary()
+        self._realize: weakref.WeakSet[UOp] = weakref.WeakSet()
 
     def tag(self, node: UOp, names: Iterable[str]) -> None:
         names = frozenset(names)
@@ -46,6 +51,16 @@ class Provenance:
         names = self._table.get(old)
         if names:
             self.tag(new, names)
+        if old in self._realize:
+            self._realize.add(new)
+
+    def ask_realize(self, node: UOp) -> None:
+        """Ask scheduling to give node a buffer of its own (a kernel boundary)."""
+        self._realize.add(node)
+
+    def realize_asked(self, nodes: Iterable[UOp]) -> set[UOp]:
+        """Those of nodes some handler asked to realize (ask_realize), or a rewrite of one of them."""
+        return {n for n in nodes if n in self._realize}
 
     def get(self, node: UOp) -> frozenset[str]:
         return self._table.get(node, frozenset())

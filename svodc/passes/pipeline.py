@@ -118,8 +118,9 @@ def build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimiz
     sink = optimize(graph, options, policy, dyn)
     outputs = list(zip([name for name, _ in graph.outputs], sink.src, strict=True))
     out_axes = [dyn.axes(x) if dyn else () for _, x in outputs]  # also checks every node up front
-    selects = find_branch_selects(sink.toposort(), graph.provenance, graph.op_types)
-    plans, realized = plan_kernels(outputs, policy, selects)
+    nodes = sink.toposort()
+    selects = find_branch_selects(nodes, graph.provenance, graph.op_types)
+    plans, realized = plan_kernels(outputs, policy, selects, graph.provenance.realize_asked(nodes))
 
     next_id = iter(range(1 << 30))
     inputs = [Buffer(next(next_id), BufferKind.INPUT, x.dtype, x.shape, name, slot=i,

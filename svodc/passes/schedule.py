@@ -9,7 +9,9 @@ arithmetic, elementwise chains are recomputed in place). A compute node is reali
 - it is an expensive elementwise chain that a consumer reuses (more than a few ops per element),
   or a GATHER that a consumer reuses;
 - its fused subgraph would grow past the policy's max_fused_ops (keeps kernels and compile time bounded);
-- it is a SCATTER (always a kernel of its own: copy, then serial updates; see lower.py).
+- it is a SCATTER (always a kernel of its own: copy, then serial updates; see lower.py);
+- the frontend asked for it (NodeContext.realize: a recurrent layer's state after each step, which
+  every later step reads; fused, step t would recompute it from the first step on).
 GATHER reads its source at run-time positions, so for the rules above it reuses elements like EXPAND.
 Realizing a movement op realizes its source instead: views of a buffer cost nothing.
 
@@ -99,9 +101,11 @@ def _pads_window(n: UOp) -> bool:
 
 
 def plan_kernels(outputs: list[tuple[str, UOp]], policy: OptimizationPolicy = DEFAULT_POLICY,
-                 selects: dict[UOp, UOp] | None = None) -> tuple[list[KernelPlan], set[UOp]]:
+                 selects: dict[UOp, UOp] | None = None, asked: set[UOp] | None = None
+                 ) -> tuple[list[KernelPlan], set[UOp]]:
     """The kernels in execution order, and the set of realized nodes (kernel roots). selects: the
-    run-time branch selects and their flags (passes/branches.py), whose sides get guarded kernels."""
+    run-time branch selects and their flags (passes/branches.py), whose sides get guarded kernels.
+    asked: nodes the frontend asked to realize (those that are views or sources need no kernel)."""
     roots = [o for _, o in outputs]
     nodes = toposort(roots)
     consumers: dict[UOp, list[UOp]] = defaultdict(list)
@@ -114,6 +118,10 @@ def plan_kernels(outputs: list[tuple[str, UOp]], policy: OptimizationPolicy = DE
         branch_forced = branch_roots(selects)
         forced |= branch_forced
         epilogue -= branch_forced
+    if asked:
+        asked_compute = {n for n in asked if n.op in ALU}
+        forced |= asked_compute
+        epilogue -= asked_compute
     realized: set[UOp] = set()
     has_reduce: dict[UOp, bool] = {}
     fused_ops: dict[UOp, int] = {}

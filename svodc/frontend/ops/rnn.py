@@ -1,9 +1,11 @@
 """Recurrent layers (RNN, GRU, LSTM), unrolled over the sequence length known at compile time.
 
 Per direction: the input projection X W^T + biases is one matmul over all time steps; each step
-adds H R^T and applies the cell. Sequence lengths (run time) mask the state update and zero the
-output past each batch entry's end; the reverse direction runs forward over each sequence reversed
-within its length (ReverseSequence), then reverses its outputs back, as the ONNX reference does.
+adds H R^T and applies the cell. Each step's states are realized (NodeContext.realize), so a step
+reads the previous step's stored states and its kernels stay the same size. Sequence lengths (run
+time) mask the state update and zero the output past each batch entry's end; the reverse direction
+runs forward over each sequence reversed within its length (ReverseSequence), then reverses its
+outputs back, as the ONNX reference does.
 """
 
 from __future__ import annotations
@@ -146,7 +148,8 @@ class Layer:
         return UOp(Ops.GATHER, x.dtype, (x, idx), GatherArg(0))
 
     def run(self, cell, states: list[UOp], d: int, rb_in_cell: bool = False) -> tuple[UOp, list[UOp]]:
-        """Run `cell(xw_t, states, R^T, Rb, acts) -> (h, new states)` over the sequence in direction d;
+        """Run `cell(xw_t, states, R^T, Rb, acts) -> (h, new states)` over the sequence in direction d
+        (h is new states[0]); each step's states are realized (a kernel boundary per step);
         returns Y [seq, batch, h] and the final states. xw_t holds X_t W^T + Wb, plus Rb unless the
         cell adds Rb itself (GRU with linear_before_reset)."""
         wt, rt, wb, rb = self.weights(d)
@@ -164,7 +167,11 @@ class Layer:
                 valid = T.broadcast_to(T.reshape(T.alu(Ops.CMPLT, T.const(t, dtypes.int64, (self.batch,)), self.lens),
                                                  (self.batch, 1)), h.shape)
                 new = [T.alu(Ops.WHERE, valid, n, o) for n, o in zip(new, states, strict=True)]
-                h = T.alu(Ops.WHERE, valid, h, _c(h, 0.0))
+                h = T.alu(Ops.WHERE, valid, new[0], _c(h, 0.0))  # the stored state, where the step is valid
+            else:
+                h = new[0]
+            for st in new:  # every later step reads the states: stored, not recomputed from step 0 on
+                self.ctx.realize(st)
             states = new
             ys.append(h)
         y = T.concat([T.reshape(h, (1, *h.shape)) for h in ys], 0)
