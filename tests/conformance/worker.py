@@ -33,6 +33,13 @@ class Result:
     expanded: list[str] = field(default_factory=list)  # ops expanded through their ONNX function bodies
     fixed_inputs: list[str] = field(default_factory=list)  # inputs whose values were fixed at compile time
     # (an absent optional input is "fixed" to no value: that is how a compiled model is told it is absent)
+    # The "run-time inputs" mode (every present input fed at run time, nothing fixed): "" when that mode
+    # gives this same result (the case compiled without fixing a value); otherwise why it did not compile.
+    runtime_inputs_failure: str = ""
+
+    @property
+    def runtime_inputs_pass(self) -> bool:
+        return self.status == "pass" and not self.runtime_inputs_failure
 
 
 def write_frame(fd: int, obj: object) -> None:
@@ -105,9 +112,11 @@ def run_case(case: Case, workers: WorkerPool) -> Result:
     fixed.update({vi.name: [] for vi, v in zip(model.graph.input, case.inputs, strict=False)
                   if isinstance(v, list) and not v})  # empty sequences: nothing to feed, fixed as empty
     expanded: list[str] = []
+    runtime_failure = ""  # why the run-time inputs mode (nothing fixed but absent optionals) did not compile
     try:
-        # Inputs that decide shapes (Reshape's shape, Slice's starts...) must be known to a static
-        # compiler: when the compiler names such inputs, fix their values and compile again.
+        # Inputs that decide shapes the compiler cannot bound (a Resize's sizes, an axis) must be known
+        # to a static compiler: when it names such inputs, the run-time inputs mode has failed; fix their
+        # values and compile again (the fixed-values mode).
         for attempt in range(8):
             options = CompileOptions(input_shapes={k: v for k, v in shapes.items() if k not in fixed},
                                      input_values=dict(fixed), jobs=1)
@@ -118,6 +127,7 @@ def run_case(case: Case, workers: WorkerPool) -> Result:
                 needs = {n for p in e.nodes for n in p.needs_values if n in by_name} - fixed.keys()
                 if not needs or attempt == 7:
                     raise
+                runtime_failure = runtime_failure or _unsupported_reason(e)
                 fixed.update({n: by_name[n] for n in needs})
         expanded = sorted(getattr(graph, "expanded_ops", ()))
         program = build_program(graph, options)
@@ -125,20 +135,20 @@ def run_case(case: Case, workers: WorkerPool) -> Result:
         bundle = write_bundle(program, [(target, compile_program(program, target, options, workers=workers))], "conformance")
     except UnsupportedModelError as e:
         return Result(case.name, "unsupported", _unsupported_reason(e), time.perf_counter() - t0, expanded=expanded,
-                      fixed_inputs=sorted(fixed))
+                      fixed_inputs=sorted(fixed), runtime_inputs_failure=runtime_failure)
     except SvodcError as e:
         return Result(case.name, "error", one_line(f"{type(e).__name__}: {e}"), time.perf_counter() - t0,
-                      expanded=expanded)
+                      expanded=expanded, runtime_inputs_failure=runtime_failure)
     except Exception as e:  # a compiler bug: report it as this case's failure, keep going
         return Result(case.name, "error", one_line(f"compiler bug: {type(e).__name__}: {e}"),
-                      time.perf_counter() - t0, expanded=expanded)
+                      time.perf_counter() - t0, expanded=expanded, runtime_inputs_failure=runtime_failure)
     t1 = time.perf_counter()
     try:
         with svodrt.load(bundle, threads=1) as m:
             got = m.run({k: v for k, v in by_name.items() if k not in fixed})
     except Exception as e:
         return Result(case.name, "error", one_line(f"runtime: {type(e).__name__}: {e}"), t1 - t0,
-                      time.perf_counter() - t1, expanded)
+                      time.perf_counter() - t1, expanded, runtime_inputs_failure=runtime_failure)
     t2 = time.perf_counter()
     problems = []
     for vi, want in zip(model.graph.output, case.outputs, strict=False):
@@ -157,7 +167,8 @@ def run_case(case: Case, workers: WorkerPool) -> Result:
                 if why:
                     problems.append(f"{name}: {why}")
     status = "wrong" if problems else "pass"
-    return Result(case.name, status, one_line("; ".join(problems)), t1 - t0, t2 - t1, expanded, sorted(fixed))
+    return Result(case.name, status, one_line("; ".join(problems)), t1 - t0, t2 - t1, expanded, sorted(fixed),
+                  runtime_failure)
 
 
 def main() -> None:
