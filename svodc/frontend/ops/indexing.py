@@ -1,6 +1,6 @@
 """Indexing with run-time index values (Gather*, Scatter*, OneHot), arg-reductions, TopK, cumulative
-sums, and the ops whose output shape depends on data (NonZero, Compress, Unique: only with inputs
-known at compile time).
+sums (their axis may be a run-time input), and the ops whose output shape depends on data (NonZero,
+Compress, Unique: only with inputs known at compile time).
 
 Run-time indices become the IR's GATHER/SCATTER along one axis. Multi-component indices (GatherND,
 ScatterND) are linearized first: the indexed axes of the data are merged into one, and each index
@@ -17,6 +17,7 @@ import numpy as np
 from svodc.frontend.context import NodeContext, Unsupported, constant_value, is_constant
 from svodc.frontend.ops.shape_ops import weight
 from svodc.frontend.registry import onnx_op
+from svodc.frontend.runtime_values import axis_choice
 from svodc.ir import tensor as T
 from svodc.ir.dtypes import dtypes
 from svodc.ir.interpret import normalize_index
@@ -225,10 +226,13 @@ def top_k(ctx: NodeContext) -> list[UOp]:
 
 def _cumulative(op: Ops, identity: int):
     """CumSum/CumProd: along the axis, out[i] = x[0] op ... op x[i], as a window reduction over the
-    input padded with n-1 identities in front (exclusive: shifted by one; reverse: flipped)."""
+    input padded with n-1 identities in front (exclusive: shifted by one; reverse: flipped). The axis
+    may be a run-time input (runtime_values.axis_choice)."""
     def handler(ctx: NodeContext) -> UOp:
         x = ctx.input(0)
-        axis = T.norm_axis(int(np.asarray(ctx.const_input(1, "axis")).reshape(-1)[0]), x.ndim)
+        return axis_choice(ctx, 1, x.ndim, lambda axis: along(ctx, x, axis))
+
+    def along(ctx: NodeContext, x: UOp, axis: int) -> UOp:
         n = x.shape[axis]
         if n == 0:
             return x

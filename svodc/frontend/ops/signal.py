@@ -15,6 +15,7 @@ import numpy as np
 from svodc.frontend.context import NodeContext, Unsupported
 from svodc.frontend.ops.linalg import matmul
 from svodc.frontend.registry import onnx_op
+from svodc.frontend.runtime_values import axis_choice
 from svodc.ir import tensor as T
 from svodc.ir.dtypes import DType, dtypes
 from svodc.ir.ops import ConstData, Ops
@@ -81,12 +82,12 @@ def dft(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
     if not x.dtype.is_float:
         raise Unsupported(f"DFT of {x.dtype.name} is not supported")
-    if ctx.version >= 20:
-        a = _scalar(ctx, 2, "axis")
-        axis = -2 if a is None else int(a)
-    else:
-        axis = int(ctx.attr("axis", 1))
-    axis = T.norm_axis(axis, x.ndim)
+    if ctx.version >= 20 and ctx.optional_input(2) is not None:  # the axis may be a run-time input
+        return axis_choice(ctx, 2, x.ndim, lambda axis: _dft_along(ctx, x, axis), valid=x.ndim - 1)
+    return _dft_along(ctx, x, T.norm_axis(-2 if ctx.version >= 20 else int(ctx.attr("axis", 1)), x.ndim))
+
+
+def _dft_along(ctx: NodeContext, x: UOp, axis: int) -> UOp:
     if axis == x.ndim - 1:
         raise Unsupported("the DFT axis cannot be the last (real/imaginary) axis")
     inverse, onesided = bool(ctx.attr("inverse", 0)), bool(ctx.attr("onesided", 0))
