@@ -7,8 +7,20 @@ runtime checks them against the range and returns the output at its real shape).
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
 from svodc.frontend.context import NodeContext
+from svodc.ir import tensor as T
+from svodc.ir.dtypes import dtypes
+from svodc.ir.ops import ConstData, GatherArg, Ops
 from svodc.ir.uop import UOp
+
+def weight(a: np.ndarray) -> UOp:
+    return UOp(Ops.WEIGHT, dtypes.from_numpy(a.dtype), (), ConstData(a))
+
 
 # An output axis: a compile-time size, or (run-time size, lo, hi).
 DimValue = int | tuple[UOp, int, int]
@@ -19,3 +31,71 @@ def bounded_output(ctx: NodeContext, at_bound: UOp, dims: list[DimValue], valid:
     run fails naming input `input_index` instead of answering."""
     ctx.const_input(input_index)  # computed dims are not there yet: the value must be fixed
     return at_bound
+
+
+def element(v: UOp, i: int) -> UOp:
+    """Element i of a run-time vector, as an int64 scalar."""
+    return T.reshape(T.shrink(T.reshape(v, (T.numel(v),)), [(i, i + 1)]), ()).cast(dtypes.int64)
+
+
+def dense_strides(shape: Sequence[int]) -> list[int]:
+    return [math.prod(shape[a + 1:]) for a in range(len(shape))]
+
+
+def strided_read(x: UOp, bound: tuple[int, ...], strides: Sequence[UOp | int], offset: UOp | int = 0) -> UOp:
+    """out[o] = x.flat[offset + sum_j o[j] * strides[j]] for o in the box `bound` (strides and offset
+    run-time scalars or ints): a view of x whose geometry a run-time value decides, as one GATHER.
+    Positions past the real size of an axis read some element of x (GATHER clamps), never past it."""
+    flat = T.reshape(x, (T.numel(x),)) if T.numel(x) else T.const(0, x.dtype, (1,))
+    lin: UOp = T.const(offset, dtypes.int64, bound) if isinstance(offset, int) else \
+        T.expand(T.reshape(offset, (1,) * len(bound)), bound)
+    for j, st in enumerate(strides):
+        pos = T.reshape(weight(np.arange(bound[j], dtype=np.int64)), tuple(bound[j] if i == j else 1
+                                                                          for i in range(len(bound))))
+        step = T.const(st, dtypes.int64) if isinstance(st, int) else st
+        lin = T.alu(Ops.ADD, lin, T.alu(Ops.MUL, T.expand(pos, bound), T.reshape(step, (1,) * len(bound))))
+    return T.reshape(UOp(Ops.GATHER, x.dtype, (flat, T.reshape(lin, (math.prod(bound),))), GatherArg(0)), bound)
+
+
+def named_axes(axes: UOp, rank: int) -> tuple[UOp, UOp]:
+    """(m, valid) for a run-time vector of axes of a rank-`rank` tensor: m [rank] bool, axis a is named
+    (as a or a - rank); valid () bool, every axis is in range and none repeats."""
+    k = T.numel(axes)
+    v = T.reshape(axes.cast(dtypes.int64), (1, k))
+    av = T.reshape(weight(np.arange(rank, dtype=np.int64)), (rank, 1))
+    hit = T.alu(Ops.OR, T.alu(Ops.CMPEQ, v, av), T.alu(Ops.CMPEQ, v, T.alu(Ops.SUB, av, T.const(rank, dtypes.int64))))
+    m = T.alu(Ops.CMPLT, T.const(0, dtypes.int64), T.reduce(hit.cast(dtypes.int64), Ops.ADD, [1], keepdims=False))
+    valid = T.alu(Ops.CMPEQ, T.reduce(m.cast(dtypes.int64), Ops.ADD, [0], keepdims=False), T.const(k, dtypes.int64))
+    return m, valid
+
+
+def _pick(sel: UOp, per_axis: Sequence[int]) -> UOp:
+    """[rows]: sum over a of sel[row, a] * per_axis[a] (sel an int64 0/1 matrix choosing one axis a row)."""
+    vec = T.reshape(weight(np.asarray(per_axis, dtype=np.int64)), (1, len(per_axis)))
+    return T.reduce(T.alu(Ops.MUL, sel, vec), Ops.ADD, [1], keepdims=False)
+
+
+def _before(u: UOp, r: int) -> UOp:
+    """[r]: how many of u[b] (int64 0/1) are set for b < a."""
+    lower = weight(np.tril(np.ones((r, r), np.int64), -1))  # [a, b] = b < a
+    return T.reduce(T.alu(Ops.MUL, T.reshape(u, (1, r)), lower), Ops.ADD, [1], keepdims=False)
+
+
+def drop_named_axes(t: UOp, m: UOp, k: int, sizes: Sequence[int]) -> tuple[UOp, list[DimValue]]:
+    """t without the k axes m names (read at index 0 there): output axis j is the j-th unnamed axis,
+    of real size sizes[a] (t's shape bounds `sizes`: an empty axis may be 1 in t)."""
+    r, fs = t.ndim, t.shape
+    n_out = r - k
+    sel = _sel_unnamed(m, r, n_out)
+    stride, size = _pick(sel, dense_strides(fs)), _pick(sel, sizes)
+    bound = tuple(max(fs[j:j + k + 1]) for j in range(n_out))
+    out = strided_read(t, bound, [element(stride, j) for j in range(n_out)])
+    return out, [(element(size, j), min(sizes[j:j + k + 1]), bound[j]) for j in range(n_out)]
+
+
+def _sel_unnamed(m: UOp, r: int, n_out: int) -> UOp:
+    """[n_out, r] int64: sel[j, a] = 1 when axis a is the j-th axis m does not name."""
+    u = T.alu(Ops.CMPEQ, m, T.const(False, dtypes.bool)).cast(dtypes.int64)
+    js = T.reshape(weight(np.arange(n_out, dtype=np.int64)), (n_out, 1))
+    return T.alu(Ops.MUL, T.alu(Ops.CMPEQ, T.reshape(_before(u, r), (1, r)), js).cast(dtypes.int64),
+                 T.reshape(u, (1, r)))

@@ -17,6 +17,7 @@ import numpy as np
 from svodc.frontend.context import NodeContext, Unsupported, constant_value, is_constant
 from svodc.frontend.ops.shape_ops import weight
 from svodc.frontend.registry import onnx_op
+from svodc.frontend.runtime_dims import bounded_output
 from svodc.frontend.runtime_values import axis_choice
 from svodc.ir import tensor as T
 from svodc.ir.dtypes import dtypes
@@ -197,12 +198,25 @@ def top_k(ctx: NodeContext) -> list[UOp]:
     O(n^2) per row along the axis, in plain tensor ops. (NaN compares false with everything, so it
     keeps its position among equals; ONNX leaves NaN ordering unspecified.)"""
     x = ctx.input(0)
-    k = int(ctx.attr("k")) if ctx.version < 10 else int(np.asarray(ctx.const_input(1, "K")).reshape(-1)[0])
     axis = T.norm_axis(ctx.attr("axis", -1), x.ndim)
-    largest = bool(ctx.attr("largest", 1))
     n = x.shape[axis]
+    if ctx.version >= 10 and not is_constant(ctx.input(1)):
+        # K at run time: every element ranked (the first K of the full order are the top K), the outputs
+        # returned K long along the axis, K checked against [0, n]
+        k_value = T.reshape(ctx.input(1), ()).cast(_I64)
+        valid = T.alu(Ops.AND, T.alu(Ops.CMPLT, k_value, T.const(n + 1, _I64)),
+                      T.alu(Ops.CMPLT, T.const(-1, _I64), k_value))
+        dims = [k_value if a == axis else d for a, d in enumerate(x.shape)]
+        return [bounded_output(ctx, o, [(d, 0, n) if a == axis else d for a, d in enumerate(dims)], valid, 1)
+                for o in _top_k(ctx, x, axis, n)]
+    k = int(ctx.attr("k")) if ctx.version < 10 else int(np.asarray(ctx.const_input(1, "K")).reshape(-1)[0])
     if not 0 <= k <= n:
         raise Unsupported(f"K={k} is outside [0, {n}]")
+    return _top_k(ctx, x, axis, k)
+
+
+def _top_k(ctx: NodeContext, x: UOp, axis: int, k: int) -> list[UOp]:
+    largest, n = bool(ctx.attr("largest", 1)), x.shape[axis]
     order = [a for a in range(x.ndim) if a != axis] + [axis]
     xt = T.permute(x, order)
     lead = xt.shape[:-1]
