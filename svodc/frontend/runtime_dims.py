@@ -18,6 +18,7 @@ from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import ConstData, GatherArg, Ops
 from svodc.ir.uop import UOp
 
+
 def weight(a: np.ndarray) -> UOp:
     return UOp(Ops.WEIGHT, dtypes.from_numpy(a.dtype), (), ConstData(a))
 

@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from svodc.frontend.context import NodeContext, Unsupported, constant_value, is_constant
+from svodc.frontend.ops import view_runtime
 from svodc.frontend.ops.indexing import gather_axis, iota_along
 from svodc.frontend.ops.shape_ops import weight
 from svodc.frontend.registry import onnx_op
@@ -51,6 +52,8 @@ def slice_(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
     if ctx.version < 10:
         starts, ends, axes, steps = ctx.ints("starts"), ctx.ints("ends"), ctx.ints("axes"), None
+    elif any(v is not None and not is_constant(v) for v in ctx.inputs[1:5]):
+        return view_runtime.slice_at_run_time(ctx, x)
     else:
         starts, ends = _ints(ctx.const_input(1, "starts")), _ints(ctx.const_input(2, "ends"))
         axes, steps = _ints(ctx.optional_const_input(3, "axes")), _ints(ctx.optional_const_input(4, "steps"))
@@ -113,6 +116,8 @@ def split(ctx: NodeContext) -> list[UOp]:
     x = ctx.input(0)
     axis = T.norm_axis(ctx.attr("axis", 0), x.ndim)
     n, outs = x.shape[axis], ctx.num_outputs
+    if ctx.version >= 13 and (v := ctx.optional_input(1)) is not None and not is_constant(v):
+        return view_runtime.split_at_run_time(ctx, x, axis)
     if ctx.version >= 13:
         sizes = _ints(ctx.optional_const_input(1, "split"))
     elif ctx.version < 2 and ctx.optional_input(1) is not None:

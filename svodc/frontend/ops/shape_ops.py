@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 from onnx import numpy_helper
 
-from svodc.frontend.context import NodeContext, Unsupported
+from svodc.frontend.context import NodeContext, Unsupported, is_constant
 from svodc.frontend.dtypes import onnx_to_dtype
+from svodc.frontend.ops import view_runtime
 from svodc.frontend.registry import onnx_op
 from svodc.ir import tensor as T
 from svodc.ir.dtypes import dtypes
@@ -23,8 +24,10 @@ def weight(array: np.ndarray) -> UOp:
 @onnx_op("Reshape", 1, 5, 13, 14, 19, 21, 23, 24, 25, strings=True)
 def reshape(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
-    shape = ctx.ints("shape") if ctx.version < 5 else [int(v) for v in ctx.const_input(1, "shape")]
     allowzero = ctx.version >= 14 and ctx.attr("allowzero", 0)
+    if ctx.version >= 5 and not is_constant(ctx.input(1)):
+        return view_runtime.reshape_at_run_time(ctx, x, bool(allowzero))
+    shape = ctx.ints("shape") if ctx.version < 5 else [int(v) for v in ctx.const_input(1, "shape")]
     out = []
     for i, d in enumerate(shape):
         if d == 0 and not allowzero:
@@ -82,6 +85,8 @@ def _axes_arg(ctx: NodeContext, since_input: int) -> list[int] | None:
 @onnx_op("Unsqueeze", 1, 11, 13, 21, 23, 24, 25, strings=True)
 def unsqueeze(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
+    if ctx.version >= 13 and not is_constant(ctx.input(1)):
+        return view_runtime.unsqueeze_at_run_time(ctx, x, ctx.input(1))
     axes = _axes_arg(ctx, 13)
     if axes is None:
         raise Unsupported("axes are required")
@@ -96,6 +101,8 @@ def unsqueeze(ctx: NodeContext) -> UOp:
 @onnx_op("Squeeze", 1, 11, 13, 21, 23, 24, 25, strings=True)
 def squeeze(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
+    if ctx.version >= 13 and (a := ctx.optional_input(1)) is not None and not is_constant(a):
+        return view_runtime.squeeze_at_run_time(ctx, x, a)
     axes = _axes_arg(ctx, 13)
     if axes is None:
         axes = [i for i, d in enumerate(x.shape) if d == 1]
