@@ -1,25 +1,54 @@
-"""Ops whose output shape depends on the data: NonZero, Compress, Unique.
+"""Ops whose output shape depends on the data: NonZero, Compress, Unique, NonMaxSuppression.
 
-A static compiler can only compile them when the data that decides the shape is known at compile
-time: NonZero and Unique need their input, Compress its condition (the data itself may be a run-time
-value: the kept positions become a constant GATHER). Otherwise they report the inputs to fix
-(NeedsConstant, `--input-value`).
+When the data that decides the shape is known at compile time the result folds (Compress's kept
+positions become a constant GATHER). NonZero and Compress also take it at run time: the output is
+sized at its bound (every element, or the whole axis, selected), the kernel compacts the selected
+positions (an exclusive prefix count of the mask, a scatter of each position to its rank; O(n^2)
+like CumSum) and writes the count as a computed dim. Unique and NonMaxSuppression still need their
+inputs fixed (NeedsConstant, `--input-value`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from svodc.frontend.context import NodeContext, Unsupported
+from svodc.frontend.context import NodeContext, Unsupported, is_constant
 from svodc.frontend.ops.indexing import gather_axis
 from svodc.frontend.ops.shape_ops import weight
 from svodc.frontend.registry import onnx_op
+from svodc.frontend.runtime_dims import bounded_output, dense_strides
 from svodc.ir import tensor as T
+from svodc.ir.dtypes import dtypes
+from svodc.ir.ops import Ops, ScatterArg
 from svodc.ir.uop import UOp
+
+_I64 = dtypes.int64
+
+
+def compact(mask: UOp) -> tuple[UOp, UOp]:
+    """(positions [n], count): positions[j] is the index of the j-th true element of mask [n] for
+    j < count (the rest are 0)."""
+    n = T.numel(mask)
+    m = mask.cast(_I64)
+    lower = weight(np.tril(np.ones((n, n), np.int64), -1))  # [i, b] = b < i
+    rank = T.reduce(T.alu(Ops.MUL, T.reshape(m, (1, n)), lower), Ops.ADD, [1], keepdims=False)
+    slot = T.alu(Ops.WHERE, mask, rank, T.const(n, _I64, (n,)))  # unselected: one spare slot past the end
+    pos = UOp(Ops.SCATTER, _I64, (T.const(0, _I64, (n + 1,)), slot, weight(np.arange(n, dtype=np.int64))),
+              ScatterArg(0))
+    return T.shrink(pos, [(0, n)]), T.reduce(m, Ops.ADD, [0], keepdims=False)
 
 
 @onnx_op("NonZero", 9, 13)
 def non_zero(ctx: NodeContext) -> UOp:
+    if not is_constant(ctx.input(0)) and T.numel(ctx.input(0)):
+        x = ctx.input(0)
+        n = T.numel(x)
+        flat = T.reshape(x, (n,))
+        pos, count = compact(T.alu(Ops.CMPNE, flat, T.scalar_like(flat, 0)))
+        coords = [T.alu(Ops.MOD, T.alu(Ops.IDIV, pos, T.const(st, _I64)), T.const(d, _I64))
+                  for st, d in zip(dense_strides(x.shape), x.shape, strict=True)]
+        out = T.concat([T.reshape(c, (1, n)) for c in coords], 0) if coords else T.const(0, _I64, (0, n))
+        return bounded_output(ctx, out, [x.ndim, (count, 0, n)], None, 0)
     x = ctx.const_input(0, "the input (its number of non-zeros is the output's shape)")
     return weight(np.array(np.nonzero(x), dtype=np.int64).reshape(x.ndim, -1))
 
@@ -27,11 +56,17 @@ def non_zero(ctx: NodeContext) -> UOp:
 @onnx_op("Compress", 9, 11, 28)
 def compress(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
-    cond = np.asarray(ctx.const_input(1, "condition (it decides the output's shape)")).reshape(-1).astype(bool)
     axis = ctx.attr("axis")
     if axis is None:
         x, axis = T.reshape(x, (T.numel(x),)), 0
     axis = T.norm_axis(axis, x.ndim)
+    if not is_constant(ctx.input(1)) and x.shape[axis]:
+        n, c = x.shape[axis], T.reshape(ctx.input(1), (T.numel(ctx.input(1)),)).cast(dtypes.bool)
+        c = T.shrink(c, [(0, n)]) if T.numel(c) >= n else T.pad(c, [(0, n - T.numel(c))], False)
+        pos, count = compact(c)
+        dims = [(count, 0, n) if a == axis else d for a, d in enumerate(x.shape)]
+        return bounded_output(ctx, gather_axis(x, pos, axis), dims, None, 1)
+    cond = np.asarray(ctx.const_input(1, "condition (it decides the output's shape)")).reshape(-1).astype(bool)
     keep = np.nonzero(cond[:x.shape[axis]])[0].astype(np.int64)
     if keep.size == 0:
         return T.const(0, x.dtype, x.shape[:axis] + (0,) + x.shape[axis + 1:])
