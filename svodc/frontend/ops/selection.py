@@ -4,8 +4,8 @@ When the data that decides the shape is known at compile time the result folds (
 positions become a constant GATHER). NonZero and Compress also take it at run time: the output is
 sized at its bound (every element, or the whole axis, selected), the kernel compacts the selected
 positions (an exclusive prefix count of the mask, a scatter of each position to its rank; O(n^2)
-like CumSum) and writes the count as a computed dim. Unique and NonMaxSuppression still need their
-inputs fixed (NeedsConstant, `--input-value`).
+like CumSum) and writes the count as a computed dim; Unique likewise, ranking rows pairwise.
+NonMaxSuppression still needs its inputs fixed (NeedsConstant, `--input-value`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from svodc.frontend.registry import onnx_op
 from svodc.frontend.runtime_dims import bounded_output, dense_strides
 from svodc.ir import tensor as T
 from svodc.ir.dtypes import dtypes
-from svodc.ir.ops import Ops, ScatterArg
+from svodc.ir.ops import GatherArg, Ops, ScatterArg
 from svodc.ir.uop import UOp
 
 _I64 = dtypes.int64
@@ -73,8 +73,68 @@ def compress(ctx: NodeContext) -> UOp:
     return gather_axis(x, weight(keep), axis)
 
 
+def _rows(x: UOp, axis: int | None) -> tuple[UOp, list[int]]:
+    """x as rows [n, m] (the slices along `axis`, or each element), and the order that moved axis first."""
+    if axis is None:
+        return T.reshape(x, (T.numel(x), 1)), []
+    order = [axis] + [a for a in range(x.ndim) if a != axis]
+    xt = T.permute(x, order)
+    return T.reshape(xt, (x.shape[axis], T.numel(x) // max(x.shape[axis], 1))), order
+
+
+def unique_at_run_time(ctx: NodeContext, x: UOp, axis: int | None) -> list[UOp]:
+    """Rows compared pairwise (O(n^2 m^2) for n rows of m elements): a row is kept at its first
+    occurrence; its rank is the number of kept rows before it in sorted (lexicographic) order, or in
+    first-occurrence order when sorted=0."""
+    rows, order = _rows(x, axis)
+    n, m = rows.shape
+    a = T.expand(T.reshape(rows, (n, 1, m)), (n, n, m))  # [i, j, k] = row i
+    b = T.expand(T.reshape(rows, (1, n, m)), (n, n, m))  # [i, j, k] = row j
+    same_k = T.alu(Ops.CMPEQ, a, b)
+    diff = T.alu(Ops.CMPEQ, same_k, T.const(False, dtypes.bool)).cast(_I64)
+    same = T.alu(Ops.CMPEQ, T.reduce(diff, Ops.ADD, [2], keepdims=False), T.const(0, _I64))  # [i, j]
+    lower_k = weight(np.tril(np.ones((m, m), np.int64), -1))  # [k, l] = l < k
+    diffs_before = T.reduce(T.alu(Ops.MUL, T.reshape(diff, (n, n, 1, m)), lower_k), Ops.ADD, [3], keepdims=False)
+    first_diff = T.alu(Ops.CMPEQ, diffs_before, T.const(0, _I64))
+    below = T.alu(Ops.AND, first_diff, T.alu(Ops.CMPLT, b, a))  # row j < row i, decided at component k
+    j_less = T.alu(Ops.CMPLT, T.const(0, _I64), T.reduce(below.cast(_I64), Ops.ADD, [2], keepdims=False))
+    earlier = weight(np.tril(np.ones((n, n), bool), -1))  # [i, j] = j < i
+    seen = T.reduce(T.alu(Ops.AND, same, earlier).cast(_I64), Ops.ADD, [1], keepdims=False)
+    kept = T.alu(Ops.CMPEQ, seen, T.const(0, _I64))  # [n]: first occurrence
+    kept_j = T.expand(T.reshape(kept, (1, n)), (n, n))
+    before = j_less if ctx.attr("sorted", 1) else earlier
+    rank = T.reduce(T.alu(Ops.AND, kept_j, before).cast(_I64), Ops.ADD, [1], keepdims=False)  # [n]
+    first = T.reduce(T.alu(Ops.WHERE, same, T.reshape(weight(np.arange(n, dtype=np.int64)), (1, n)),
+                           T.const(n, _I64, (n, n))), Ops.MIN, [1], keepdims=False)  # first occurrence of row i
+    inverse = UOp(Ops.GATHER, _I64, (rank, first), GatherArg(0))
+    slot = T.alu(Ops.WHERE, kept, rank, T.const(n, _I64, (n,)))  # dropped rows: a spare slot past the end
+
+    def scatter(values: UOp) -> UOp:  # values [n, w] to their ranks
+        w = values.shape[1]
+        target = T.const(0, values.dtype, (n + 1, w))
+        upd = UOp(Ops.SCATTER, values.dtype, (target, T.expand(T.reshape(slot, (n, 1)), (n, w)), values),
+                  ScatterArg(0))
+        return T.shrink(upd, [(0, n), (0, w)])
+
+    count = T.reduce(kept.cast(_I64), Ops.ADD, [0], keepdims=False)
+    y = scatter(rows)
+    if axis is not None:  # rows back to slices, the axis where it was
+        moved = T.reshape(y, (n,) + tuple(x.shape[a] for a in order[1:]))
+        y = T.permute(moved, [order.index(a) for a in range(x.ndim)])
+    else:
+        y = T.reshape(y, (n,))
+    idx = T.reshape(scatter(T.reshape(weight(np.arange(n, dtype=np.int64)), (n, 1))), (n,))
+    counts = T.reshape(scatter(T.reshape(T.reduce(same.cast(_I64), Ops.ADD, [1], keepdims=False), (n, 1))), (n,))
+    y_dims = [(count, 0, n)] if axis is None else [(count, 0, n) if a == axis else d for a, d in enumerate(x.shape)]
+    return [bounded_output(ctx, y, y_dims, None, 0), bounded_output(ctx, idx, [(count, 0, n)], None, 0),
+            inverse, bounded_output(ctx, counts, [(count, 0, n)], None, 0)]
+
+
 @onnx_op("Unique", 11, 28)
 def unique(ctx: NodeContext) -> list[UOp]:
+    if not is_constant(ctx.input(0)) and T.numel(ctx.input(0)):
+        ax = ctx.attr("axis")
+        return unique_at_run_time(ctx, ctx.input(0), None if ax is None else T.norm_axis(int(ax), ctx.input(0).ndim))
     x = ctx.const_input(0, "the input (its number of distinct values is the output's shape)")
     axis = ctx.attr("axis")
     if axis is None:
