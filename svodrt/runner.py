@@ -1,4 +1,4 @@
-"""Runner: what every executor (model.py, gpu_model.py) shares: the description and the input checks, done before
+"""Runner: what every executor (model.py, svodrt_gpu) shares: the description and the input checks, done before
 native code sees anything; and bounded dims at run time (format 1.5, docs/architecture.md "Bounded dims")."""
 
 from __future__ import annotations
