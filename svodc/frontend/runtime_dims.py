@@ -100,3 +100,10 @@ def _sel_unnamed(m: UOp, r: int, n_out: int) -> UOp:
     js = T.reshape(weight(np.arange(n_out, dtype=np.int64)), (n_out, 1))
     return T.alu(Ops.MUL, T.alu(Ops.CMPEQ, T.reshape(_before(u, r), (1, r)), js).cast(dtypes.int64),
                  T.reshape(u, (1, r)))
+
+
+def user_bound(ctx: NodeContext, output: int, axis: int, input_index: int) -> int:
+    """The upper bound the user gave for axis `axis` of output `output`, a size that input
+    `input_index`'s value decides and nothing bounds by construction."""
+    ctx.const_input(input_index)  # computed dims are not there yet: the value must be fixed
+    raise AssertionError("unreachable")

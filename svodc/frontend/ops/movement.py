@@ -16,6 +16,7 @@ from svodc.frontend.ops import view_runtime
 from svodc.frontend.ops.indexing import gather_axis, iota_along
 from svodc.frontend.ops.shape_ops import weight
 from svodc.frontend.registry import onnx_op
+from svodc.frontend.runtime_dims import bounded_output, user_bound
 from svodc.ir import tensor as T
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import GatherArg, Ops
@@ -249,6 +250,8 @@ def eye_like(ctx: NodeContext) -> UOp:
 
 @onnx_op("Range", 11, 27)
 def range_(ctx: NodeContext) -> UOp:
+    if any(not is_constant(ctx.input(i)) for i in range(3)):
+        return _range_at_run_time(ctx)
     start, limit, delta = (ctx.const_input(i, what).reshape(()) for i, what in
                            enumerate(("start", "limit", "delta")))
     if delta == 0:
@@ -259,6 +262,22 @@ def range_(ctx: NodeContext) -> UOp:
     else:  # start + i * delta in double, rounded once (stash_type only matters for a running sum)
         values = float(start) + np.arange(count, dtype=np.float64) * float(delta)
     return weight(np.asarray(values, dtype=start.dtype))
+
+
+def _range_at_run_time(ctx: NodeContext) -> UOp:
+    """max(ceil((limit - start) / delta), 0) values start + i * delta (in double for floats), at the
+    bound the user gives for the count."""
+    start, limit, delta = (T.reshape(ctx.input(i), ()) for i in range(3))
+    hi = user_bound(ctx, 0, 0, 1)
+    f64 = dtypes.float64
+    count = T.alu(Ops.DIV, T.alu(Ops.SUB, limit.cast(f64), start.cast(f64)), delta.cast(f64))
+    ceil = T.alu(Ops.NEG, UOp(Ops.FLOOR, f64, (T.alu(Ops.NEG, count),)))
+    n = T.alu(Ops.MAX, ceil, T.const(0.0, f64))
+    i = weight(np.arange(hi, dtype=np.int64))
+    calc = start.dtype if start.dtype.is_int else f64
+    values = T.alu(Ops.ADD, start.cast(calc), T.alu(Ops.MUL, i.cast(calc), delta.cast(calc))).cast(start.dtype)
+    valid = T.alu(Ops.CMPNE, delta, T.scalar_like(delta, 0))
+    return bounded_output(ctx, values, [(n.cast(dtypes.int64), 0, hi)], valid, 1)
 
 
 @onnx_op("Col2Im", 18)

@@ -1,0 +1,81 @@
+"""Values that decide output sizes given at run time (no --input-value): the size is bounded by the
+input's shape, the output is computed at the bound and returned at its real shape (computed dims),
+against onnxruntime for several values through one compiled model; an invalid value fails the run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import svodc
+import svodrt
+from tests.onnx_util import make_model, reference
+
+R = np.random.default_rng(7)
+X = R.standard_normal((3, 4, 2)).astype(np.float32)
+
+
+def _i64(*v: int) -> np.ndarray:
+    return np.array(v, np.int64)
+
+
+def _agree(model, feed_sets: list[dict[str, np.ndarray]]) -> None:
+    with svodrt.load(svodc.compile(model)) as m:
+        for feeds in feed_sets:
+            got = m.run(feeds)
+            for name, want in zip([o.name for o in model.graph.output], reference(model, feeds), strict=True):
+                assert got[name].shape == want.shape, (feeds, name)
+                np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-6, err_msg=str(feeds))
+
+
+@pytest.mark.parametrize("op,keepdims", [("ReduceSum", 1), ("ReduceMean", 0), ("ReduceLogSumExp", 1), ("ReduceMax", 0)])
+def test_reduce_with_axes_at_run_time(op, keepdims):
+    model = make_model([helper.make_node(op, ["x", "axes"], ["y"], keepdims=keepdims)],
+                       {"x": (np.float32, [3, 4, 2]), "axes": (np.int64, [2])}, ["y"], opset=18)
+    _agree(model, [{"x": X, "axes": _i64(*a)} for a in ([0, 2], [-1, 1], [1, 0])])
+
+
+def test_invalid_run_time_axes_fail_the_run():
+    model = make_model([helper.make_node("ReduceSum", ["x", "axes"], ["y"])],
+                       {"x": (np.float32, [3, 4, 2]), "axes": (np.int64, [2])}, ["y"], opset=18)
+    with svodrt.load(svodc.compile(model)) as m:
+        for bad in ([1, 1], [0, 3], [1, -2]):
+            with pytest.raises(svodrt.InputError):
+                m.run({"x": X, "axes": _i64(*bad)})
+
+
+def test_views_with_geometry_at_run_time():
+    model = make_model([helper.make_node("Reshape", ["x", "shape"], ["r"]),
+                        helper.make_node("Unsqueeze", ["x", "axes"], ["u"]),
+                        helper.make_node("Slice", ["x", "starts", "ends", "sl_axes", "steps"], ["s"]),
+                        helper.make_node("Split", ["x", "split"], ["p0", "p1"], axis=1)],
+                       {"x": (np.float32, [3, 4, 2]), "shape": (np.int64, [2]), "axes": (np.int64, [1]),
+                        "starts": (np.int64, [2]), "ends": (np.int64, [2]), "sl_axes": (np.int64, [2]),
+                        "steps": (np.int64, [2]), "split": (np.int64, [2])}, ["r", "u", "s", "p0", "p1"], opset=18)
+    _agree(model, [
+        {"x": X, "shape": _i64(-1, 4), "axes": _i64(0), "starts": _i64(0, 1), "ends": _i64(10, 4),
+         "sl_axes": _i64(0, 1), "steps": _i64(2, 1), "split": _i64(1, 3)},
+        {"x": X, "shape": _i64(6, 0), "axes": _i64(-1), "starts": _i64(-1, 0), "ends": _i64(-100, 2),
+         "sl_axes": _i64(-1, 0), "steps": _i64(-1, 1), "split": _i64(4, 0)},
+    ])
+
+
+def test_top_k_with_k_at_run_time():
+    model = make_model([helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1)],
+                       {"x": (np.float32, [3, 4, 2]), "k": (np.int64, [1])}, ["v", "i"], opset=11)
+    _agree(model, [{"x": X, "k": _i64(k)} for k in (0, 1, 4)])
+
+
+def test_data_dependent_outputs():
+    """NonZero, Compress and Unique: outputs sized at their bound, returned at the real count."""
+    model = make_model([helper.make_node("NonZero", ["m"], ["nz"]),
+                        helper.make_node("Compress", ["x", "c"], ["cx"], axis=1),
+                        helper.make_node("Unique", ["u"], ["uy", "ui", "uinv", "uc"], sorted=1)],
+                       {"m": (np.float32, [2, 3]), "x": (np.float32, [3, 4, 2]), "c": (np.bool_, [4]),
+                        "u": (np.float32, [6])}, ["nz", "cx", "uy", "ui", "uinv", "uc"], opset=11)
+    _agree(model, [
+        {"m": np.array([[0, 1, 0], [2, 0, 3]], np.float32), "x": X, "c": np.array([1, 0, 1, 1], bool),
+         "u": np.array([2, 1, 1, 3, 4, 3], np.float32)},
+        {"m": np.zeros((2, 3), np.float32), "x": X, "c": np.zeros(4, bool), "u": np.full(6, 7, np.float32)},
+    ])
