@@ -17,7 +17,7 @@ import numpy as np
 from svodc.frontend.context import NodeContext, Unsupported, constant_value, is_constant
 from svodc.frontend.ops.shape_ops import weight
 from svodc.frontend.registry import onnx_op
-from svodc.frontend.runtime_dims import bounded_output
+from svodc.frontend.runtime_dims import bounded_output, user_bound
 from svodc.frontend.runtime_values import axis_choice
 from svodc.ir import tensor as T
 from svodc.ir.dtypes import dtypes
@@ -46,10 +46,11 @@ def gather_axis(x: UOp, idx: UOp, axis: int) -> UOp:
     return UOp(Ops.GATHER, x.dtype, (xr, ir), GatherArg(len(pre) + r - 1))
 
 
-def normalized(idx: UOp, size: int) -> UOp:
-    """idx + size where idx < 0 (as int64)."""
+def normalized(idx: UOp, size: int | UOp) -> UOp:
+    """idx + size where idx < 0 (as int64; size a compile-time int or a run-time int64 scalar)."""
     i = idx.cast(_I64)
-    return T.alu(Ops.WHERE, T.alu(Ops.CMPLT, i, T.const(0, _I64)), T.alu(Ops.ADD, i, T.const(size, _I64)), i)
+    n = T.const(size, _I64) if isinstance(size, int) else size
+    return T.alu(Ops.WHERE, T.alu(Ops.CMPLT, i, T.const(0, _I64)), T.alu(Ops.ADD, i, n), i)
 
 
 def linear_index(idx: UOp, dims: tuple[int, ...]) -> UOp:
@@ -147,11 +148,20 @@ def scatter_nd(ctx: NodeContext) -> UOp:
 @onnx_op("OneHot", 9, 11, 28)
 def one_hot(ctx: NodeContext) -> UOp:
     idx, values = ctx.input(0), ctx.input(2)
-    depth = int(np.asarray(ctx.const_input(1, "depth")).reshape(-1)[0])
     rank = idx.ndim + 1
     axis = T.norm_axis(ctx.attr("axis", -1), rank)
+    run_time = not is_constant(ctx.input(1))
+    if run_time:  # a run-time depth: the output at the bound the user gives for its axis
+        d = ctx.input(1)
+        d = UOp(Ops.TRUNC, d.dtype, (d,)) if d.dtype.is_float else d
+        depth_value = T.reshape(d, (T.numel(d),))
+        depth_value = T.reshape(T.shrink(depth_value, [(0, 1)]), ()).cast(_I64)
+        depth = user_bound(ctx, 0, axis, 1)
+    else:
+        depth = int(np.asarray(ctx.const_input(1, "depth")).reshape(-1)[0])
+        depth_value = T.const(depth, _I64)
     i = idx if not idx.dtype.is_float else UOp(Ops.TRUNC, idx.dtype, (idx,))
-    i = normalized(i.cast(_I64), depth) if ctx.version >= 11 else i.cast(_I64)
+    i = normalized(i.cast(_I64), depth_value if run_time else depth) if ctx.version >= 11 else i.cast(_I64)
     shape = idx.shape[:axis] + (1,) + idx.shape[axis:]
     iota_shape = [1] * rank
     iota_shape[axis] = depth
@@ -159,7 +169,11 @@ def one_hot(ctx: NodeContext) -> UOp:
     hit = T.alu(Ops.CMPEQ, T.reshape(i, shape), iota)
     off = T.reshape(T.shrink(T.reshape(values, (2,)), [(0, 1)]), ())
     on = T.reshape(T.shrink(T.reshape(values, (2,)), [(1, 2)]), ())
-    return T.alu(Ops.WHERE, hit, on, off)
+    out = T.alu(Ops.WHERE, hit, on, off)
+    if not run_time:
+        return out
+    dims = [(depth_value, 0, depth) if a == axis else d for a, d in enumerate(out.shape)]
+    return bounded_output(ctx, out, dims, T.alu(Ops.CMPLT, T.const(0, _I64), depth_value), 1)
 
 
 def iota_along(n: int, axis: int, ndim: int) -> UOp:

@@ -16,7 +16,7 @@ from svodc.frontend.ops import view_runtime
 from svodc.frontend.ops.indexing import gather_axis, iota_along
 from svodc.frontend.ops.shape_ops import weight
 from svodc.frontend.registry import onnx_op
-from svodc.frontend.runtime_dims import bounded_output, user_bound
+from svodc.frontend.runtime_dims import bounded_output, element, user_bound
 from svodc.ir import tensor as T
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import GatherArg, Ops
@@ -152,6 +152,8 @@ def tile(ctx: NodeContext) -> UOp:
         tiles, axis = int(ctx.const_input(1, "tiles").reshape(-1)[0]), int(ctx.const_input(2, "axis").reshape(-1)[0])
         reps = [1] * x.ndim
         reps[axis] = tiles
+    elif not is_constant(ctx.input(1)):
+        return _tile_at_run_time(ctx, x, ctx.input(1))
     else:
         reps = _ints(ctx.const_input(1, "repeats"))
     if len(reps) != x.ndim:
@@ -160,6 +162,27 @@ def tile(ctx: NodeContext) -> UOp:
     big = tuple(v for r, d in zip(reps, x.shape, strict=True) for v in (r, d))
     out = T.expand(T.reshape(x, inter), big)
     return T.reshape(out, tuple(r * d for r, d in zip(reps, x.shape, strict=True)))
+
+
+def _tile_at_run_time(ctx: NodeContext, x: UOp, repeats: UOp) -> UOp:
+    """Axis a of the output is dim * repeats[a], within the bound the user gives; element o reads
+    x at o mod dim (a constant index vector at the bound)."""
+    if T.numel(repeats) != x.ndim:
+        raise Unsupported(f"repeats has {T.numel(repeats)} values for rank {x.ndim}")
+    dims, checks = [], []
+    for a, d in enumerate(x.shape):
+        if d == 0:
+            dims.append(0)
+            continue
+        hi = user_bound(ctx, 0, a, 1)
+        x = gather_axis(x, weight(np.arange(hi, dtype=np.int64) % d), a)
+        rep = element(repeats, a)
+        checks.append(T.alu(Ops.CMPLT, T.const(-1, dtypes.int64), rep))
+        dims.append((T.alu(Ops.MUL, rep, T.const(d, dtypes.int64)), 0, hi))
+    valid = T.const(True, dtypes.bool)
+    for c in checks:
+        valid = T.alu(Ops.AND, valid, c)
+    return bounded_output(ctx, x, dims, valid, 1)
 
 
 @onnx_op("DepthToSpace", 1, 11, 13, 28)
