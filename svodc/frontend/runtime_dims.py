@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from svodc.frontend.context import NodeContext
+from svodc.frontend.context import NodeContext, is_constant
 from svodc.ir import tensor as T
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import ConstData, GatherArg, Ops
@@ -105,5 +105,7 @@ def _sel_unnamed(m: UOp, r: int, n_out: int) -> UOp:
 def user_bound(ctx: NodeContext, output: int, axis: int, input_index: int) -> int:
     """The upper bound the user gave for axis `axis` of output `output`, a size that input
     `input_index`'s value decides and nothing bounds by construction."""
-    ctx.const_input(input_index)  # computed dims are not there yet: the value must be fixed
-    raise AssertionError("unreachable")
+    for i in [input_index, *range(len(ctx.inputs))]:  # computed dims are not there yet: fix the values
+        if isinstance(ctx.value(i), UOp) and not is_constant(ctx.value(i)):
+            ctx.const_input(i)
+    raise AssertionError(f"{ctx.name}: a user bound asked for a size no run-time input decides")
