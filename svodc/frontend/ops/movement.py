@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from svodc.frontend.context import NodeContext, Unsupported, constant_value, is_constant
-from svodc.frontend.ops import view_runtime
+from svodc.frontend.ops import pad_runtime, view_runtime
 from svodc.frontend.ops.indexing import gather_axis, iota_along
 from svodc.frontend.ops.shape_ops import weight
 from svodc.frontend.registry import onnx_op
@@ -82,6 +82,8 @@ def pad(ctx: NodeContext) -> UOp:
     if ctx.version < 11:
         pads = ctx.ints("paddings" if ctx.version < 2 else "pads")
         axes = None
+    elif not all(v is None or is_constant(v) for v in ctx.inputs[1:4:2]):  # pads or axes at run time
+        return pad_runtime.pad_at_run_time(ctx, x, mode, _pad_value(ctx, x))
     else:
         pads = _ints(ctx.const_input(1, "pads"))
         axes = _ints(ctx.optional_const_input(3, "axes")) if ctx.version >= 18 else None
@@ -215,8 +217,10 @@ def space_to_depth(ctx: NodeContext) -> UOp:
 @onnx_op("CenterCropPad", 18)
 def center_crop_pad(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
-    target = _ints(ctx.const_input(1, "shape"))
     axes = _axes(ctx.ints("axes"), x.ndim, x.ndim)
+    if not is_constant(ctx.input(1)):
+        return pad_runtime.center_crop_pad_at_run_time(ctx, x, axes)
+    target = _ints(ctx.const_input(1, "shape"))
     if len(target) != len(axes):
         raise Unsupported(f"shape has {len(target)} values for {len(axes)} axes")
     crop = [(0, d) for d in x.shape]

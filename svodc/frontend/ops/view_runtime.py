@@ -2,7 +2,7 @@
 ends, axes and steps, Split's sizes. Each output dim is bounded by construction (by the input's dims
 or element count), so the output is a strided read of the input at that bound (runtime_dims) with
 computed dims; the values are checked as ONNX requires (an invalid one fails the run, naming the
-input, instead of answering).
+input, instead of answering). Pads, which can grow a dim without limit, are in pad_runtime.py.
 """
 
 from __future__ import annotations
@@ -91,20 +91,17 @@ def unsqueeze_at_run_time(ctx: NodeContext, x: UOp, axes: UOp) -> UOp:
     return bounded_output(ctx, out, dims, valid, 1)
 
 
-def _per_axis(ctx: NodeContext, x: UOp, i: int, axes: UOp | None, default: int, count: int) -> list[UOp]:
-    """Input i (a vector over `axes`, or over the first `count` axes) as one scalar per axis of x,
-    `default` for the axes it does not name."""
-    v = ctx.optional_input(i)
+def _per_axis(x: UOp, v: UOp | None, axes: UOp | None, default: int, count: int, first: int = 0) -> list[UOp]:
+    """v[first:first+count] (a vector over `axes`, or over the first `count` axes) as one scalar per
+    axis of x, `default` for the axes it does not name (or all of them when v is None)."""
     out = []
     for a in range(x.ndim):
         got = _c(default)
-        for j in range(count):
-            if v is None:
-                continue
+        for j in range(count if v is not None else 0):
             hit = T.alu(Ops.OR, T.alu(Ops.CMPEQ, element(axes, j), _c(a)),
                         T.alu(Ops.CMPEQ, element(axes, j), _c(a - x.ndim))) if axes is not None \
                 else T.const(j == a, dtypes.bool)
-            got = _where(hit, element(v, j), got)
+            got = _where(hit, element(v, first + j), got)
         out.append(got)
     return out
 
@@ -119,8 +116,8 @@ def slice_at_run_time(ctx: NodeContext, x: UOp) -> UOp:
     checks = []
     if axes is not None:
         checks.append(named_axes(axes, x.ndim)[1])
-    starts, ends = _per_axis(ctx, x, 1, axes, 0, count), _per_axis(ctx, x, 2, axes, 2**62, count)
-    steps = _per_axis(ctx, x, 4, axes, 1, count) if ctx.optional_input(4) is not None else [_c(1)] * x.ndim
+    starts, ends = _per_axis(x, ctx.input(1), axes, 0, count), _per_axis(x, ctx.input(2), axes, 2**62, count)
+    steps = _per_axis(x, ctx.optional_input(4), axes, 1, count)
     xs = dense_strides(x.shape)
     offset, strides, dims = _c(0), [], []
     for a, n in enumerate(x.shape):
