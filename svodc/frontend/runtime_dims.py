@@ -30,7 +30,7 @@ DimValue = int | tuple[UOp, int, int]
 def bounded_output(ctx: NodeContext, at_bound: UOp, dims: list[DimValue], valid: UOp | None, input_index: int) -> UOp:
     """`at_bound` with its axes sized by `dims` at run time; when `valid` (a bool scalar) is false the
     run fails naming input `input_index` instead of answering."""
-    ctx.const_input(input_index)  # computed dims are not there yet: the value must be fixed
+    _needs_values(ctx, input_index)
     return at_bound
 
 
@@ -105,7 +105,11 @@ def _sel_unnamed(m: UOp, r: int, n_out: int) -> UOp:
 def user_bound(ctx: NodeContext, output: int, axis: int, input_index: int) -> int:
     """The upper bound the user gave for axis `axis` of output `output`, a size that input
     `input_index`'s value decides and nothing bounds by construction."""
+    _needs_values(ctx, input_index)
+    raise AssertionError(f"{ctx.name}: a user bound asked for a size no run-time input decides")
+
+
+def _needs_values(ctx: NodeContext, input_index: int) -> None:
     for i in [input_index, *range(len(ctx.inputs))]:  # computed dims are not there yet: fix the values
         if isinstance(ctx.value(i), UOp) and not is_constant(ctx.value(i)):
             ctx.const_input(i)
-    raise AssertionError(f"{ctx.name}: a user bound asked for a size no run-time input decides")
