@@ -38,6 +38,15 @@ class NeedsConstant(Unsupported):
         self.inputs = inputs
 
 
+class NeedsBound(NeedsConstant):
+    """An output size that run-time inputs decide and nothing bounds: bounding the computed dims
+    (`--dim TENSOR:AXIS=0..HI`) makes the node compile; fixing the inputs' values does too."""
+
+    def __init__(self, message: str, inputs: tuple[str, ...], dims: tuple[str, ...]):
+        super().__init__(message, inputs)
+        self.dims = dims
+
+
 def is_constant(x: UOp) -> bool:
     return all(n.op is not Ops.INPUT for n in toposort([x]))
 

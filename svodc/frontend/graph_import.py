@@ -156,7 +156,7 @@ class GraphImporter:
             problems.extend(e.problems)
             return self._poison(node, scope)
         except NeedsConstant as e:
-            problems.append(_with(label, str(e), e.inputs))
+            problems.append(dataclasses.replace(_with(label, str(e), e.inputs), needs_dims=getattr(e, "dims", ())))
             return self._poison(node, scope)
         except (Unsupported, UnsupportedDType, ShapeError) as e:
             problems.append(dataclasses.replace(_with(label, str(e)), shape_error=isinstance(e, ShapeError)))
@@ -186,8 +186,10 @@ class GraphImporter:
             self.import_node(n, scope, opsets, inner)
         if inner:
             needs = tuple(dict.fromkeys(n for p in inner for n in p.needs_values))
+            dims = tuple(dict.fromkeys(n for p in inner for n in p.needs_dims))
             why = "; ".join(f"{p.op_type}: {p.reason}" for p in inner)
-            problems.append(_with(label, f"no handler, and its ONNX function body does not compile: {why}", needs))
+            problems.append(dataclasses.replace(_with(label, f"no handler, and its ONNX function body does not "
+                                                             f"compile: {why}", needs), needs_dims=dims))
             return self._poison(node, scope)
         self.expanded.add(node.op_type if not label.domain else f"{label.domain}.{node.op_type}")
 

@@ -90,6 +90,18 @@ def flatten(name: str, value) -> dict[str, np.ndarray | None]:
     return {name: None if value is None else np.asarray(value)}
 
 
+def _bound_for(dim: str, model, case: Case) -> int:
+    """A user's bound for computed dim OUTPUT:AXIS: twice the expected size when OUTPUT is a graph
+    output, else the compiler's suggestion (an inner tensor of an expanded function)."""
+    from svodc.frontend.dims import SUGGESTED_HI
+
+    tensor, _, axis = dim.rpartition(":")
+    for vi, want in zip(model.graph.output, case.outputs, strict=False):
+        if vi.name == tensor and isinstance(want, np.ndarray) and axis.isdigit() and int(axis) < want.ndim:
+            return max(1, 2 * want.shape[int(axis)])
+    return SUGGESTED_HI
+
+
 def run_case(case: Case, workers: WorkerPool) -> Result:
     import onnx
 
@@ -117,13 +129,20 @@ def run_case(case: Case, workers: WorkerPool) -> Result:
         # Inputs that decide shapes the compiler cannot bound (a Resize's sizes, an axis) must be known
         # to a static compiler: when it names such inputs, the run-time inputs mode has failed; fix their
         # values and compile again (the fixed-values mode).
+        # Sizes that run-time values decide and nothing bounds (a Range's length) get the bound a user
+        # would give (`--dim TENSOR:AXIS=0..HI`), here twice the expected size, so the run is below it.
+        bounds: dict[str, tuple[int, int]] = {}
         for attempt in range(8):
             options = CompileOptions(input_shapes={k: v for k, v in shapes.items() if k not in fixed},
-                                     input_values=dict(fixed), jobs=1)
+                                     input_values=dict(fixed), dims=dict(bounds), jobs=1)
             try:
                 graph = import_model(model, options)
                 break
             except UnsupportedModelError as e:
+                unbounded = {d for p in e.nodes for d in p.needs_dims} - bounds.keys()
+                if unbounded and attempt < 7:
+                    bounds.update({d: (0, _bound_for(d, model, case)) for d in unbounded})
+                    continue
                 needs = {n for p in e.nodes for n in p.needs_values if n in by_name} - fixed.keys()
                 if not needs or attempt == 7:
                     raise
