@@ -76,10 +76,17 @@ def _pick(sel: UOp, per_axis: Sequence[int]) -> UOp:
     return T.reduce(T.alu(Ops.MUL, sel, vec), Ops.ADD, [1], keepdims=False)
 
 
-def _before(u: UOp, r: int) -> UOp:
-    """[r]: how many of u[b] (int64 0/1) are set for b < a."""
-    lower = weight(np.tril(np.ones((r, r), np.int64), -1))  # [a, b] = b < a
-    return T.reduce(T.alu(Ops.MUL, T.reshape(u, (1, r)), lower), Ops.ADD, [1], keepdims=False)
+def earlier(n: int) -> UOp:
+    """[n, n] bool: [i, j] = j < i, from two index vectors (no n*n constant)."""
+    i = weight(np.arange(n, dtype=np.int64))
+    return T.alu(Ops.CMPLT, T.reshape(i, (1, n)), T.reshape(i, (n, 1)))
+
+
+def count_before(u: UOp) -> UOp:
+    """[n]: how many of u[j] (an int64 0/1 vector) are set for j < i (an exclusive prefix count)."""
+    n = T.numel(u)
+    return T.reduce(T.alu(Ops.WHERE, earlier(n), T.reshape(u, (1, n)), T.const(0, dtypes.int64)), Ops.ADD, [1],
+                    keepdims=False)
 
 
 def drop_named_axes(t: UOp, m: UOp, k: int, sizes: Sequence[int]) -> tuple[UOp, list[DimValue]]:
@@ -98,7 +105,7 @@ def _sel_unnamed(m: UOp, r: int, n_out: int) -> UOp:
     """[n_out, r] int64: sel[j, a] = 1 when axis a is the j-th axis m does not name."""
     u = T.alu(Ops.CMPEQ, m, T.const(False, dtypes.bool)).cast(dtypes.int64)
     js = T.reshape(weight(np.arange(n_out, dtype=np.int64)), (n_out, 1))
-    return T.alu(Ops.MUL, T.alu(Ops.CMPEQ, T.reshape(_before(u, r), (1, r)), js).cast(dtypes.int64),
+    return T.alu(Ops.MUL, T.alu(Ops.CMPEQ, T.reshape(count_before(u), (1, r)), js).cast(dtypes.int64),
                  T.reshape(u, (1, r)))
 
 

@@ -16,7 +16,7 @@ from svodc.frontend.context import NodeContext, Unsupported, is_constant
 from svodc.frontend.ops.indexing import gather_axis
 from svodc.frontend.ops.shape_ops import weight
 from svodc.frontend.registry import onnx_op
-from svodc.frontend.runtime_dims import bounded_output, dense_strides
+from svodc.frontend.runtime_dims import bounded_output, count_before, dense_strides, earlier
 from svodc.ir import tensor as T
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import GatherArg, Ops, ScatterArg
@@ -30,8 +30,7 @@ def compact(mask: UOp) -> tuple[UOp, UOp]:
     j < count (the rest are 0)."""
     n = T.numel(mask)
     m = mask.cast(_I64)
-    lower = weight(np.tril(np.ones((n, n), np.int64), -1))  # [i, b] = b < i
-    rank = T.reduce(T.alu(Ops.MUL, T.reshape(m, (1, n)), lower), Ops.ADD, [1], keepdims=False)
+    rank = count_before(m)
     slot = T.alu(Ops.WHERE, mask, rank, T.const(n, _I64, (n,)))  # unselected: one spare slot past the end
     pos = UOp(Ops.SCATTER, _I64, (T.const(0, _I64, (n + 1,)), slot, weight(np.arange(n, dtype=np.int64))),
               ScatterArg(0))
@@ -93,16 +92,15 @@ def unique_at_run_time(ctx: NodeContext, x: UOp, axis: int | None) -> list[UOp]:
     same_k = T.alu(Ops.CMPEQ, a, b)
     diff = T.alu(Ops.CMPEQ, same_k, T.const(False, dtypes.bool)).cast(_I64)
     same = T.alu(Ops.CMPEQ, T.reduce(diff, Ops.ADD, [2], keepdims=False), T.const(0, _I64))  # [i, j]
-    lower_k = weight(np.tril(np.ones((m, m), np.int64), -1))  # [k, l] = l < k
-    diffs_before = T.reduce(T.alu(Ops.MUL, T.reshape(diff, (n, n, 1, m)), lower_k), Ops.ADD, [3], keepdims=False)
+    diffs_before = T.reduce(T.alu(Ops.WHERE, earlier(m), T.reshape(diff, (n, n, 1, m)), T.const(0, _I64)),
+                            Ops.ADD, [3], keepdims=False)  # [i, j, k]: components l < k that differ
     first_diff = T.alu(Ops.CMPEQ, diffs_before, T.const(0, _I64))
     below = T.alu(Ops.AND, first_diff, T.alu(Ops.CMPLT, b, a))  # row j < row i, decided at component k
     j_less = T.alu(Ops.CMPLT, T.const(0, _I64), T.reduce(below.cast(_I64), Ops.ADD, [2], keepdims=False))
-    earlier = weight(np.tril(np.ones((n, n), bool), -1))  # [i, j] = j < i
-    seen = T.reduce(T.alu(Ops.AND, same, earlier).cast(_I64), Ops.ADD, [1], keepdims=False)
+    seen = T.reduce(T.alu(Ops.AND, same, earlier(n)).cast(_I64), Ops.ADD, [1], keepdims=False)
     kept = T.alu(Ops.CMPEQ, seen, T.const(0, _I64))  # [n]: first occurrence
     kept_j = T.expand(T.reshape(kept, (1, n)), (n, n))
-    before = j_less if ctx.attr("sorted", 1) else earlier
+    before = j_less if ctx.attr("sorted", 1) else earlier(n)
     rank = T.reduce(T.alu(Ops.AND, kept_j, before).cast(_I64), Ops.ADD, [1], keepdims=False)  # [n]
     first = T.reduce(T.alu(Ops.WHERE, same, T.reshape(weight(np.arange(n, dtype=np.int64)), (1, n)),
                            T.const(n, _I64, (n, n))), Ops.MIN, [1], keepdims=False)  # first occurrence of row i

@@ -13,6 +13,7 @@ from svodc.frontend.context import NodeContext, Unsupported
 from svodc.frontend.runtime_dims import (
     DimValue,
     bounded_output,
+    count_before,
     dense_strides,
     drop_named_axes,
     element,
@@ -69,8 +70,7 @@ def unsqueeze_at_run_time(ctx: NodeContext, x: UOp, axes: UOp) -> UOp:
     if r == 0:
         return bounded_output(ctx, T.reshape(x, (1,) * k), [1] * k, valid, 1)
     named = m.cast(_I64)
-    lower = weight(np.tril(np.ones((rank, rank), np.int64), -1))
-    before = T.reduce(T.alu(Ops.MUL, T.reshape(named, (1, rank)), lower), Ops.ADD, [1], keepdims=False)
+    before = count_before(named)
     src = T.alu(Ops.SUB, T.reshape(weight(np.arange(rank, dtype=np.int64)), (rank,)), before)  # [rank]
     hit = T.alu(Ops.CMPEQ, T.reshape(src, (rank, 1)), T.reshape(weight(np.arange(r, dtype=np.int64)), (1, r)))
     sel = T.alu(Ops.MUL, hit.cast(_I64), T.reshape(T.alu(Ops.SUB, _c(1), named), (rank, 1)))  # [rank, r]
