@@ -10,6 +10,7 @@ from onnx import helper
 
 import svodc
 import svodrt
+from svodc.errors import UnsupportedModelError
 from tests.onnx_util import make_model, reference
 
 R = np.random.default_rng(7)
@@ -79,3 +80,34 @@ def test_data_dependent_outputs():
          "u": np.array([2, 1, 1, 3, 4, 3], np.float32)},
         {"m": np.zeros((2, 3), np.float32), "x": X, "c": np.zeros(4, bool), "u": np.full(6, 7, np.float32)},
     ])
+
+
+def test_sizes_a_user_bounds():
+    """Range's length, OneHot's depth, a Pad: nothing bounds them but the user (--dim TENSOR:AXIS)."""
+    model = make_model([helper.make_node("Range", ["start", "limit", "delta"], ["r"]),
+                        helper.make_node("OneHot", ["idx", "depth", "values"], ["oh"]),
+                        helper.make_node("Pad", ["x", "pads"], ["p"], mode="reflect")],
+                       {"start": (np.int64, []), "limit": (np.int64, []), "delta": (np.int64, []),
+                        "idx": (np.int64, [3]), "depth": (np.int64, []), "values": (np.float32, [2]),
+                        "x": (np.float32, [3, 4, 2]), "pads": (np.int64, [6])}, ["r", "oh", "p"], opset=18)
+    bounds = {"r:0": (0, 20), "oh:1": (0, 8), "p:0": (0, 8), "p:1": (0, 8), "p:2": (0, 8)}
+    feed_sets = [{"start": np.array(s, np.int64), "limit": np.array(lim, np.int64), "delta": np.array(d, np.int64),
+                  "idx": _i64(0, -1, 2), "depth": np.array(dep, np.int64), "values": np.array([0, 3], np.float32),
+                  "x": X, "pads": _i64(*pads)}
+                 for s, lim, d, dep, pads in ((0, 10, 3, 4, (1, 0, 1, 1, 2, 0)), (5, -9, -2, 8, (0, 0, 0, 0, 0, 1)))]
+    with svodrt.load(svodc.compile(model, dims=bounds)) as m:
+        for feeds in feed_sets:
+            got = m.run(feeds)
+            for name, want in zip(["r", "oh", "p"], reference(model, feeds), strict=True):
+                np.testing.assert_array_equal(got[name], want)
+        with pytest.raises(svodrt.InputError, match="r:0"):  # 0..99 step 1 is 100 long, over the bound 20
+            m.run({**feed_sets[0], "start": np.array(0, np.int64), "limit": np.array(100, np.int64),
+                   "delta": np.array(1, np.int64)})
+
+
+def test_an_unbounded_size_names_the_flag_to_paste():
+    model = make_model([helper.make_node("Range", ["start", "limit", "delta"], ["r"])],
+                       {"start": (np.float32, []), "limit": (np.float32, []), "delta": (np.float32, [])}, ["r"])
+    with pytest.raises(UnsupportedModelError, match=r"--dim r:0=0\.\.") as e:
+        svodc.compile(model)
+    assert e.value.nodes[0].needs_dims == ("r:0",)
