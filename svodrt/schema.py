@@ -105,7 +105,7 @@ def dim_table(m: Any) -> dict[str, Dim]:
     for i, d in enumerate(items(m, "dims", "manifest")):
         computed = "computed" in d and field(d, "computed", bool, f"dims[{i}]")
         dim = Dim(name(d, "name", f"dims[{i}]"), uint(d, "lo", f"dims[{i}]"), uint(d, "hi", f"dims[{i}]"), computed)
-        if not 1 <= dim.lo <= dim.hi or dim.name in out:
+        if not int(not computed) <= dim.lo <= dim.hi or dim.name in out:  # a computed dim may be 0 (a count)
             raise fail(f"dims[{i}]", f"{dim.name!r} {dim.lo}..{dim.hi} must be a new name with 1 <= lo <= hi")
         if out and not computed and list(out.values())[-1].computed:
             raise fail(f"dims[{i}]", "an input dim after a computed dim: input dims come first")

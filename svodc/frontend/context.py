@@ -59,7 +59,8 @@ def constant_value(x: UOp) -> np.ndarray:
 class NodeContext:
     def __init__(self, node: onnx.NodeProto, inputs: list[Value | None], version: int, opset: int,
                  subgraph_runner: SubgraphRunner | None = None, vocabulary: Vocabulary | None = None,
-                 bounded_axes: Callable[[UOp], tuple[bool, ...]] | None = None):
+                 bounded_axes: Callable[[UOp], tuple[bool, ...]] | None = None,
+                 dim_bounds: dict[str, object] | None = None):
         self.node = node
         self.inputs = inputs
         self.version = version  # the op's schema since_version this node uses
@@ -68,6 +69,7 @@ class NodeContext:
         self._run_subgraph = subgraph_runner
         self._vocabulary = vocabulary
         self._bounded_axes = bounded_axes
+        self.dim_bounds = dim_bounds or {}  # CompileOptions.dims: bounds of value-sized dims (TENSOR:AXIS) too
 
     def bounded(self, x: UOp) -> tuple[bool, ...]:
         """Which axes of x a bounded dim sizes (their size varies per call; frontend/dims.py)."""

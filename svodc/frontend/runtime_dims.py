@@ -1,8 +1,13 @@
 """Outputs whose size a run-time value decides, within a bound known at compile time.
 
 A handler computes such an output at its bound and says, per axis, the run-time size as a scalar
-int64 UOp with its range [lo, hi]: those become computed dims (the kernel writes their values, the
-runtime checks them against the range and returns the output at its real shape).
+int64 UOp with its range [lo, hi]: `bounded_output` wraps it in Ops.SIZED, whose axes become value
+dims named TENSOR:AXIS (computed dims of format 1.7: the kernel writes their values, the runtime
+checks the status words and returns the output at its real shape; passes/value_dims.py). A bound
+comes from the input's shape where the op gives one (a Slice is at most the input), else from the
+user (`--dim TENSOR:AXIS=LO..HI`, `user_bound`): without it the node is refused with the flag to
+paste (NeedsBound), and fixing the deciding inputs' values still works. Handlers also compute the
+values' validity (axes in range, sizes that fit): an invalid run fails with an InputError.
 """
 
 from __future__ import annotations
@@ -12,11 +17,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from svodc.frontend.context import NodeContext, is_constant
+from svodc.frontend.context import NeedsBound, NodeContext, is_constant
+from svodc.frontend.dims import SUGGESTED_HI
 from svodc.ir import tensor as T
 from svodc.ir.dtypes import dtypes
-from svodc.ir.ops import ConstData, GatherArg, Ops
-from svodc.ir.uop import UOp
+from svodc.ir.ops import ConstData, GatherArg, Ops, SizedArg
+from svodc.ir.uop import UOp, toposort
 
 
 def weight(a: np.ndarray) -> UOp:
@@ -27,11 +33,38 @@ def weight(a: np.ndarray) -> UOp:
 DimValue = int | tuple[UOp, int, int]
 
 
-def bounded_output(ctx: NodeContext, at_bound: UOp, dims: list[DimValue], valid: UOp | None, input_index: int) -> UOp:
-    """`at_bound` with its axes sized by `dims` at run time; when `valid` (a bool scalar) is false the
-    run fails naming input `input_index` instead of answering."""
-    _needs_values(ctx, input_index)
-    return at_bound
+def dim_name(ctx: NodeContext, output: int, axis: int) -> str:
+    return f"{ctx.node.output[output]}:{axis}"
+
+
+def bounded_output(ctx: NodeContext, at_bound: UOp, dims: list[DimValue], valid: UOp | None, input_index: int,
+                   output: int = 0) -> UOp:
+    """`at_bound` with its axes sized by `dims` at run time (output `output` of the node); when `valid`
+    (a bool scalar) is false the run fails instead of answering. The computation assumes static input
+    shapes: an input sized by a bounded dim is refused (its values must then be fixed)."""
+    if any(any(ctx.bounded(v)) for v in ctx.inputs if isinstance(v, UOp)):
+        _needs_values(ctx, input_index)  # raises: the handlers compute at the bound's sizes
+    arg, values = [], []
+    for axis, d in enumerate(dims):
+        if isinstance(d, int):
+            arg.append(None)
+            continue
+        v, lo, hi = d
+        name = dim_name(ctx, output, axis)
+        given = ctx.dim_bounds.get(name)
+        if isinstance(given, tuple | list):
+            lo = max(lo, int(given[0]))
+        v = T.reshape(v, ()).cast(dtypes.int64)
+        if valid is not None:
+            v = T.alu(Ops.WHERE, valid, v, T.const(-1, dtypes.int64))
+        arg.append((name, lo, hi))
+        values.append(v)
+    if not values:  # every size known (a scalar): only the validity to check, on a dim of size 1
+        if valid is None:
+            return at_bound
+        return T.reshape(bounded_output(ctx, T.reshape(at_bound, (1,)), [(T.const(1, dtypes.int64), 1, 1)], valid,
+                                        input_index, output), at_bound.shape)
+    return UOp(Ops.SIZED, at_bound.dtype, (at_bound, *values), SizedArg(tuple(arg)))
 
 
 def element(v: UOp, i: int) -> UOp:
@@ -110,13 +143,29 @@ def _sel_unnamed(m: UOp, r: int, n_out: int) -> UOp:
 
 
 def user_bound(ctx: NodeContext, output: int, axis: int, input_index: int) -> int:
-    """The upper bound the user gave for axis `axis` of output `output`, a size that input
-    `input_index`'s value decides and nothing bounds by construction."""
-    _needs_values(ctx, input_index)
-    raise AssertionError(f"{ctx.name}: a user bound asked for a size no run-time input decides")
+    """The upper bound the user gave (`--dim TENSOR:AXIS=LO..HI`) for axis `axis` of output `output`, a
+    size that input `input_index`'s value decides and nothing bounds by construction; NeedsBound without."""
+    name = dim_name(ctx, output, axis)
+    given = ctx.dim_bounds.get(name)
+    if isinstance(given, tuple | list):
+        return int(given[1])
+    if isinstance(given, int):
+        return given
+    inputs = _graph_inputs(ctx)
+    raise NeedsBound(f"output {ctx.node.output[output]!r} axis {axis}: its size depends on the run-time value of "
+                     f"input {ctx.node.input[input_index]!r} and nothing bounds it; give a bound with --dim "
+                     f"{name}=0..{SUGGESTED_HI} (dims={{{name!r}: (0, {SUGGESTED_HI})}}), or fix "
+                     f"{', '.join(map(repr, inputs))} with --input-value", inputs, (name,))
+
+
+def _graph_inputs(ctx: NodeContext) -> tuple[str, ...]:
+    names = [n.arg.name for v in ctx.inputs if isinstance(v, UOp) and not is_constant(v)
+             for n in toposort([v]) if n.op is Ops.INPUT]
+    return tuple(dict.fromkeys(names))
 
 
 def _needs_values(ctx: NodeContext, input_index: int) -> None:
-    for i in [input_index, *range(len(ctx.inputs))]:  # computed dims are not there yet: fix the values
+    """Raise NeedsConstant naming every run-time input of the node (input `input_index` first)."""
+    for i in [input_index, *range(len(ctx.inputs))]:
         if isinstance(ctx.value(i), UOp) and not is_constant(ctx.value(i)):
             ctx.const_input(i)

@@ -221,8 +221,8 @@ def top_k(ctx: NodeContext) -> list[UOp]:
         valid = T.alu(Ops.AND, T.alu(Ops.CMPLT, k_value, T.const(n + 1, _I64)),
                       T.alu(Ops.CMPLT, T.const(-1, _I64), k_value))
         dims = [k_value if a == axis else d for a, d in enumerate(x.shape)]
-        return [bounded_output(ctx, o, [(d, 0, n) if a == axis else d for a, d in enumerate(dims)], valid, 1)
-                for o in _top_k(ctx, x, axis, n)]
+        return [bounded_output(ctx, o, [(d, 0, n) if a == axis else d for a, d in enumerate(dims)], valid, 1, i)
+                for i, o in enumerate(_top_k(ctx, x, axis, n))]
     k = int(ctx.attr("k")) if ctx.version < 10 else int(np.asarray(ctx.const_input(1, "K")).reshape(-1)[0])
     if not 0 <= k <= n:
         raise Unsupported(f"K={k} is outside [0, {n}]")

@@ -124,8 +124,8 @@ def unique_at_run_time(ctx: NodeContext, x: UOp, axis: int | None) -> list[UOp]:
     idx = T.reshape(scatter(T.reshape(weight(np.arange(n, dtype=np.int64)), (n, 1))), (n,))
     counts = T.reshape(scatter(T.reshape(T.reduce(same.cast(_I64), Ops.ADD, [1], keepdims=False), (n, 1))), (n,))
     y_dims = [(count, 0, n)] if axis is None else [(count, 0, n) if a == axis else d for a, d in enumerate(x.shape)]
-    return [bounded_output(ctx, y, y_dims, None, 0), bounded_output(ctx, idx, [(count, 0, n)], None, 0),
-            inverse, bounded_output(ctx, counts, [(count, 0, n)], None, 0)]
+    return [bounded_output(ctx, y, y_dims, None, 0), bounded_output(ctx, idx, [(count, 0, n)], None, 0, 1),
+            inverse, bounded_output(ctx, counts, [(count, 0, n)], None, 0, 3)]
 
 
 @onnx_op("Unique", 11, 28)

@@ -153,7 +153,7 @@ def split_at_run_time(ctx: NodeContext, x: UOp, axis: int) -> list[UOp]:
         size = element(sizes, i)
         out = strided_read(x, x.shape, xs, T.alu(Ops.MUL, start, _c(xs[axis])))
         dims: list[DimValue] = [(size, 0, n) if a == axis else d for a, d in enumerate(x.shape)]
-        parts.append(bounded_output(ctx, out, dims, _all(checks), 1))
+        parts.append(bounded_output(ctx, out, dims, _all(checks), 1, i))
         start = T.alu(Ops.ADD, start, size)
     return parts
 
