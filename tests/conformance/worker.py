@@ -103,27 +103,44 @@ def _bound_for(dim: str, model, case: Case) -> int:
 
 
 def run_case(case: Case, workers: WorkerPool) -> Result:
+    """The case in the run-time inputs mode; where that does not pass, again with the values fixed that
+    the compiler asks for or that decide a run-time size (the fixed-values mode)."""
     import onnx
 
+    model = onnx.load_from_string(case.model)
+    by_name: dict[str, np.ndarray | None] = {}
+    for vi, v in zip(model.graph.input, case.inputs, strict=False):
+        by_name.update(flatten(vi.name, v))
+    fixed: dict[str, object] = {k: None for k, v in by_name.items() if v is None}  # absent optionals
+    fixed.update({vi.name: [] for vi, v in zip(model.graph.input, case.inputs, strict=False)
+                  if isinstance(v, list) and not v})  # empty sequences: nothing to feed, fixed as empty
+    first, deciding = _attempt(case, model, by_name, dict(fixed), workers)
+    deciding -= fixed.keys()
+    if first.status == "pass" or not deciding:
+        return first
+    second, _ = _attempt(case, model, by_name, {**fixed, **{n: by_name[n] for n in deciding}}, workers)
+    second.runtime_inputs_failure = one_line(f"{first.status}: {first.reason}")
+    return second
+
+
+def _attempt(case: Case, model, by_name: dict, fixed: dict, workers: WorkerPool) -> tuple[Result, set[str]]:
+    """(the result with `fixed` compiled in and the values the compiler asks for, the graph inputs whose
+    values decide a run-time size)."""
     import svodrt
     from svodc.bundle import write_bundle
     from svodc.codegen.compile import compile_program
     from svodc.errors import SvodcError, UnsupportedModelError
     from svodc.frontend.importer import import_model
+    from svodc.ir.ops import Ops
+    from svodc.ir.uop import toposort
     from svodc.options import CompileOptions
     from svodc.passes.pipeline import build_program
     from svodc.target import parse_target
 
-    model = onnx.load_from_string(case.model)
     t0 = time.perf_counter()
-    by_name: dict[str, np.ndarray | None] = {}
-    for vi, v in zip(model.graph.input, case.inputs, strict=False):
-        by_name.update(flatten(vi.name, v))
     shapes = {k: tuple(v.shape) for k, v in by_name.items() if v is not None}
-    fixed: dict[str, object] = {k: None for k, v in by_name.items() if v is None}  # absent optionals
-    fixed.update({vi.name: [] for vi, v in zip(model.graph.input, case.inputs, strict=False)
-                  if isinstance(v, list) and not v})  # empty sequences: nothing to feed, fixed as empty
     expanded: list[str] = []
+    deciding: set[str] = set()
     runtime_failure = ""  # why the run-time inputs mode (nothing fixed but absent optionals) did not compile
     try:
         # Inputs that decide shapes the compiler cannot bound (a Resize's sizes, an axis) must be known
@@ -148,26 +165,28 @@ def run_case(case: Case, workers: WorkerPool) -> Result:
                     raise
                 runtime_failure = runtime_failure or _unsupported_reason(e)
                 fixed.update({n: by_name[n] for n in needs})
+        sized = [n for n in toposort([o for _, o in graph.outputs]) if n.op is Ops.SIZED]
+        deciding = {n.arg.name for n in toposort([v for s in sized for v in s.src[1:]]) if n.op is Ops.INPUT}
         expanded = sorted(getattr(graph, "expanded_ops", ()))
         program = build_program(graph, options)
         target, = parse_target("host")
         bundle = write_bundle(program, [(target, compile_program(program, target, options, workers=workers))], "conformance")
     except UnsupportedModelError as e:
         return Result(case.name, "unsupported", _unsupported_reason(e), time.perf_counter() - t0, expanded=expanded,
-                      fixed_inputs=sorted(fixed), runtime_inputs_failure=runtime_failure)
+                      fixed_inputs=sorted(fixed), runtime_inputs_failure=runtime_failure), deciding
     except SvodcError as e:
         return Result(case.name, "error", one_line(f"{type(e).__name__}: {e}"), time.perf_counter() - t0,
-                      expanded=expanded, runtime_inputs_failure=runtime_failure)
+                      expanded=expanded, runtime_inputs_failure=runtime_failure), deciding
     except Exception as e:  # a compiler bug: report it as this case's failure, keep going
         return Result(case.name, "error", one_line(f"compiler bug: {type(e).__name__}: {e}"),
-                      time.perf_counter() - t0, expanded=expanded, runtime_inputs_failure=runtime_failure)
+                      time.perf_counter() - t0, expanded=expanded, runtime_inputs_failure=runtime_failure), deciding
     t1 = time.perf_counter()
     try:
         with svodrt.load(bundle, threads=1) as m:
             got = m.run({k: v for k, v in by_name.items() if k not in fixed})
     except Exception as e:
         return Result(case.name, "error", one_line(f"runtime: {type(e).__name__}: {e}"), t1 - t0,
-                      time.perf_counter() - t1, expanded, runtime_inputs_failure=runtime_failure)
+                      time.perf_counter() - t1, expanded, runtime_inputs_failure=runtime_failure), deciding
     t2 = time.perf_counter()
     problems = []
     for vi, want in zip(model.graph.output, case.outputs, strict=False):
@@ -187,7 +206,7 @@ def run_case(case: Case, workers: WorkerPool) -> Result:
                     problems.append(f"{name}: {why}")
     status = "wrong" if problems else "pass"
     return Result(case.name, status, one_line("; ".join(problems)), t1 - t0, t2 - t1, expanded, sorted(fixed),
-                  runtime_failure)
+                  runtime_failure), deciding
 
 
 def main() -> None:
