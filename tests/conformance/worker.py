@@ -157,6 +157,7 @@ def _attempt(case: Case, model, by_name: dict, fixed: dict, workers: WorkerPool)
                 break
             except UnsupportedModelError as e:
                 unbounded = {d for p in e.nodes for d in p.needs_dims} - bounds.keys()
+                deciding |= {n for p in e.nodes if p.needs_dims for n in p.needs_values if n in by_name}
                 if unbounded and attempt < 7:
                     bounds.update({d: (0, _bound_for(d, model, case)) for d in unbounded})
                     continue
@@ -165,8 +166,9 @@ def _attempt(case: Case, model, by_name: dict, fixed: dict, workers: WorkerPool)
                     raise
                 runtime_failure = runtime_failure or _unsupported_reason(e)
                 fixed.update({n: by_name[n] for n in needs})
+                bounds.clear()  # a fixed value may make a bounded size static: bounds are asked for again
         sized = [n for n in toposort([o for _, o in graph.outputs]) if n.op is Ops.SIZED]
-        deciding = {n.arg.name for n in toposort([v for s in sized for v in s.src[1:]]) if n.op is Ops.INPUT}
+        deciding |= {n.arg.name for n in toposort([v for s in sized for v in s.src[1:]]) if n.op is Ops.INPUT}
         expanded = sorted(getattr(graph, "expanded_ops", ()))
         program = build_program(graph, options)
         target, = parse_target("host")
