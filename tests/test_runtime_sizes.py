@@ -10,7 +10,7 @@ from onnx import helper
 
 import svodc
 import svodrt
-from svodc.errors import UnsupportedModelError
+from svodc.errors import SvodcError, UnsupportedModelError
 from tests.onnx_util import make_model, reference
 
 R = np.random.default_rng(7)
@@ -111,3 +111,43 @@ def test_an_unbounded_size_names_the_flag_to_paste():
     with pytest.raises(UnsupportedModelError, match=r"--dim r:0=0\.\.") as e:
         svodc.compile(model)
     assert e.value.nodes[0].needs_dims == ("r:0",)
+
+
+def test_value_sized_tensors_feed_later_ops():
+    """A value-sized tensor feeds elementwise work (which loops to its real size); a mean over the
+    value-sized axis would divide by the bound, so it is refused, not answered wrong."""
+    model = make_model([helper.make_node("Compress", ["x", "c"], ["cx"], axis=1),
+                        helper.make_node("Relu", ["cx"], ["r"]), helper.make_node("Transpose", ["r"], ["t"])],
+                       {"x": (np.float32, [3, 4, 2]), "c": (np.bool_, [4])}, ["t"], opset=13)
+    _agree(model, [{"x": X, "c": np.array(c, bool)} for c in ([1, 0, 1, 1], [0, 0, 0, 1])])
+    mean = make_model([helper.make_node("Compress", ["x", "c"], ["cx"], axis=1),
+                       helper.make_node("ReduceMean", ["cx"], ["m"], axes=[1])],
+                      {"x": (np.float32, [3, 4, 2]), "c": (np.bool_, [4])}, ["m"], opset=13)
+    with pytest.raises(SvodcError, match="bounded dim"):
+        svodc.compile(mean)
+
+
+def test_a_run_time_value_on_a_bounded_input_dim_needs_fixing():
+    model = make_model([helper.make_node("Reshape", ["x", "shape"], ["y"])],
+                       {"x": (np.float32, ["N", 4]), "shape": (np.int64, [2])}, ["y"], opset=14)
+    with pytest.raises(UnsupportedModelError, match="shape.*--input-value"):
+        svodc.compile(model, dims={"N": (1, 4)})
+
+
+def test_cli_bound_flag(tmp_path):
+    import onnx
+
+    from tests.test_cli import run
+
+    model = make_model([helper.make_node("Range", ["start", "limit", "delta"], ["r"])],
+                       {"start": (np.int64, []), "limit": (np.int64, []), "delta": (np.int64, [])}, ["r"])
+    path = tmp_path / "range.onnx"
+    onnx.save(model, path)
+    cli = ["compile", str(path), "-o", str(tmp_path / "r.svod"), "-q"]
+    r = run("svodc", *cli)
+    assert r.returncode == 1 and "--dim r:0=0..64" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = run("svodc", *cli, "--dim", "r:0=0..16")
+    assert r.returncode == 0, r.stderr
+    with svodrt.load(tmp_path / "r.svod") as m:
+        got = m.run({"start": np.array(2), "limit": np.array(9), "delta": np.array(3)})["r"]
+    np.testing.assert_array_equal(got, np.arange(2, 9, 3))
