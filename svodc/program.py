@@ -39,7 +39,8 @@ class ImportedGraph:
     expanded_ops: frozenset[str] = frozenset()  # ops imported through their ONNX function bodies
     vocabulary: tuple[str, ...] = ()  # the model's strings; string id i is vocabulary[i] (frontend/strings.py)
     zipmaps: tuple[tuple[str, tuple[int | str, ...]], ...] = ()  # (output, keys): svodrt returns a list of dicts
-    edge_outputs: tuple[tuple[str, EdgeStrings], ...] = ()  # outputs svodrt computes from input strings
+    # svodrt's string program (format 1.8): (name, step, "input" (a code input it fills) | "output" (one it returns))
+    edge_outputs: tuple[tuple[str, EdgeStrings, str], ...] = ()
     op_types: dict[str, str] | None = None  # node name -> op type (graph_import.GraphImporter.op_types)
     # Bounded symbolic dims (frontend/dims.py), in the order met, and which input axes each sizes; the
     # INPUT nodes have their upper bounds.
@@ -99,4 +100,4 @@ class Program:
     vocabulary: tuple[str, ...] = ()  # string id i stands for vocabulary[i] (svodc/frontend/strings.py)
     dims: tuple = ()  # bounded input dims (frontend.dims.DimSpec), in the order of the entry's `dims` array
     zipmaps: tuple[tuple[str, tuple[int | str, ...]], ...] = ()  # (output, keys): returned as a list of dicts
-    edge_outputs: tuple = ()  # (output, frontend.values.EdgeStrings): outputs svodrt computes from input strings
+    edge_outputs: tuple = ()  # ImportedGraph.edge_outputs: svodrt's string program

@@ -14,9 +14,13 @@ from svodrt.abi import DIMS_STATUS_WORDS, dims_status_slot
 from svodrt.bundle import Bundle, TensorInfo, Variant
 from svodrt.errors import InputError
 from svodrt.format import BITS_OF, DTYPES, STRING
-from svodrt.strings import StringTable, normalize, strings_of
+from svodrt.strings import StringTable, edge_value, strings_of
 
 NARROW_INTS = frozenset({"int4", "uint4", "int2", "uint2"})
+
+
+class EdgeFeeds(dict):  # feeds that Runner.edge_feeds completed already
+    pass
 
 
 class Runner:
@@ -37,10 +41,11 @@ class Runner:
         self._string_outputs = [t.name for t in self.bundle.outputs if t.dtype == STRING]
         b = self.bundle
         self._decode = StringTable(b.vocabulary) if self._string_outputs or b.zipmaps or b.edge_outputs else None
+        self._computed = {e[0]: e[4] for e in b.edge_outputs}  # names run() computes: code inputs and outputs
 
     @property
-    def inputs(self) -> list[TensorInfo]:
-        return list(self.bundle.inputs)
+    def inputs(self) -> list[TensorInfo]:  # the caller's: not those the string program fills (format 1.8)
+        return [t for t in self.bundle.inputs if t.name not in self._computed]
 
     @property
     def outputs(self) -> list[TensorInfo]:
@@ -54,7 +59,7 @@ class Runner:
         """The common case in a few comparisons: a dict of exactly the inputs, each an ndarray of the
         declared dtype and shape, C-contiguous and aligned. None means: take the full check."""
         specs = self._input_specs
-        if type(feeds) is not dict or len(feeds) != len(specs) or self._strings is not None:
+        if type(feeds) is not dict or len(feeds) != len(specs) or self._strings is not None or self._computed:
             return None
         arrays = []
         for name, dtype, shape in specs:
@@ -72,20 +77,46 @@ class Runner:
                 result[name] = self._decode.decode(result[name], self._string_inputs, feeds)
             for name, keys in self.bundle.zipmaps:
                 result[name] = [dict(zip(keys, row, strict=True)) for row in result[name].tolist()]
-            for name, source, attrs in self.bundle.edge_outputs:  # StringNormalizer of a string input
-                t = next(t for t in self._string_inputs if t.name == source)
-                result[name] = normalize(np.array(strings_of(t, feeds[source]), dtype=object).reshape(t.shape), **attrs)
+            result.update((name, feeds[name]) for name, role in self._computed.items() if role in ("output", "both"))
         return result
+
+    def edge_feeds(self, feeds: MappingT[str, object]) -> MappingT[str, object]:
+        """feeds with the string program's results (manifest `edge_outputs`) added: the code inputs it fills and
+        the outputs run() returns, computed in Python from the string inputs before native code runs."""
+        if not self._computed or not isinstance(feeds, MappingT) or isinstance(feeds, EdgeFeeds):
+            return feeds
+        if given := [k for k in feeds if k in self._computed]:
+            raise InputError(f"input {given[0]!r} is computed by the model from its string inputs: do not pass it")
+        env = EdgeFeeds(feeds)
+        for name, op, sources, attrs, role in self.bundle.edge_outputs:
+            value = edge_value(op, [self._edge_arg(s, env) for s in sources], attrs)
+            if role != "check":
+                env[name] = value
+        return env
+
+    def _edge_arg(self, s: str | list, env: dict) -> np.ndarray:
+        if isinstance(s, list):  # StringConcat's constant string
+            return np.array(s[0], dtype=object)
+        if s in self._computed:
+            return env[s]
+        t = next(t for t in self.bundle.inputs if t.name == s)
+        if s not in env:
+            raise InputError(f"missing input {s!r} ({t.dtype}{list(t.shape)})")
+        check_shape(t, env[s])
+        if t.dtype != STRING:  # a OneHotEncoder check's integers
+            return check_input(t, env[s])
+        return np.array(strings_of(t, env[s]), dtype=object).reshape(env[s].shape)
 
     def check_inputs(self, feeds: MappingT[str, object]) -> list[np.ndarray]:
         """Validate a feed dict against the model's inputs; returns the arrays the code will read, in
         input order (C-contiguous and aligned: copied if they were not)."""
         if (fast := self._fast_inputs(feeds)) is not None:
             return fast
+        feeds = self.edge_feeds(feeds)
         if not isinstance(feeds, MappingT):
             raise InputError(f"inputs must be a dict of name -> array, got {type(feeds).__name__}")
         expected = [t.name for t in self.bundle.inputs]
-        if unexpected := [k for k in feeds if k not in expected]:
+        if unexpected := [k for k in feeds if k not in expected and self._computed.get(k) not in ("output", "both")]:
             raise InputError(f"unexpected input{'s' if len(unexpected) > 1 else ''} {unexpected}; the model's "
                              f"inputs are {expected}")
         if missing := [t for t in self.bundle.inputs if t.name not in feeds]:

@@ -7,6 +7,7 @@ import bisect
 import itertools
 import math
 import operator
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -221,22 +222,51 @@ def zipmaps(m: Any, outputs: list[TensorInfo]) -> tuple[tuple[str, tuple], ...]:
     return tuple(out)
 
 
-def edge_outputs(m: Any, inputs: list[TensorInfo], outputs: list[TensorInfo]) -> tuple[tuple[str, str, dict], ...]:
-    """The manifest's `edge_outputs` (format 1.6): [output, "StringNormalizer", string input, {"case":
-    NONE|LOWER|UPPER, "case_sensitive": bool, "stopwords": [str]}], outputs run() computes itself."""
-    strings = {t.name for t in inputs if t.dtype == "string"}
-    taken, out = {t.name for t in outputs}, []
-    for i, e in enumerate(items(m, "edge_outputs", "manifest") if "edge_outputs" in m else []):
-        a = e[3] if isinstance(e, list) and len(e) == 4 and isinstance(e[3], dict) else {}
-        if (not isinstance(e, list) or len(e) != 4 or e[1] != "StringNormalizer" or e[2] not in strings
-                or not isinstance(e[0], str) or e[0] in taken or a.get("case") not in ("NONE", "LOWER", "UPPER")
-                or type(a.get("case_sensitive")) is not bool or not isinstance(a.get("stopwords"), list)
-                or not all(isinstance(w, str) for w in a["stopwords"]) or len(a) != 3):
-            raise fail(f"edge_outputs[{i}]", "must be [new output name, 'StringNormalizer', string input, "
-                       "{case, case_sensitive, stopwords}]")
-        taken.add(e[0])
-        out.append((e[0], e[2], a))
+EDGE_OPS = {  # op: (its attributes' types, its result's dtype; StringSplit's result 0, the substrings, is strings)
+    "StringNormalizer": ({"case": str, "case_sensitive": bool, "stopwords": list}, "string"),
+    "StringConcat": ({}, "string"), "RegexFullMatch": ({"pattern": str}, "bool"),
+    "StringSplit": ({"delimiter": str, "maxsplit": int, "result": int}, "int64"),
+    "OneHotEncoder": ({"categories": list}, "")}  # a check: no result
+
+
+def edge_outputs(m: Any, inputs: list[TensorInfo], outputs: list[TensorInfo]) -> tuple[tuple, ...]:
+    """The manifest's `edge_outputs`, run()'s string program (1.6's four-item and 1.8's five-item entries,
+    docs/bundle-format.md) as (name, op, sources, attrs, role) in order."""
+    raw = items(m, "edge_outputs", "manifest") if "edge_outputs" in m else []
+    by_name, taken, out = {t.name: t for t in inputs}, {t.name for t in outputs + inputs}, []
+    ready = {t.name for t in inputs if t.dtype == "string"} - {  # what a step may read
+        e[0] for e in raw if type(e) is list and len(e) == 5 and isinstance(e[0], str)}
+    ints = {t.name for t in inputs if t.dtype in ("int64", "int32")}  # ... and a OneHotEncoder check
+    for i, e in enumerate(raw):
+        if type(e) is list and len(e) == 4 and e[1] == "StringNormalizer" and isinstance(e[2], str):
+            e = [e[0], e[1], [e[2]], e[3], "output"]  # format 1.6
+        if not _edge_step_ok(e, ready, ints, taken, by_name):
+            raise fail(f"edge_outputs[{i}]", "must be [name, op, [source], attrs, role] (1.6: "
+                       "[new output name, 'StringNormalizer', string input, {case, case_sensitive, stopwords}])")
+        (ready if e[4] in ("input", "both") and by_name[e[0]].dtype == "string" else taken).add(e[0])
+        out.append((e[0], e[1], tuple(e[2]), e[3], e[4]))
     return tuple(out)
+
+
+def _edge_step_ok(e: Any, ready: set, ints: set, taken: set, by_name: dict) -> bool:
+    if not (type(e) is list and len(e) == 5 and isinstance(e[1], str) and e[1] in EDGE_OPS and isinstance(e[0], str)
+            and type(e[2]) is list and type(e[3]) is dict):
+        return False
+    (spec, dtype), a, t = EDGE_OPS[e[1]], e[3], by_name.get(e[0])
+    ready = ready | ints if e[1] == "OneHotEncoder" else ready
+    try:
+        re.compile(a.get("pattern", ""))
+    except (re.error, TypeError):
+        return False
+    return (set(a) == set(spec) and all(type(a[k]) is v for k, v in spec.items()) and a.get("result", 1) in (0, 1)
+            and a.get("case", "NONE") in ("NONE", "LOWER", "UPPER") and a.get("maxsplit", 0) >= -1
+            and all(isinstance(w, str) for w in a.get("stopwords", [])) and len(e[2]) == 1 + (e[1] == "StringConcat")
+            and all(s in ready if isinstance(s, str) else e[1] == "StringConcat" and type(s) is list and len(s) == 1
+                    and isinstance(s[0], str) for s in e[2]) and (e[1] == "OneHotEncoder") == (e[4] == "check")
+            and (e[4] == "check" or (e[4] == "output" and e[0] not in taken) or (
+                e[4] in ("input", "both") and t is not None and e[0] not in ready
+                and t.dtype == ("string" if a.get("result") == 0 else dtype)))
+            and all(type(k) is type(a["categories"][0]) in (str, int) for k in a.get("categories", [])))
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ import onnx
 from onnx import helper
 
 from svodc.frontend.dtypes import onnx_to_dtype
+from svodc.frontend.strings import edge_input
+from svodc.frontend.values import EdgeStrings, describe
 from svodc.ir.interpret import evaluate
 from svodc.ir.ops import Ops
 from svodc.ir.uop import UOp, toposort
@@ -96,9 +98,9 @@ class NodeContext:
     def optional_input(self, i: int) -> UOp | None:
         """Tensor input i, or None when it is absent."""
         v = self.value(i)
+        if isinstance(v, EdgeStrings) and v.shape is not None:  # code reads a string op's result: svodrt fills it
+            return edge_input(self.vocabulary, v)
         if v is not None and not isinstance(v, UOp):
-            from svodc.frontend.values import describe
-
             raise Unsupported(f"input {i} must be a tensor, got {describe(v)}")
         return v
 
@@ -107,7 +109,7 @@ class NodeContext:
         return self.inputs[i] if i < len(self.inputs) else None
 
     def sequence_input(self, i: int) -> SequenceValue:
-        from svodc.frontend.values import OptionalValue, SequenceValue, describe
+        from svodc.frontend.values import OptionalValue, SequenceValue
 
         v = self.value(i)
         if isinstance(v, OptionalValue):
