@@ -164,8 +164,10 @@ def reshape_at_run_time(ctx: NodeContext, x: UOp, allowzero: bool) -> UOp:
     shape, numel = ctx.input(1), T.numel(x)
     k = T.numel(shape)
     hi = max(numel, 1)
-    if hi ** k > MAX_RESHAPE_BOUND:
-        ctx.const_input(1, "shape")  # its bound is too large to plan: its value must be fixed
+    if hi ** k > MAX_RESHAPE_BOUND or (allowzero and numel == 0):
+        # the bound is too large to plan, or there is none (an empty input with allowzero takes any
+        # dims beside a 0): its value must be fixed
+        ctx.const_input(1, "shape")
     vals = [element(shape, j) for j in range(k)]
     resolved = []
     for j, v in enumerate(vals):
