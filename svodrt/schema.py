@@ -107,7 +107,7 @@ def dim_table(m: Any) -> dict[str, Dim]:
         computed = "computed" in d and field(d, "computed", bool, f"dims[{i}]")
         dim = Dim(name(d, "name", f"dims[{i}]"), uint(d, "lo", f"dims[{i}]"), uint(d, "hi", f"dims[{i}]"), computed)
         if not int(not computed) <= dim.lo <= dim.hi or dim.name in out:  # a computed dim may be 0 (a count)
-            raise fail(f"dims[{i}]", f"{dim.name!r} {dim.lo}..{dim.hi} must be a new name with 1 <= lo <= hi")
+            raise fail(f"dims[{i}]", f"{dim.name!r} {dim.lo}..{dim.hi}: a new name, 1 <= lo <= hi (computed: 0 <= lo)")
         if out and not computed and list(out.values())[-1].computed:
             raise fail(f"dims[{i}]", "an input dim after a computed dim: input dims come first")
         out[dim.name] = dim
