@@ -208,8 +208,8 @@ def check_dims_status(values: ctypes.Array, order: tuple) -> None:
     if values[status]:
         d = order[values[status] - 1]
         given = ", ".join(f"{i.name}={values[j]}" for j, i in enumerate(order) if not i.computed)
-        raise InputError(f"dim {d.name!r} ({d.lo}..{d.hi}) came out {values[status + 1]} for these inputs (dims: "
-                         f"{given or 'none'}; -1: the values deciding it are invalid); give inputs keeping it in range")
+        raise InputError(f"dim {d.name!r} ({d.lo}..{d.hi}) came out {values[status + 1]} for the inputs' dims "
+                         f"({given or 'none'}) and values (-1: invalid for the op); give inputs that keep it in range")
 
 
 def _same_layout(real: tuple[int, ...], bound: tuple[int, ...]) -> bool:
