@@ -14,13 +14,9 @@ from svodrt.abi import DIMS_STATUS_WORDS, dims_status_slot
 from svodrt.bundle import Bundle, TensorInfo, Variant
 from svodrt.errors import InputError
 from svodrt.format import BITS_OF, DTYPES, STRING
-from svodrt.strings import StringTable, edge_value, strings_of
+from svodrt.strings import StringTable
 
 NARROW_INTS = frozenset({"int4", "uint4", "int2", "uint2"})
-
-
-class EdgeFeeds(dict):  # feeds that Runner.edge_feeds completed already
-    pass
 
 
 class Runner:
@@ -41,7 +37,11 @@ class Runner:
         self._string_outputs = [t.name for t in self.bundle.outputs if t.dtype == STRING]
         b = self.bundle
         self._decode = StringTable(b.vocabulary) if self._string_outputs or b.zipmaps or b.edge_outputs else None
-        self._computed = {e[0]: e[4] for e in b.edge_outputs}  # names run() computes: code inputs and outputs
+        self._program = None  # format 1.6/1.8: the string program, run before native code (svodrt_strings)
+        if b.edge_outputs:
+            from svodrt_strings import StringProgram
+            self._program = StringProgram(b.edge_outputs, b.inputs)
+        self._computed = self._program.roles if self._program else {}  # names run() computes
 
     @property
     def inputs(self) -> list[TensorInfo]:  # the caller's: not those the string program fills (format 1.8)
@@ -81,31 +81,8 @@ class Runner:
         return result
 
     def edge_feeds(self, feeds: MappingT[str, object]) -> MappingT[str, object]:
-        """feeds with the string program's results (manifest `edge_outputs`) added: the code inputs it fills and
-        the outputs run() returns, computed in Python from the string inputs before native code runs."""
-        if not self._computed or not isinstance(feeds, MappingT) or isinstance(feeds, EdgeFeeds):
-            return feeds
-        if given := [k for k in feeds if k in self._computed]:
-            raise InputError(f"input {given[0]!r} is computed by the model from its string inputs: do not pass it")
-        env = EdgeFeeds(feeds)
-        for name, op, sources, attrs, role in self.bundle.edge_outputs:
-            value = edge_value(op, [self._edge_arg(s, env) for s in sources], attrs)
-            if role != "check":
-                env[name] = value
-        return env
-
-    def _edge_arg(self, s: str | list, env: dict) -> np.ndarray:
-        if isinstance(s, list):  # StringConcat's constant string
-            return np.array(s[0], dtype=object)
-        if s in self._computed:
-            return env[s]
-        t = next(t for t in self.bundle.inputs if t.name == s)
-        if s not in env:
-            raise InputError(f"missing input {s!r} ({t.dtype}{list(t.shape)})")
-        check_shape(t, env[s])
-        if t.dtype != STRING:  # a OneHotEncoder check's integers
-            return check_input(t, env[s])
-        return np.array(strings_of(t, env[s]), dtype=object).reshape(env[s].shape)
+        """feeds with the string program's results added (the code inputs it fills, the outputs run() returns)."""
+        return feeds if self._program is None else self._program.complete(feeds)
 
     def check_inputs(self, feeds: MappingT[str, object]) -> list[np.ndarray]:
         """Validate a feed dict against the model's inputs; returns the arrays the code will read, in

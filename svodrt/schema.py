@@ -7,7 +7,6 @@ import bisect
 import itertools
 import math
 import operator
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -222,51 +221,12 @@ def zipmaps(m: Any, outputs: list[TensorInfo]) -> tuple[tuple[str, tuple], ...]:
     return tuple(out)
 
 
-EDGE_OPS = {  # op: (its attributes' types, its result's dtype; StringSplit's result 0, the substrings, is strings)
-    "StringNormalizer": ({"case": str, "case_sensitive": bool, "stopwords": list}, "string"),
-    "StringConcat": ({}, "string"), "RegexFullMatch": ({"pattern": str}, "bool"),
-    "StringSplit": ({"delimiter": str, "maxsplit": int, "result": int}, "int64"),
-    "OneHotEncoder": ({"categories": list}, "")}  # a check: no result
-
-
 def edge_outputs(m: Any, inputs: list[TensorInfo], outputs: list[TensorInfo]) -> tuple[tuple, ...]:
-    """The manifest's `edge_outputs`, run()'s string program (1.6's four-item and 1.8's five-item entries,
-    docs/bundle-format.md) as (name, op, sources, attrs, role) in order."""
-    raw = items(m, "edge_outputs", "manifest") if "edge_outputs" in m else []
-    by_name, taken, out = {t.name: t for t in inputs}, {t.name for t in outputs + inputs}, []
-    ready = {t.name for t in inputs if t.dtype == "string"} - {  # what a step may read
-        e[0] for e in raw if type(e) is list and len(e) == 5 and isinstance(e[0], str)}
-    ints = {t.name for t in inputs if t.dtype in ("int64", "int32")}  # ... and a OneHotEncoder check
-    for i, e in enumerate(raw):
-        if type(e) is list and len(e) == 4 and e[1] == "StringNormalizer" and isinstance(e[2], str):
-            e = [e[0], e[1], [e[2]], e[3], "output"]  # format 1.6
-        if not _edge_step_ok(e, ready, ints, taken, by_name):
-            raise fail(f"edge_outputs[{i}]", "must be [name, op, [source], attrs, role] (1.6: "
-                       "[new output name, 'StringNormalizer', string input, {case, case_sensitive, stopwords}])")
-        (ready if e[4] in ("input", "both") and by_name[e[0]].dtype == "string" else taken).add(e[0])
-        out.append((e[0], e[1], tuple(e[2]), e[3], e[4]))
-    return tuple(out)
-
-
-def _edge_step_ok(e: Any, ready: set, ints: set, taken: set, by_name: dict) -> bool:
-    if not (type(e) is list and len(e) == 5 and isinstance(e[1], str) and e[1] in EDGE_OPS and isinstance(e[0], str)
-            and type(e[2]) is list and type(e[3]) is dict):
-        return False
-    (spec, dtype), a, t = EDGE_OPS[e[1]], e[3], by_name.get(e[0])
-    ready = ready | ints if e[1] == "OneHotEncoder" else ready
-    try:
-        re.compile(a.get("pattern", ""))
-    except (re.error, TypeError):
-        return False
-    return (set(a) == set(spec) and all(type(a[k]) is v for k, v in spec.items()) and a.get("result", 1) in (0, 1)
-            and a.get("case", "NONE") in ("NONE", "LOWER", "UPPER") and a.get("maxsplit", 0) >= -1
-            and all(isinstance(w, str) for w in a.get("stopwords", [])) and len(e[2]) == 1 + (e[1] == "StringConcat")
-            and all(s in ready if isinstance(s, str) else e[1] == "StringConcat" and type(s) is list and len(s) == 1
-                    and isinstance(s[0], str) for s in e[2]) and (e[1] == "OneHotEncoder") == (e[4] == "check")
-            and (e[4] == "check" or (e[4] == "output" and e[0] not in taken) or (
-                e[4] in ("input", "both") and t is not None and e[0] not in ready
-                and t.dtype == ("string" if a.get("result") == 0 else dtype)))
-            and all(type(k) is type(a["categories"][0]) in (str, int) for k in a.get("categories", [])))
+    """The manifest's `edge_outputs` (1.6, 1.8): the string program, parsed by svodrt_strings when there is one."""
+    if "edge_outputs" not in m:
+        return ()
+    from svodrt_strings import parse_steps
+    return parse_steps(items(m, "edge_outputs", "manifest"), inputs, outputs)
 
 
 @dataclass(frozen=True)
@@ -284,7 +244,7 @@ class Plan:
     vocabulary: tuple[str, ...]
     dims: tuple[Dim, ...]  # format 1.5: the bounded dims in the entry's `dims` order; () in a static bundle
     zipmaps: tuple[tuple[str, tuple], ...]  # format 1.6: (output, keys) returned as a list of dicts
-    edge_outputs: tuple[tuple[str, str, dict], ...]  # format 1.6: (output, input, StringNormalizer attributes)
+    edge_outputs: tuple[tuple, ...]  # formats 1.6/1.8: the string program's steps (svodrt_strings)
 
 
 @dataclass(frozen=True)

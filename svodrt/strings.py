@@ -10,8 +10,6 @@ str arrays, object arrays of str, bytes arrays (UTF-8); anything else is an Inpu
 
 from __future__ import annotations
 
-import operator
-import re
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -57,44 +55,6 @@ class StringTable:
         out = np.empty(ids.shape, dtype=object)
         out.reshape(-1)[:] = [known.get(i, "") for i in ids.reshape(-1).tolist()]
         return out
-
-
-def normalize(x: np.ndarray, case: str, case_sensitive: bool, stopwords: Sequence[str]) -> np.ndarray:
-    """ONNX StringNormalizer on a [C] or [1, C] array of str (format 1.6 `edge_outputs`; svodc folds
-    constants with it too): elements equal to a stopword (ignoring case unless case_sensitive) are
-    dropped, the rest change case; nothing left gives [""] ([[""]])."""
-    fold = (lambda s: s) if case_sensitive else str.lower
-    stops = {fold(w) for w in stopwords}
-    change = {"LOWER": str.lower, "UPPER": str.upper}.get(case, lambda s: s)
-    kept = [change(s) for s in x.reshape(-1).tolist() if fold(s) not in stops] or [""]
-    out = np.empty(len(kept), dtype=object)
-    out[:] = kept
-    return out if x.ndim == 1 else out.reshape(1, -1)
-
-
-def edge_value(op: str, args: list[np.ndarray], a: dict) -> np.ndarray:
-    """One step of the string program (manifest `edge_outputs`, docs/bundle-format.md "Strings") on object arrays
-    of str, as onnxruntime computes the op; svodc folds constants with it too."""
-    if op == "StringNormalizer":
-        return normalize(args[0], a["case"], a["case_sensitive"], a["stopwords"])
-    if op == "StringConcat":
-        return np.array(np.frompyfunc(operator.add, 2, 1)(*args), dtype=object)
-    x, flat = args[0], args[0].reshape(-1).tolist()
-    if op == "OneHotEncoder":  # zeros=0: a check, no result
-        if unknown := set(flat) - set(a["categories"]):
-            raise InputError(f"OneHotEncoder (zeros=0): {sorted(unknown)[0]!r:.40} is none of its "
-                             f"{len(a['categories'])} categories; onnxruntime fails such a run")
-        return x
-    if op == "RegexFullMatch":
-        return np.array([re.fullmatch(a["pattern"], v) is not None for v in flat], dtype=bool).reshape(x.shape)
-    parts = [v.split(a["delimiter"] or None, a["maxsplit"]) if v else [] for v in flat]  # "": none (onnxruntime)
-    if a["result"]:
-        return np.array([len(p) for p in parts], dtype=np.int64).reshape(x.shape)
-    width = max(map(len, parts), default=0)
-    out = np.empty((len(parts), width), dtype=object)
-    if width:
-        out[:] = [p + [""] * (width - len(p)) for p in parts]
-    return out.reshape(*x.shape, width)
 
 
 def strings_of(t: TensorInfo, value: object) -> list[str]:

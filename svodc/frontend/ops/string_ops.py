@@ -8,7 +8,7 @@ native code (format 1.8; an EdgeStrings value): a result that code reads becomes
 fills, interned like a string input. A result whose shape depends on the strings has a bounded dim
 where it can (StringNormalizer with stopwords: 1..C elements; StringSplit's substrings with maxsplit:
 width 1..maxsplit + 1); otherwise (StringSplit without maxsplit) only a graph output takes it, and
-svodrt returns it. Both paths compute with svodrt.strings.edge_value, so folding and run time agree.
+svodrt returns it. Both paths compute with svodrt_strings.edge_value, so folding and run time agree.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from svodc.frontend.values import EdgeStrings, describe
 from svodc.ir.dtypes import DType, dtypes
 from svodc.ir.ops import ConstData, Ops
 from svodc.ir.uop import UOp
-from svodrt.strings import edge_value
+from svodrt_strings import edge_value
 
 Source = str | list[str] | None  # a run-time value's name, a constant string as [s], or None: a constant input
 
