@@ -129,8 +129,8 @@ def _gpu_variant(program: Program, image: GpuImage, sections: list[tuple[dict, b
                      image.code))
     v = {"kind": t.kind, "arch": t.arch, "cpu": t.cpu, "features": [], "feature_bits": 0,
          "section": len(sections) - 1, "entry": 0, "kernels": [0] * len(program.kernels), "fixups": [],
-         "launches": [{"kernel": x.kernel, "symbol": x.symbol, "grid": [x.grid, 1, 1], "block": [x.block, 1, 1]}
-                      for x in image.launches]}
+         "launches": [{"kernel": x.kernel, "symbol": x.symbol, "grid": [x.grid, 1, 1], "block": [x.block, 1, 1],
+                       **({} if x.dims is None else {"dims": [slot for slot, _ in x.dims]})} for x in image.launches]}
     if image.cubin is not None:
         sections.append(({"name": f"gpu.{t.kind}.{t.cpu}.cubin", "kind": "code"}, image.cubin))
         v["cubin"] = len(sections) - 1

@@ -87,3 +87,7 @@ class TestVectorError(SvodcError):
 class WeightsError(SvodcError):
     """Weights from outside the model (a safetensors file, ONNX external data) cannot be read or do not
     fit the model: the message names the file and the tensor."""
+
+
+class PrecisionError(SvodcError):
+    """A --precision the compilation cannot honour (an unknown name, or a target that takes fp32 only)."""

@@ -78,6 +78,11 @@ class Buffer:
         return f"Buffer#{self.id}({self.kind.value} {self.name} {self.dtype.name}{list(self.shape)} {where})"
 
 
+# When a kernel runs (passes/branches.py): when one of the conjunctions holds, each a tuple of (flag buffer, value),
+# the flag a one-byte bool some earlier kernel wrote; () runs it always.
+KernelGuard = tuple[tuple[tuple[Buffer, bool], ...], ...]
+
+
 @dataclass(eq=False)
 class Kernel:
     name: str
@@ -85,6 +90,7 @@ class Kernel:
     params: list[Buffer]  # PARAM i <-> params[i]; params[0] is written, the rest are read
     provenance: list[str] = field(default_factory=list)  # ONNX node names this kernel computes
     kind: str = "loop"  # "gemm" (a contraction kernel), "loop" (generic loops) or "copy"; informative
+    guard: KernelGuard = ()
 
 
 @dataclass

@@ -10,7 +10,7 @@ from collections.abc import Mapping as MappingT
 
 import numpy as np
 
-from svodrt.abi import DIMS_STATUS_WORDS, dims_status_slot
+from svodrt.abi import DIMS_STATUS_WORDS
 from svodrt.bundle import Bundle, TensorInfo, Variant
 from svodrt.errors import InputError
 from svodrt.format import BITS_OF, DTYPES, STRING
@@ -79,6 +79,13 @@ class Runner:
                 result[name] = [dict(zip(keys, row, strict=True)) for row in result[name].tolist()]
             result.update((name, feeds[name]) for name, role in self._computed.items() if role in ("output", "both"))
         return result
+
+    def _prepare(self, feeds: MappingT[str, object]) -> tuple[list[np.ndarray], object]:
+        """The checked inputs as the code reads them and the `dims` array (None: static)."""
+        arrays, ins = self.check_inputs(feeds), self.bundle.inputs
+        if not self.bundle.dims:
+            return arrays, None
+        return [at_bound(t, a) for t, a in zip(ins, arrays, strict=True)], dim_values(ins, arrays, self.bundle.dims)
 
     def edge_feeds(self, feeds: MappingT[str, object]) -> MappingT[str, object]:
         """feeds with the string program's results added (the code inputs it fills, the outputs run() returns)."""
@@ -167,7 +174,8 @@ def check_input(t: TensorInfo, value: object) -> np.ndarray:
 
 # ------------------------------------------------------------------ bounded dims (format 1.5)
 def dim_values(inputs: list[TensorInfo], arrays: list[np.ndarray], order: tuple) -> ctypes.Array:
-    """Each dim's value (inputs sharing it must agree; each input's ranges were checked already)."""
+    """Each input dim's value (inputs sharing it must agree; each input's ranges were checked already); computed
+    dims (format 1.7) and the status words start at 0: the code writes them (svodrt/abi.py)."""
     seen: dict[str, tuple[int, str, int]] = {}
     for t, a in zip(inputs, arrays, strict=True):
         for axis, d, _ in t.dims:
@@ -175,30 +183,25 @@ def dim_values(inputs: list[TensorInfo], arrays: list[np.ndarray], order: tuple)
             if first[0] != a.shape[axis]:
                 raise InputError(f"dim {d.name!r} ({d.lo}..{d.hi}): input {first[1]!r} dim {first[2]} is {first[0]} "
                                  f"but input {t.name!r} dim {axis} is {a.shape[axis]}; inputs sharing a dim must agree")
-    # Computed dims (format 1.7) and the status words start at 0: the code writes them (svodrt/abi.py).
-    return (ctypes.c_int64 * (len(order) + DIMS_STATUS_WORDS))(*(seen[d.name][0] for d in order if not d.computed))
+    return (ctypes.c_int64 * (len(order) + DIMS_STATUS_WORDS))(*(0 if d.computed else seen[d.name][0] for d in order))
 
 
 def check_dims_status(values: ctypes.Array, order: tuple) -> None:
-    """After the call: a computed dim the code found outside its range (it ran clamped) is an InputError."""
-    status = dims_status_slot(len(order))
-    if values[status]:
-        d = order[values[status] - 1]
-        given = ", ".join(f"{i.name}={values[j]}" for j, i in enumerate(order) if not i.computed)
-        raise InputError(f"dim {d.name!r} ({d.lo}..{d.hi}) came out {values[status + 1]} for the inputs' dims "
-                         f"({given or 'none'}) and values (-1: invalid for the op); give inputs that keep it in range")
+    """After the call: a dim the code found wrong (format 1.7, svodrt/abi.py; it ran clamped) is an InputError."""
+    if s := values[len(order)]:
+        d, got, want, given = order[s - 1], values[len(order) + 1], values[len(order) + 2], ", ".join(
+            f"{i.name}={values[j]}" for j, i in enumerate(order) if not i.computed)
+        what = f"sizes an axis of {got} that meets one of {want}" if want else f"came out {got}"
+        raise InputError(f"dim {d.name!r} ({d.lo}..{d.hi}) {what} for the inputs' dims ({given}); give inputs whose "
+                         f"dims keep {'them equal' if want else 'it in range'}")
 
 
 def _same_layout(real: tuple[int, ...], bound: tuple[int, ...]) -> bool:
     return all(n <= 1 or math.prod(real[i + 1:]) == math.prod(bound[i + 1:]) for i, n in enumerate(real))
 
 
-def at_bound(t: TensorInfo, a: np.ndarray) -> np.ndarray:
-    if _same_layout(a.shape, t.shape):
-        return a
-    full = np.empty(t.shape, a.dtype)
-    full[tuple(slice(0, n) for n in a.shape)] = a
-    return full
+def at_bound(t: TensorInfo, a: np.ndarray) -> np.ndarray:  # the bound's layout (zero-filled past the real shape)
+    return a if _same_layout(a.shape, t.shape) else np.pad(a, [(0, t.shape[i] - n) for i, n in enumerate(a.shape)])
 
 
 def real_output(t: TensorInfo, out: np.ndarray, values: ctypes.Array, slots: dict[str, int]) -> np.ndarray:

@@ -107,15 +107,12 @@ def dim_table(m: Any) -> dict[str, Dim]:
         dim = Dim(name(d, "name", f"dims[{i}]"), uint(d, "lo", f"dims[{i}]"), uint(d, "hi", f"dims[{i}]"), computed)
         if not int(not computed) <= dim.lo <= dim.hi or dim.name in out:  # a computed dim may be 0 (a count)
             raise fail(f"dims[{i}]", f"{dim.name!r} {dim.lo}..{dim.hi}: a new name, 1 <= lo <= hi (computed: 0 <= lo)")
-        if out and not computed and list(out.values())[-1].computed:
-            raise fail(f"dims[{i}]", "an input dim after a computed dim: input dims come first")
         out[dim.name] = dim
     return out
 
 
 def _dim_axis(v: str, dims: dict[str, Dim] | None, where: str) -> tuple[Dim, int]:
-    """"NAME" or "NAME*K" (a computed dim's name may hold a "*" itself)."""
-    if v in (dims or {}):
+    if v in (dims or {}):  # a computed dim's name may hold a "*"
         return dims[v], 1
     dim_name, _, k = v.rpartition("*")
     if dim_name not in (dims or {}) or not (k.isdigit() and 0 < int(k) <= MAX_BYTES):
@@ -165,6 +162,7 @@ class Launch:
     symbol: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
+    dims: tuple[int, ...] = ()  # bounded dims (their indices) that scale the grid: abi.launch_blocks
 
 
 @dataclass(frozen=True)
@@ -376,22 +374,22 @@ def _variant(m: dict, i: int, sections: list[Section], n_kernels: int) -> Varian
         raise fail(f"{where}.binding", f"does not match {arch}:{cpu}'s code, entry points, features and "
                    "the plan they were compiled for: the manifest is damaged or was edited")
     kind = field(v, "kind", str, where) if "kind" in v else "cpu"
-    launches, cubin = _gpu(v, where, sections, n_kernels) if kind in fmt.GPU_KINDS else ((), None)
+    launches, cubin = _gpu(v, where, sections, n_kernels, m) if kind in fmt.GPU_KINDS else ((), None)
     return Variant(i, arch, cpu, tuple(feats), sec, entry, tuple(kernels), tuple(fixups), kind, launches, cubin)
 
 
-def _gpu(v: dict, where: str, sections: list[Section], n_kernels: int) -> tuple[tuple[Launch, ...], Section | None]:
+def _gpu(v: dict, where: str, sections: list[Section], n: int, m: dict) -> tuple[tuple[Launch, ...], Section | None]:
     """A GPU variant's launch list and cubin section, bound to the rest by `gpu_binding`."""
     launches = []
     for j, x in enumerate(items(v, "launches", where)):
         w = f"{where}.launches[{j}]"
         kernel = uint(x, "kernel", w)
         grid, block = uints(x, "grid", w, fmt.MAX_GRID), uints(x, "block", w, fmt.MAX_BLOCK)
-        if kernel >= n_kernels or len(grid) != 3 or len(block) != 3 or 0 in grid or math.prod(block) > fmt.MAX_BLOCK \
-                or 0 in block:
-            raise fail(w, f"kernel {kernel} of {n_kernels}, grid {grid}, block {block}: expected a kernel index, "
+        if kernel >= n or len(grid) != 3 or len(block) != 3 or 0 in (*grid, *block) or math.prod(block) > fmt.MAX_BLOCK:
+            raise fail(w, f"kernel {kernel} of {n}, grid {grid}, block {block}: expected a kernel index, "
                        f"3 positive grid sizes and 3 positive block sizes of at most {fmt.MAX_BLOCK} threads in all")
-        launches.append(Launch(kernel, name(x, "symbol", w), tuple(grid), tuple(block)))  # type: ignore[arg-type]
+        dims = uints(x, "dims", w, len(m.get("dims", ())) - 1) if "dims" in x else ()
+        launches.append(Launch(kernel, name(x, "symbol", w), tuple(grid), tuple(block), tuple(dims)))  # type: ignore
     cubin = None
     if "cubin" in v:
         ci = uint(v, "cubin", where, len(sections))
@@ -434,8 +432,6 @@ def parse_plan(m: dict, sections: list[Section], weights: Section) -> Plan:
     sized = {d.name for t in inputs for _, d, _ in t.dims}
     if {n for n, d in dims.items() if not d.computed} - sized:
         raise fail("dims", "a dim sizes no input: no call could give its value")
-    if any(dims[n].computed for n in sized):
-        raise fail("dims", "a computed dim sizes an input: the code writes it, a call cannot give it")
     arena = uint(m, "arena_size", "manifest", fmt.MAX_BYTES)
     weights_size = uint(m, "weights_size", "manifest", fmt.MAX_BYTES)
     if weights.length < weights_size:

@@ -185,9 +185,10 @@ def test_code_fixups_are_relocated_checked_and_the_image_made_read_execute():
 
 RUNTIME_BUDGET = 2_000  # lines in svodrt/*.py (`wc -l`): ../shared/DESIGN.md, issue 11's acceptance
 # The count today: 1,989 after issue 11 moved the GPU executor to svodrt_gpu/, + 32 for format 1.7's computed
-# dims, + 90 for format 1.8's string program, - 103 moving the string program to svodrt_strings/. A change that
-# adds lines raises this by what it adds (and says so).
-RUNTIME_LINES_NOW = 2_008
+# dims, + 90 for format 1.8's string program, - 103 moving the string program to svodrt_strings/, - 13 paid back by
+# 1.7's code, + 2 for GPU launches with bounded dims: within the budget. A change that adds lines raises this by
+# what it adds (and says so).
+RUNTIME_LINES_NOW = 1_997
 
 
 def _runtime_lines() -> int:
@@ -199,7 +200,5 @@ def test_runtime_does_not_grow_unannounced():
     assert _runtime_lines() <= RUNTIME_LINES_NOW, "svodrt grew: raise RUNTIME_LINES_NOW by what was added"
 
 
-@pytest.mark.xfail(strict=True, reason="svodrt is 8 lines over its budget (formats 1.7 and 1.8); to be paid back "
-                   "before issue 11 is resolved")
 def test_runtime_stays_within_its_line_budget():
     assert _runtime_lines() <= RUNTIME_LINES_NOW <= RUNTIME_BUDGET

@@ -61,7 +61,8 @@ def constant_value(x: UOp) -> np.ndarray:
 class NodeContext:
     def __init__(self, node: onnx.NodeProto, inputs: list[Value | None], version: int, opset: int,
                  subgraph_runner: SubgraphRunner | None = None, vocabulary: Vocabulary | None = None,
-                 bounded_axes: Callable[[UOp], tuple[bool, ...]] | None = None,
+                 bounded_axes: Callable[[UOp], tuple[str | None, ...]] | None = None,
+                 loop_bounds: dict[str, int] | None = None,
                  dim_bounds: dict[str, object] | None = None):
         self.node = node
         self.inputs = inputs
@@ -71,11 +72,12 @@ class NodeContext:
         self._run_subgraph = subgraph_runner
         self._vocabulary = vocabulary
         self._bounded_axes = bounded_axes
+        self.loop_bounds = loop_bounds or {}  # CompileOptions.loop_bounds, by node name
         self.dim_bounds = dim_bounds or {}  # CompileOptions.dims: bounds of value-sized dims (TENSOR:AXIS) too
 
-    def bounded(self, x: UOp) -> tuple[bool, ...]:
-        """Which axes of x a bounded dim sizes (their size varies per call; frontend/dims.py)."""
-        return self._bounded_axes(x) if self._bounded_axes is not None else (False,) * x.ndim
+    def bounded(self, x: UOp) -> tuple[str | None, ...]:
+        """Per axis of x the bounded input dim its size follows (it varies per call; frontend/dims.py), or None."""
+        return self._bounded_axes(x) if self._bounded_axes is not None else (None,) * x.ndim
 
     @property
     def vocabulary(self) -> Vocabulary:

@@ -74,10 +74,12 @@ def _with(label: UnsupportedNode, reason: str, needs: tuple[str, ...] = ()) -> U
 
 class GraphImporter:
     def __init__(self, prov: Provenance, weight_of_initializer, vocabulary: Vocabulary, bounded_axes=None,
+                 loop_bounds: dict[str, int] | None = None,
                  dim_bounds: dict[str, object] | None = None):
         self.prov = prov
         self.dim_bounds = dim_bounds or {}  # CompileOptions.dims, for value-sized dims (frontend/runtime_dims.py)
         self.bounded_axes = bounded_axes  # UOp -> which axes a bounded dim sizes (frontend/dims.py), or None
+        self.loop_bounds = loop_bounds or {}  # CompileOptions.loop_bounds
         self.weight_of_initializer = weight_of_initializer  # onnx.TensorProto -> UOp
         self.vocabulary = vocabulary  # the model's strings (frontend/strings.py)
         self.expanded: set[str] = set()  # op types imported through their function bodies
@@ -146,7 +148,7 @@ class GraphImporter:
             problems.append(_with(label, why))
             return self._poison(node, scope)
         ctx = NodeContext(node, srcs, version, opset, subgraph_runner, self.vocabulary, self.bounded_axes,
-                          self.dim_bounds)
+                          self.loop_bounds, self.dim_bounds)
         try:
             result = handler.fn(ctx)
             outs = [result] if isinstance(result, UOp | SequenceValue | OptionalValue | ZipMapValue | EdgeStrings) \

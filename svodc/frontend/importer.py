@@ -123,7 +123,8 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
         inputs += bundle_inputs
 
     importer = GraphImporter(prov, lambda init: _weight(init, external, vocabulary), vocabulary,
-                             bounded_axes(dim_table) if dim_table.dims else None, options.dims)
+                             bounded_axes(dim_table) if dim_table.dims else None, options.loop_bounds,
+                             options.dims)
     problems += importer.import_graph_nodes(graph, scope, opsets)
     outputs, zipmaps, edge = [], [], []
     for vi in graph.output:

@@ -93,7 +93,8 @@ def hoist(kernels: list, writers: dict[str, int]) -> dict[str, int]:
         i = stack.pop()
         if i not in needed:
             needed.add(i)
-            stack.extend(producer[b.id] for b in kernels[i].params[1:] if b.id in producer and producer[b.id] < i)
+            reads = [*kernels[i].params[1:], *(b for term in kernels[i].guard for b, _ in term)]  # guards: flags
+            stack.extend(producer[b.id] for b in reads if b.id in producer and producer[b.id] < i)
     order = sorted(needed) + [i for i in range(len(kernels)) if i not in needed]
     kernels[:] = [kernels[i] for i in order]
     return {name: order.index(i) for name, i in writers.items()}
