@@ -56,14 +56,16 @@ def render(cases: list[Case], results: list[Result], wall_s: float, workers: int
         f"- **{s.passed} of {s.total} cases pass**; {status_line}.",
         f"- **{s.runtime_inputs_passed} of {s.total} cases pass with their inputs given at run time**: every "
         "input the case feeds is a run-time input of the compiled model, no value fixed with `--input-value` "
-        "(only absent optionals and empty sequences, which carry nothing to feed, are compiled in). The cases that "
-        "do not compile so are grouped below by op.",
+        "(only absent optionals and empty sequences, which carry nothing to feed, are compiled in); sizes nothing "
+        "bounds get the bound a user would give (`--dim TENSOR:AXIS=0..HI`, twice the expected size). The "
+        "passing cases that do not pass so are grouped below by op.",
         f"- **{s.op_types_fully_passing} of {s.op_types} op types** pass every case.",
         f"- Wall time {wall_s:.0f} s with {workers} worker processes.",
         f"- {sum(1 for r in results if r.status == 'pass' and r.fixed_inputs)} of the passing cases feed, as "
-        "graph inputs, values the compiler needs at compile time (a Reshape's shape, a Slice's starts, an axis, "
-        "a count; or an optional input that is absent): the harness compiles them with those inputs' values "
-        "fixed (`--input-value`), as a static compiler must; they are listed below with the inputs fixed.",
+        "graph inputs, values fixed at compile time (a Resize's scales, NonMaxSuppression's boxes, or values "
+        "that decide a size the run-time mode failed on; or an optional input that is absent): where the "
+        "run-time inputs mode does not pass, the harness compiles the case with those inputs' values fixed "
+        "(`--input-value`); they are listed below with the inputs fixed.",
         "",
         "Statuses: `wrong` ran but gave different values (the largest error is shown); `unsupported` the "
         "compiler refused a node (its reason is shown); `error` another compile or run error; `crash` the "
