@@ -114,17 +114,19 @@ def test_an_unbounded_size_names_the_flag_to_paste():
 
 
 def test_value_sized_tensors_feed_later_ops():
-    """A value-sized tensor feeds elementwise work (which loops to its real size); a mean over the
-    value-sized axis would divide by the bound, so it is refused, not answered wrong."""
+    """A value-sized tensor feeds later work, which loops to its real size (a mean divides by the real
+    count); an index into the value-sized axis is refused, not answered from the bound."""
     model = make_model([helper.make_node("Compress", ["x", "c"], ["cx"], axis=1),
-                        helper.make_node("Relu", ["cx"], ["r"]), helper.make_node("Transpose", ["r"], ["t"])],
-                       {"x": (np.float32, [3, 4, 2]), "c": (np.bool_, [4])}, ["t"], opset=13)
+                        helper.make_node("Relu", ["cx"], ["r"]), helper.make_node("Transpose", ["r"], ["t"]),
+                        helper.make_node("ReduceMean", ["cx"], ["m"], axes=[1])],
+                       {"x": (np.float32, [3, 4, 2]), "c": (np.bool_, [4])}, ["t", "m"], opset=13)
     _agree(model, [{"x": X, "c": np.array(c, bool)} for c in ([1, 0, 1, 1], [0, 0, 0, 1])])
-    mean = make_model([helper.make_node("Compress", ["x", "c"], ["cx"], axis=1),
-                       helper.make_node("ReduceMean", ["cx"], ["m"], axes=[1])],
-                      {"x": (np.float32, [3, 4, 2]), "c": (np.bool_, [4])}, ["m"], opset=13)
+    picked = make_model([helper.make_node("Compress", ["x", "c"], ["cx"], axis=1),
+                         helper.make_node("Gather", ["cx", "i"], ["g"], axis=1)],
+                        {"x": (np.float32, [3, 4, 2]), "c": (np.bool_, [4])}, ["g"], {"i": np.array([0], np.int64)},
+                        opset=13)
     with pytest.raises(SvodcError, match="bounded dim"):
-        svodc.compile(mean)
+        svodc.compile(picked)
 
 
 def test_a_run_time_value_on_a_bounded_input_dim_needs_fixing():
