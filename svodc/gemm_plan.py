@@ -8,8 +8,10 @@ Read by lowering (passes/lower_gemm.py packs constant operands in panels), the C
   columns of B (also the A of a transposed GEMM, whose lanes run along m). Fixed for every target,
   so one weights section serves every CPU and GPU variant of a fat bundle.
 - CPU tiles: rows x lanes of C per micro-kernel call (rows on the scalar side, lanes on the vector
-  side), from the target's vector width and register count; the tiles of all batch indices form
-  one parallel loop, in the order `lanes_first` says.
+  side), from the variant's GEMM blocking (svodc/policy.py: its registers) and the target's vector
+  width; the tiles of all batch indices form one parallel loop, in the order `lanes_first` says:
+  lane tiles innermost when a k x lanes vector panel is small next to L1d (a tile is then mostly its
+  C stores, so sweeping the lanes of a row block writes C as `rows` contiguous streams).
 - GPU tiles: BM x BN of C per block, TK along k per shared-memory step.
 """
 
@@ -19,13 +21,11 @@ import math
 from dataclasses import dataclass
 
 from svodc.ir.ops import GemmArg
+from svodc.policy import GemmBlocking
 from svodc.target import Target
 
 A_PANEL = 8  # rows of A per panel: packed A is [ceil(M/8)][K][8]
 B_PANEL = 16  # columns of B per panel: packed B is [ceil(N/16)][K][16]
-# Bytes of a vector panel (k x lanes floats) up to which lane tiles go innermost: a tile is then
-# mostly its C stores, so sweeping the lanes of a row block writes C as `rows` contiguous streams.
-LANES_FASTEST_MAX_PANEL = 8 * 1024
 GPU_BM = GPU_BN = 64  # C tile per GPU block
 GPU_TK = 16  # k per shared-memory step
 
@@ -77,17 +77,41 @@ class CpuGemmPlan:
         return (inner, outer, *reversed(self.batch))
 
 
-def cpu_plan(arg: GemmArg, target: Target) -> CpuGemmPlan:
+def cpu_plan(arg: GemmArg, target: Target, blocking: GemmBlocking) -> CpuGemmPlan:
     vw = target.vector_bits // 32
     rows_total, lanes_total = (arg.n, arg.m) if arg.transposed else (arg.m, arg.n)
     if rows_total <= 2:  # matrix-vector-like: widen the tile so enough accumulators hide FMA latency
         rows, lanes = rows_total, max(min(8 * vw, 128), B_PANEL)
-    elif target.vector_regs >= 32:
-        rows, lanes = 8, 2 * vw  # 16 accumulators of 32 registers
     else:
-        rows, lanes = 4, 2 * vw  # 8 accumulators of 16 registers
-    lanes_first = arg.k * lanes * 4 <= LANES_FASTEST_MAX_PANEL
+        rows, nvec = _register_tile(arg, rows_total, lanes_total, vw, blocking)
+        lanes = nvec * vw
+    lanes_first = arg.k * lanes * 4 <= blocking.lanes_first_max_panel
     return CpuGemmPlan(rows, lanes, vw, rows_total, lanes_total, arg.batch, lanes_first)
+
+
+def _register_tile(arg: GemmArg, rows_total: int, lanes_total: int, vw: int, blocking: GemmBlocking
+                   ) -> tuple[int, int]:
+    """(rows, vectors) of the micro-tile: the most useful accumulators (rows x vectors, less the lanes and
+    rows the edge tiles waste) that fit the blocking's registers, then the fewest vector loads per k.
+    A tile must not cross a panel of a packed operand: its rows divide the scalar side's panel, its
+    lanes divide or are a multiple of B_PANEL on a packed vector side."""
+    scalar_panel = None if arg.transposed or not arg.a.packed else a_panel(arg)
+    vector_packed = arg.a.packed if arg.transposed else arg.b.packed
+    best, best_key = (1, 1), None
+    for rows in range(1, blocking.max_rows + 1):
+        if scalar_panel is not None and scalar_panel % rows:
+            continue
+        for nvec in range(1, blocking.accumulators // rows + 1):
+            lanes = nvec * vw
+            if vector_packed and lanes % B_PANEL and B_PANEL % lanes:
+                continue
+            if rows * nvec + nvec + 1 > blocking.vector_regs:
+                continue
+            used = rows_total * lanes_total / (ceil_div(rows_total, rows) * rows * ceil_div(lanes_total, lanes) * lanes)
+            key = (round(rows * nvec * used, 3), -nvec, rows)
+            if best_key is None or key > best_key:
+                best, best_key = (rows, nvec), key
+    return best
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from svodc.gemm_plan import B_PANEL, a_panel, cpu_plan
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import GemmArg, GemmOperand, Ops, RangeArg, RangeKind
 from svodc.ir.uop import UOp
+from svodc.policy import GemmBlocking
 from svodc.target import Target
 
 if TYPE_CHECKING:
@@ -49,14 +50,16 @@ class Side:
     panel_stride: int = 0  # vector side, packed: elements from one panel to the next (K * B_PANEL)
 
 
-def micro_kernel_name(rows: int, nvec: int, vw: int, masked: bool, packed: bool, scatter: bool) -> str:
-    return f"svod.mk.{rows}x{nvec}v{vw}{'m' if masked else ''}{'p' if packed else ''}{'s' if scatter else ''}"
+def micro_kernel_name(rows: int, nvec: int, vw: int, unroll: int, masked: bool, packed: bool, scatter: bool) -> str:
+    modes = f"{'m' if masked else ''}{'p' if packed else ''}{'s' if scatter else ''}"
+    return f"svod.mk.{rows}x{nvec}v{vw}u{unroll}{modes}"
 
 
-def micro_kernel(rows: int, nvec: int, vw: int, masked: bool, packed: bool, scatter: bool,
+def micro_kernel(rows: int, nvec: int, vw: int, unroll: int, masked: bool, packed: bool, scatter: bool,
                  intrinsics: set[str]) -> str:
     """void mk(ptr s, ptr v, ptr c, i64 k, i64 s_k, i64 s_row, i64 v_k, i64 v_panel, i64 c_row,
-    i64 c_lane, i64 tail): C tile (rows x nvec vectors) = S[rows, :k] x V[:k, lanes].
+    i64 c_lane, i64 tail): C tile (rows x nvec vectors) = S[rows, :k] x V[:k, lanes], its k loop
+    unrolled `unroll` times (plus a loop for the k % unroll steps left).
 
     Specialized only on its shape (rows, vectors) and modes, so kernels share micro-kernels; sizes and
     strides are arguments. masked: the last vector has `tail` valid lanes (masked loads of V unless
@@ -69,7 +72,7 @@ def micro_kernel(rows: int, nvec: int, vw: int, masked: bool, packed: bool, scat
     intrinsics.add(f"declare void @llvm.masked.store.v{vw}f32.p0({vt}, ptr, i32, {mt})")
     intrinsics.add(f"declare void @llvm.masked.scatter.v{vw}f32.v{vw}p0({vt}, <{vw} x ptr>, i32, {mt})")
     iota = "<" + ", ".join(f"i64 {i}" for i in range(vw)) + ">"
-    name = micro_kernel_name(rows, nvec, vw, masked, packed, scatter)
+    name = micro_kernel_name(rows, nvec, vw, unroll, masked, packed, scatter)
     L = [f"define internal void @{name}(ptr noalias %s, ptr noalias %v, ptr noalias %c, i64 %kn, i64 %s_k, "
          "i64 %s_row, i64 %v_k, i64 %v_panel, i64 %c_row, i64 %c_lane, i64 %tail) #0 {", "entry:"]
     L.append(f"  %ti = insertelement <{vw} x i64> poison, i64 %tail, i64 0")
@@ -81,31 +84,21 @@ def micro_kernel(rows: int, nvec: int, vw: int, masked: bool, packed: bool, scat
             L.append(f"  %vlo{j} = add nsw i64 %vpo{j}, {(j * vw) % B_PANEL}")
         else:
             L.append(f"  %vlo{j} = add nsw i64 0, {j * vw}")
-    L += ["  br label %loop", "loop:", "  %k = phi i64 [ 0, %entry ], [ %k.next, %loop ]"]
-    for i in range(rows):
-        for j in range(nvec):
-            L.append(f"  %acc{i}.{j} = phi {vt} [ zeroinitializer, %entry ], [ %nacc{i}.{j}, %loop ]")
-    L.append("  %vk = mul nsw i64 %k, %v_k")
-    for j in range(nvec):
-        L.append(f"  %vo{j} = add nsw i64 %vk, %vlo{j}")
-        L.append(f"  %vp{j} = getelementptr inbounds float, ptr %v, i64 %vo{j}")
-        if j == nvec - 1 and masked and not packed:
-            L.append(f"  %vv{j} = call {vt} @llvm.masked.load.v{vw}f32.p0(ptr %vp{j}, i32 4, {mt} %mask, "
-                     f"{vt} zeroinitializer)")
-        else:
-            L.append(f"  %vv{j} = load {vt}, ptr %vp{j}, align 4")
-    L.append("  %sk = mul nsw i64 %k, %s_k")
-    for i in range(rows):
-        L.append(f"  %sr{i} = mul nsw i64 %s_row, {i}")
-        L.append(f"  %so{i} = add nsw i64 %sk, %sr{i}")
-        L.append(f"  %sp{i} = getelementptr inbounds float, ptr %s, i64 %so{i}")
-        L.append(f"  %ss{i} = load float, ptr %sp{i}, align 4")
-        L.append(f"  %si{i} = insertelement {vt} poison, float %ss{i}, i64 0")
-        L.append(f"  %sv{i} = shufflevector {vt} %si{i}, {vt} poison, <{vw} x i32> zeroinitializer")
-        for j in range(nvec):
-            L.append(f"  %nacc{i}.{j} = call {vt} @{fma}({vt} %sv{i}, {vt} %vv{j}, {vt} %acc{i}.{j})")
-    L += ["  %k.next = add nuw nsw i64 %k, 1", "  %more = icmp ult i64 %k.next, %kn",
-          "  br i1 %more, label %loop, label %done", "done:"]
+    # The k loop: `unroll` k steps per iteration while whole groups last (main), then one at a time (rest).
+    L += [f"  %krest = urem i64 %kn, {unroll}", "  %kmain = sub nuw i64 %kn, %krest",
+          "  %any = icmp ugt i64 %kmain, 0", "  br i1 %any, label %main, label %mid", "main:",
+          "  %k = phi i64 [ 0, %entry ], [ %k.next, %main ]"]
+    zero = [["zeroinitializer"] * nvec for _ in range(rows)]
+    out = _k_loop_body(L, "m", "%k", unroll, (zero, "%entry"), "%main", rows, nvec, vw, masked, packed)
+    L += [f"  %k.next = add nuw i64 %k, {unroll}", "  %more = icmp ult i64 %k.next, %kmain",
+          "  br i1 %more, label %main, label %mid", "mid:", "  %kr = phi i64 [ 0, %entry ], [ %k.next, %main ]"]
+    mid = _phis(L, "mid", vt, [(zero, "%entry"), (out, "%main")])
+    L += ["  %left = icmp ult i64 %kr, %kn", "  br i1 %left, label %rest, label %done", "rest:",
+          "  %k1 = phi i64 [ %kr, %mid ], [ %k1.next, %rest ]"]
+    rest = _k_loop_body(L, "r", "%k1", 1, (mid, "%mid"), "%rest", rows, nvec, vw, masked, packed)
+    L += ["  %k1.next = add nuw i64 %k1, 1", "  %more1 = icmp ult i64 %k1.next, %kn",
+          "  br i1 %more1, label %rest, label %done", "done:"]
+    _phis(L, "c", vt, [(mid, "%mid"), (rest, "%rest")])
     if scatter:
         L.append(f"  %ci = insertelement <{vw} x i64> poison, i64 %c_lane, i64 0")
         L.append(f"  %cs = shufflevector <{vw} x i64> %ci, <{vw} x i64> poison, <{vw} x i32> zeroinitializer")
@@ -123,15 +116,64 @@ def micro_kernel(rows: int, nvec: int, vw: int, masked: bool, packed: bool, scat
             L.append(f"  %cp{i}.{j} = getelementptr inbounds float, ptr %c, i64 %co{i}.{j}")
             if scatter:
                 L.append(f"  %cv{i}.{j} = getelementptr inbounds float, ptr %cp{i}.{j}, <{vw} x i64> %lane_offsets")
-                L.append(f"  call void @llvm.masked.scatter.v{vw}f32.v{vw}p0({vt} %nacc{i}.{j}, <{vw} x ptr> "
+                L.append(f"  call void @llvm.masked.scatter.v{vw}f32.v{vw}p0({vt} %c{i}.{j}, <{vw} x ptr> "
                          f"%cv{i}.{j}, i32 4, {mt} {'%mask' if last else full})")
             elif last:
-                L.append(f"  call void @llvm.masked.store.v{vw}f32.p0({vt} %nacc{i}.{j}, ptr %cp{i}.{j}, i32 4, "
+                L.append(f"  call void @llvm.masked.store.v{vw}f32.p0({vt} %c{i}.{j}, ptr %cp{i}.{j}, i32 4, "
                          f"{mt} %mask)")
             else:
-                L.append(f"  store {vt} %nacc{i}.{j}, ptr %cp{i}.{j}, align 4")
+                L.append(f"  store {vt} %c{i}.{j}, ptr %cp{i}.{j}, align 4")
     L += ["  ret void", "}"]
     return "\n".join(L)
+
+
+def _phis(L: list[str], name: str, vt: str, incoming: list[tuple[list[list[str]], str]]) -> list[list[str]]:
+    """%name{i}.{j} = phi of the accumulators arriving from each (values, block)."""
+    rows, nvec = len(incoming[0][0]), len(incoming[0][0][0])
+    for i in range(rows):
+        for j in range(nvec):
+            ins = ", ".join(f"[ {vals[i][j]}, {block} ]" for vals, block in incoming)
+            L.append(f"  %{name}{i}.{j} = phi {vt} {ins}")
+    return [[f"%{name}{i}.{j}" for j in range(nvec)] for i in range(rows)]
+
+
+def _k_loop_body(L: list[str], tag: str, k: str, steps: int, start: tuple[list[list[str]], str], block: str,
+                 rows: int, nvec: int, vw: int, masked: bool, packed: bool) -> list[list[str]]:
+    """One iteration of a k loop in `block`: the accumulator phis (from `start`, or from this block's
+    own last step), then `steps` k steps from k; returns the accumulators after them."""
+    vt = f"<{vw} x float>"
+    mt = f"<{vw} x i1>"
+    fma = f"llvm.fmuladd.v{vw}f32"
+    names = [[f"%{tag}a{i}.{j}" for j in range(nvec)] for i in range(rows)]
+    last = [[f"%{tag}s{steps - 1}.{i}.{j}" for j in range(nvec)] for i in range(rows)]
+    _phis(L, f"{tag}a", vt, [start, (last, block)])
+    acc = names
+    for u in range(steps):
+        p = f"{tag}{u}"
+        ku = k if u == 0 else f"%{p}k"
+        if u:
+            L.append(f"  {ku} = add nuw i64 {k}, {u}")
+        L.append(f"  %{p}vk = mul nsw i64 {ku}, %v_k")
+        for j in range(nvec):
+            L.append(f"  %{p}vo{j} = add nsw i64 %{p}vk, %vlo{j}")
+            L.append(f"  %{p}vp{j} = getelementptr inbounds float, ptr %v, i64 %{p}vo{j}")
+            if j == nvec - 1 and masked and not packed:
+                L.append(f"  %{p}vv{j} = call {vt} @llvm.masked.load.v{vw}f32.p0(ptr %{p}vp{j}, i32 4, {mt} %mask, "
+                         f"{vt} zeroinitializer)")
+            else:
+                L.append(f"  %{p}vv{j} = load {vt}, ptr %{p}vp{j}, align 4")
+        L.append(f"  %{p}sk = mul nsw i64 {ku}, %s_k")
+        for i in range(rows):
+            L.append(f"  %{p}sr{i} = mul nsw i64 %s_row, {i}")
+            L.append(f"  %{p}so{i} = add nsw i64 %{p}sk, %{p}sr{i}")
+            L.append(f"  %{p}sp{i} = getelementptr inbounds float, ptr %s, i64 %{p}so{i}")
+            L.append(f"  %{p}ss{i} = load float, ptr %{p}sp{i}, align 4")
+            L.append(f"  %{p}si{i} = insertelement {vt} poison, float %{p}ss{i}, i64 0")
+            L.append(f"  %{p}sv{i} = shufflevector {vt} %{p}si{i}, {vt} poison, <{vw} x i32> zeroinitializer")
+            for j in range(nvec):
+                L.append(f"  %{tag}s{u}.{i}.{j} = call {vt} @{fma}({vt} %{p}sv{i}, {vt} %{p}vv{j}, {vt} {acc[i][j]})")
+        acc = [[f"%{tag}s{u}.{i}.{j}" for j in range(nvec)] for i in range(rows)]
+    return acc
 
 
 def _runtime_tiles(em: KernelEmitter, total: str, tile: int) -> tuple[str, str, str]:
@@ -170,10 +212,10 @@ def _sides(arg: GemmArg) -> tuple[Side, Side, int, int]:
     return Side(b.row_stride, b.col_stride), panels, 1, c.row_stride
 
 
-def emit_gemm(em: KernelEmitter, node: UOp, target: Target) -> None:
+def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocking) -> None:
     arg: GemmArg = node.arg
-    plan = cpu_plan(arg, target)
-    rows, lanes, vw = plan.rows, plan.lanes, plan.vw
+    plan = cpu_plan(arg, target, blocking)
+    rows, lanes, vw, unroll = plan.rows, plan.lanes, plan.vw, blocking.k_unroll
     pa, pb, pc = (em.value(x) for x in node.src[:3])
     epilogue = node.src[3] if len(node.src) > 3 else None
     ranges = node.src[4:]
@@ -200,8 +242,8 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target) -> None:
         if arg.n_var is not None:  # the last lane tile: nvec vectors, the last one masked to vec_tail lanes
             for nvec in range(1, lanes // vw + 1):
                 mode = (True, v_side.packed_panels, c_lane != 1)
-                name = micro_kernel_name(r, nvec, vw, *mode)
-                em.shared_functions[name] = micro_kernel(r, nvec, vw, *mode, em.uses_intrinsics)
+                name = micro_kernel_name(r, nvec, vw, unroll, *mode)
+                em.shared_functions[name] = micro_kernel(r, nvec, vw, unroll, *mode, em.uses_intrinsics)
                 calls[(r, -nvec)] = (f"@{name}", f"i64 {k_size}, i64 {s_side.k_stride}, i64 {s_side.row_stride}, "
                                                  f"i64 {v_side.k_stride}, i64 {v_side.panel_stride}, i64 {c_row}, "
                                                  f"i64 {c_lane}, i64 {vec_tail}")
@@ -209,8 +251,8 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target) -> None:
             nvec = -(-c // vw)
             tail = c - (nvec - 1) * vw
             mode = (tail != vw, v_side.packed_panels, c_lane != 1)
-            name = micro_kernel_name(r, nvec, vw, *mode)
-            em.shared_functions[name] = micro_kernel(r, nvec, vw, *mode, em.uses_intrinsics)
+            name = micro_kernel_name(r, nvec, vw, unroll, *mode)
+            em.shared_functions[name] = micro_kernel(r, nvec, vw, unroll, *mode, em.uses_intrinsics)
             calls[(r, c)] = (f"@{name}", f"i64 {k_size}, i64 {s_side.k_stride}, i64 {s_side.row_stride}, "
                                          f"i64 {v_side.k_stride}, i64 {v_side.panel_stride}, i64 {c_row}, "
                                          f"i64 {c_lane}, i64 {tail}")
