@@ -48,6 +48,12 @@ class CpuGemmPlan:
     lanes_total: int
     batch: tuple[int, ...]
     lanes_first: bool  # lane tiles innermost in the tile loop (else row tiles, reusing a vector panel)
+    k_block: int = 0  # k per block when the tile loop runs once per k block (0: one pass over all of k)
+    k_total: int = 0  # k (a constant where k_block is set)
+
+    @property
+    def k_blocks(self) -> int:
+        return ceil_div(self.k_total, self.k_block) if self.k_block else 1
 
     @property
     def row_tiles(self) -> int:
@@ -86,7 +92,14 @@ def cpu_plan(arg: GemmArg, target: Target, blocking: GemmBlocking) -> CpuGemmPla
         rows, nvec = _register_tile(arg, rows_total, lanes_total, vw, blocking)
         lanes = nvec * vw
     lanes_first = arg.k * lanes * 4 <= blocking.lanes_first_max_panel
-    return CpuGemmPlan(rows, lanes, vw, rows_total, lanes_total, arg.batch, lanes_first)
+    # k blocks: a vector panel (k x lanes) past twice the blocking's block bytes is cut into equal blocks
+    # (a multiple of the unroll each) and the part's tiles run once per block, so the block of each
+    # panel stays in L1 while the row tiles reuse it. Only for a constant k.
+    k_block = 0
+    if arg.k_var is None and not lanes_first and arg.k * lanes * 4 > 2 * blocking.k_block_bytes:
+        blocks = ceil_div(arg.k * lanes * 4, blocking.k_block_bytes)
+        k_block = ceil_div(ceil_div(arg.k, blocks), blocking.k_unroll) * blocking.k_unroll
+    return CpuGemmPlan(rows, lanes, vw, rows_total, lanes_total, arg.batch, lanes_first, k_block, arg.k)
 
 
 def _register_tile(arg: GemmArg, rows_total: int, lanes_total: int, vw: int, blocking: GemmBlocking

@@ -32,6 +32,7 @@ class GemmBlocking:
     max_rows: int  # tile rows (scalar-side streams read per k)
     k_unroll: int  # k steps per iteration of the micro-kernel's loop (fewer loop instructions per FMA)
     lanes_first_max_panel: int  # bytes of a k x lanes vector panel up to which lane tiles go innermost
+    k_block_bytes: int  # a vector panel over this is cut into k blocks of about this (codegen/llvm_gemm.py)
 
 
 def gemm_blocking(target: Target) -> GemmBlocking:
@@ -41,10 +42,12 @@ def gemm_blocking(target: Target) -> GemmBlocking:
     4-5 cycles latency; AVX-512 Zen 4, which runs a 512-bit FMA as two 256-bit halves, needs only
     half as many, Zen 5 and Intel the 16), and at most the registers less four (for the loaded
     vectors and a broadcast): 12 on AVX2 and rv64gc (16 registers). The lanes-first panel limit is a
-    quarter of L1d: the vector panel then stays in L1 while the lane tiles of a row block sweep it."""
+    quarter of L1d: the vector panel then stays in L1 while the lane tiles of a row block sweep it.
+    A k block's vector panel is half of L1d: it stays in L1 while the row tiles reuse it, next to the
+    scalar side's rows streaming through."""
     regs = target.vector_regs
     return GemmBlocking(accumulators=min(16, regs - 4), vector_regs=regs, max_rows=8, k_unroll=4,
-                        lanes_first_max_panel=target.l1d_bytes // 4)
+                        lanes_first_max_panel=target.l1d_bytes // 4, k_block_bytes=target.l1d_bytes // 2)
 
 
 @dataclass(frozen=True)

@@ -112,10 +112,12 @@ def test_conv_transpose_with_kernel_equal_to_strides_is_one_matrix_product(shape
 
 
 # Blockings other than the host's own (svodc/policy.py): odd tiles, a k unroll that leaves remainders,
-# AVX-512-sized register budgets on AVX2 registers: every tile and k edge must still give the product.
+# AVX-512-sized register budgets on AVX2 registers, k blocks of a few steps (the last one shorter, the
+# fused Relu after the last): every tile and k edge must still give the product.
 @pytest.mark.parametrize("blocking", [dict(accumulators=12, max_rows=8, k_unroll=3),
-                                      dict(accumulators=4, max_rows=3, k_unroll=1),
-                                      dict(accumulators=16, vector_regs=32, max_rows=8, k_unroll=4)])
+                                      dict(accumulators=4, max_rows=3, k_unroll=1, k_block_bytes=200),
+                                      dict(accumulators=16, vector_regs=32, max_rows=8, k_unroll=4),
+                                      dict(k_unroll=2, lanes_first_max_panel=0, k_block_bytes=1000)])
 @pytest.mark.parametrize("constant", ["a", "b", "none"])
 def test_other_blockings_keep_the_product(blocking, constant):
     import dataclasses
@@ -128,10 +130,11 @@ def test_other_blockings_keep_the_product(blocking, constant):
         a, b = rand(m, k), rand(k, n)
         inits = {"a": a} if constant == "a" else {"b": b} if constant == "b" else {}
         inputs = {x: (np.float32, list(v.shape)) for x, v in (("a", a), ("b", b)) if x not in inits}
-        model = make_model([helper.make_node("MatMul", ["a", "b"], ["y"])], inputs, ["y"], inits)
+        model = make_model([helper.make_node("MatMul", ["a", "b"], ["p"]), helper.make_node("Relu", ["p"], ["y"])],
+                           inputs, ["y"], inits)
         got = compile_and_run(model, {x: v for x, v in (("a", a), ("b", b)) if x not in inits},
                               options=CompileOptions(policies={"*": policy}))["y"]
-        np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+        np.testing.assert_allclose(got, np.maximum(a.astype(np.float64) @ b, 0), rtol=1e-4, atol=1e-4 * np.sqrt(k))
 
 
 def test_register_tiles_fit_the_registers_and_the_panels():

@@ -58,8 +58,8 @@ def micro_kernel_name(rows: int, nvec: int, vw: int, unroll: int, masked: bool, 
 def micro_kernel(rows: int, nvec: int, vw: int, unroll: int, masked: bool, packed: bool, scatter: bool,
                  intrinsics: set[str]) -> str:
     """void mk(ptr s, ptr v, ptr c, i64 k, i64 s_k, i64 s_row, i64 v_k, i64 v_panel, i64 c_row,
-    i64 c_lane, i64 tail): C tile (rows x nvec vectors) = S[rows, :k] x V[:k, lanes], its k loop
-    unrolled `unroll` times (plus a loop for the k % unroll steps left).
+    i64 c_lane, i64 tail, i1 accumulate): C tile (rows x nvec vectors) = S[rows, :k] x V[:k, lanes]
+    (+= with accumulate), its k loop unrolled `unroll` times (plus a loop for the k % unroll steps left).
 
     Specialized only on its shape (rows, vectors) and modes, so kernels share micro-kernels; sizes and
     strides are arguments. masked: the last vector has `tail` valid lanes (masked loads of V unless
@@ -71,10 +71,11 @@ def micro_kernel(rows: int, nvec: int, vw: int, unroll: int, masked: bool, packe
     intrinsics.add(f"declare {vt} @llvm.masked.load.v{vw}f32.p0(ptr, i32, {mt}, {vt})")
     intrinsics.add(f"declare void @llvm.masked.store.v{vw}f32.p0({vt}, ptr, i32, {mt})")
     intrinsics.add(f"declare void @llvm.masked.scatter.v{vw}f32.v{vw}p0({vt}, <{vw} x ptr>, i32, {mt})")
+    intrinsics.add(f"declare {vt} @llvm.masked.gather.v{vw}f32.v{vw}p0(<{vw} x ptr>, i32, {mt}, {vt})")
     iota = "<" + ", ".join(f"i64 {i}" for i in range(vw)) + ">"
     name = micro_kernel_name(rows, nvec, vw, unroll, masked, packed, scatter)
     L = [f"define internal void @{name}(ptr noalias %s, ptr noalias %v, ptr noalias %c, i64 %kn, i64 %s_k, "
-         "i64 %s_row, i64 %v_k, i64 %v_panel, i64 %c_row, i64 %c_lane, i64 %tail) #0 {", "entry:"]
+         "i64 %s_row, i64 %v_k, i64 %v_panel, i64 %c_row, i64 %c_lane, i64 %tail, i1 %accumulate) #0 {", "entry:"]
     L.append(f"  %ti = insertelement <{vw} x i64> poison, i64 %tail, i64 0")
     L.append(f"  %tv = shufflevector <{vw} x i64> %ti, <{vw} x i64> poison, <{vw} x i32> zeroinitializer")
     L.append(f"  %mask = icmp ult <{vw} x i64> {iota}, %tv")
@@ -107,7 +108,6 @@ def micro_kernel(rows: int, nvec: int, vw: int, unroll: int, masked: bool, packe
     for i in range(rows):
         L.append(f"  %cr{i} = mul nsw i64 %c_row, {i}")
         for j in range(nvec):
-            last = j == nvec - 1 and masked
             if scatter:
                 L.append(f"  %cl{i}.{j} = mul nsw i64 %c_lane, {j * vw}")
             else:
@@ -116,13 +116,34 @@ def micro_kernel(rows: int, nvec: int, vw: int, unroll: int, masked: bool, packe
             L.append(f"  %cp{i}.{j} = getelementptr inbounds float, ptr %c, i64 %co{i}.{j}")
             if scatter:
                 L.append(f"  %cv{i}.{j} = getelementptr inbounds float, ptr %cp{i}.{j}, <{vw} x i64> %lane_offsets")
-                L.append(f"  call void @llvm.masked.scatter.v{vw}f32.v{vw}p0({vt} %c{i}.{j}, <{vw} x ptr> "
+    # accumulate (a k block after the first, see emit_gemm): C += the tile, else C = the tile
+    L += ["  br i1 %accumulate, label %add, label %store", "add:"]
+    for i in range(rows):
+        for j in range(nvec):
+            mask = "%mask" if j == nvec - 1 and masked else full
+            if scatter:
+                L.append(f"  %old{i}.{j} = call {vt} @llvm.masked.gather.v{vw}f32.v{vw}p0(<{vw} x ptr> %cv{i}.{j}, "
+                         f"i32 4, {mt} {mask}, {vt} zeroinitializer)")
+            elif mask != full:
+                L.append(f"  %old{i}.{j} = call {vt} @llvm.masked.load.v{vw}f32.p0(ptr %cp{i}.{j}, i32 4, {mt} %mask, "
+                         f"{vt} zeroinitializer)")
+            else:
+                L.append(f"  %old{i}.{j} = load {vt}, ptr %cp{i}.{j}, align 4")
+            L.append(f"  %sum{i}.{j} = fadd {vt} %c{i}.{j}, %old{i}.{j}")
+    L += ["  br label %store", "store:"]
+    _phis(L, "f", vt, [([[f"%c{i}.{j}" for j in range(nvec)] for i in range(rows)], "%done"),
+                       ([[f"%sum{i}.{j}" for j in range(nvec)] for i in range(rows)], "%add")])
+    for i in range(rows):
+        for j in range(nvec):
+            last = j == nvec - 1 and masked
+            if scatter:
+                L.append(f"  call void @llvm.masked.scatter.v{vw}f32.v{vw}p0({vt} %f{i}.{j}, <{vw} x ptr> "
                          f"%cv{i}.{j}, i32 4, {mt} {'%mask' if last else full})")
             elif last:
-                L.append(f"  call void @llvm.masked.store.v{vw}f32.p0({vt} %c{i}.{j}, ptr %cp{i}.{j}, i32 4, "
+                L.append(f"  call void @llvm.masked.store.v{vw}f32.p0({vt} %f{i}.{j}, ptr %cp{i}.{j}, i32 4, "
                          f"{mt} %mask)")
             else:
-                L.append(f"  store {vt} %c{i}.{j}, ptr %cp{i}.{j}, align 4")
+                L.append(f"  store {vt} %f{i}.{j}, ptr %cp{i}.{j}, align 4")
     L += ["  ret void", "}"]
     return "\n".join(L)
 
@@ -237,6 +258,18 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
         vec_tail = em.emit_line(top, f"sub nsw i64 {lanes_rt}, {em.emit_line(top, f'mul nsw i64 {nvec_rt}, {vw}')}")
         vec_tail = em.emit_line(top, f"add nsw i64 {vec_tail}, {vw}")  # lanes of the last vector: 1..vw
     k_size = str(arg.k) if arg.k_var is None else em.dim_value(arg.k_var.slot)
+    accumulate = last_kb = "false"
+    if plan.k_blocks > 1:  # the part's tiles once per k block (gemm_plan.py), adding to C after the first
+        em.open_loop(UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, plan.k_blocks),),
+                         RangeArg(-2, RangeKind.LOOP)), "0", str(plan.k_blocks))
+        kbs = em.stack[-1]
+        last_block = plan.k_blocks - 1
+        last_kb = em.emit_line(kbs, f"icmp eq i64 {kbs.ivar}, {last_block}")
+        accumulate = em.emit_line(kbs, f"icmp ne i64 {kbs.ivar}, 0")
+        k_size = em.emit_line(kbs, f"select i1 {last_kb}, i64 {plan.k_total - last_block * plan.k_block}, "
+                                   f"i64 {plan.k_block}")
+        k0 = em.emit_line(kbs, f"mul nuw nsw i64 {kbs.ivar}, {plan.k_block}")
+        s_k0, v_k0 = (em.emit_line(kbs, f"mul nuw nsw i64 {k0}, {side.k_stride}") for side in (s_side, v_side))
     calls = {}
     for r in row_sizes:
         if arg.n_var is not None:  # the last lane tile: nvec vectors, the last one masked to vec_tail lanes
@@ -246,7 +279,7 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
                 em.shared_functions[name] = micro_kernel(r, nvec, vw, unroll, *mode, em.uses_intrinsics)
                 calls[(r, -nvec)] = (f"@{name}", f"i64 {k_size}, i64 {s_side.k_stride}, i64 {s_side.row_stride}, "
                                                  f"i64 {v_side.k_stride}, i64 {v_side.panel_stride}, i64 {c_row}, "
-                                                 f"i64 {c_lane}, i64 {vec_tail}")
+                                                 f"i64 {c_lane}, i64 {vec_tail}, i1 {accumulate}")
         for c in {lanes, lanes_tail}:
             nvec = -(-c // vw)
             tail = c - (nvec - 1) * vw
@@ -255,7 +288,7 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
             em.shared_functions[name] = micro_kernel(r, nvec, vw, unroll, *mode, em.uses_intrinsics)
             calls[(r, c)] = (f"@{name}", f"i64 {k_size}, i64 {s_side.k_stride}, i64 {s_side.row_stride}, "
                                          f"i64 {v_side.k_stride}, i64 {v_side.panel_stride}, i64 {c_row}, "
-                                         f"i64 {c_lane}, i64 {tail}")
+                                         f"i64 {c_lane}, i64 {tail}, i1 {accumulate}")
 
     t_range = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, tiles),), RangeArg(-1, RangeKind.PARALLEL))
     run_tiles = str(tiles)
@@ -292,6 +325,9 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
     a_ptr, b_ptr, c_ptr = (line(sc, f"getelementptr inbounds float, ptr {p}, i64 {o}", "ptr") for p, o in
                            ((pa, a_off), (pb, b_off), (pc, c_off)))
     s_ptr, v_ptr = (b_ptr, a_ptr) if arg.transposed else (a_ptr, b_ptr)
+    if plan.k_blocks > 1:
+        s_ptr, v_ptr = (line(sc, f"getelementptr inbounds float, ptr {p}, i64 {o}", "ptr")
+                        for p, o in ((s_ptr, s_k0), (v_ptr, v_k0)))
     call_args = f"ptr {s_ptr}, ptr {v_ptr}, ptr {c_ptr}"
     last_r = line(sc, f"icmp eq i64 {rt}, {last_start}") if rows_tail != rows or arg.m_var else "false"
     last_l = line(sc, f"icmp eq i64 {lt}, {last_lane_tile}") if lanes_tail != lanes or arg.n_var else "false"
@@ -323,8 +359,10 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
         # Two copies of the epilogue: full tiles get constant trip counts (rows x lanes), which LLVM
         # unrolls into straight vector code; edge tiles get the general loops.
         *batch_ranges, m_range, n_range = ranges
-        partial = line(sc, f"or i1 {last_r}, {last_l}")
         e = em.fresh_label()
+        if plan.k_blocks > 1:  # after the last k block only
+            sc.lines += [f"  br i1 {last_kb}, label %E{e}.run, label %E{e}.done", f"E{e}.run:"]
+        partial = line(sc, f"or i1 {last_r}, {last_l}")
         sc.lines.append(f"  br i1 {partial}, label %E{e}.edge, label %E{e}.full")
         for tag, nrows, nlanes in (("full", str(rows), str(lanes)), ("edge", None, None)):
             sc.lines.append(f"E{e}.{tag}:")
@@ -346,3 +384,5 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
             sc.lines.append(f"  br label %E{e}.done")
         sc.lines.append(f"E{e}.done:")
     em.close_loop()
+    if plan.k_blocks > 1:
+        em.close_loop()
