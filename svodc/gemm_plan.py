@@ -50,6 +50,7 @@ class CpuGemmPlan:
     lanes_first: bool  # lane tiles innermost in the tile loop (else row tiles, reusing a vector panel)
     k_block: int = 0  # k per block when the tile loop runs once per k block (0: one pass over all of k)
     k_total: int = 0  # k (a constant where k_block is set)
+    copy_panel: bool = False  # the vector side's panel is copied contiguous once per lane tile (see cpu_plan)
 
     @property
     def k_blocks(self) -> int:
@@ -99,7 +100,12 @@ def cpu_plan(arg: GemmArg, target: Target, blocking: GemmBlocking) -> CpuGemmPla
     if arg.k_var is None and not lanes_first and arg.k * lanes * 4 > 2 * blocking.k_block_bytes:
         blocks = ceil_div(arg.k * lanes * 4, blocking.k_block_bytes)
         k_block = ceil_div(ceil_div(arg.k, blocks), blocking.k_unroll) * blocking.k_unroll
-    return CpuGemmPlan(rows, lanes, vw, rows_total, lanes_total, arg.batch, lanes_first, k_block, arg.k)
+    # An unpacked B read in place strides k by a whole row of B (n floats): rows 4 KiB apart share L1
+    # sets, so a k x lanes panel does not stay in L1 however small. Where row tiles reuse it, the tile
+    # loop copies each (k block of a) panel to a contiguous buffer first.
+    copy_panel = (not arg.transposed and not arg.b.packed and not arg.runtime and not lanes_first
+                  and ceil_div(rows_total, rows) >= 4 and arg.b.row_stride != lanes)
+    return CpuGemmPlan(rows, lanes, vw, rows_total, lanes_total, arg.batch, lanes_first, k_block, arg.k, copy_panel)
 
 
 def _register_tile(arg: GemmArg, rows_total: int, lanes_total: int, vw: int, blocking: GemmBlocking

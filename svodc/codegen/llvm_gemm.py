@@ -197,6 +197,32 @@ def _k_loop_body(L: list[str], tag: str, k: str, steps: int, start: tuple[list[l
     return acc
 
 
+def copy_panel(nvec: int, vw: int, intrinsics: set[str]) -> str:
+    """void copy(ptr src, ptr dst, i64 k, i64 src_k, i64 valid): dst[k][nvec * vw] = the first `valid`
+    lanes of rows src + k * src_k, zero past them (so the micro-kernel's masked tail reads zeros)."""
+    vt, mt = f"<{vw} x float>", f"<{vw} x i1>"
+    iota = "<" + ", ".join(f"i64 {i}" for i in range(vw)) + ">"
+    intrinsics.add(f"declare {vt} @llvm.masked.load.v{vw}f32.p0(ptr, i32, {mt}, {vt})")
+    L = [f"define internal void @svod.copy.{nvec}v{vw}(ptr noalias %src, ptr noalias %dst, i64 %kn, i64 %src_k, "
+         "i64 %valid) #0 {", "entry:",
+         f"  %vi = insertelement <{vw} x i64> poison, i64 %valid, i64 0",
+         f"  %vv = shufflevector <{vw} x i64> %vi, <{vw} x i64> poison, <{vw} x i32> zeroinitializer"]
+    for j in range(nvec):
+        L.append(f"  %lane{j} = add nuw <{vw} x i64> {iota}, <{', '.join([f'i64 {j * vw}'] * vw)}>")
+        L.append(f"  %mask{j} = icmp ult <{vw} x i64> %lane{j}, %vv")
+    L += ["  br label %loop", "loop:", "  %k = phi i64 [ 0, %entry ], [ %k.next, %loop ]",
+          "  %so = mul nsw i64 %k, %src_k", f"  %do = mul nsw i64 %k, {nvec * vw}"]
+    for j in range(nvec):
+        L += [f"  %sa{j} = add nsw i64 %so, {j * vw}", f"  %sp{j} = getelementptr inbounds float, ptr %src, i64 %sa{j}",
+              f"  %x{j} = call {vt} @llvm.masked.load.v{vw}f32.p0(ptr %sp{j}, i32 4, {mt} %mask{j}, "
+              f"{vt} zeroinitializer)",
+              f"  %da{j} = add nsw i64 %do, {j * vw}", f"  %dp{j} = getelementptr inbounds float, ptr %dst, i64 %da{j}",
+              f"  store {vt} %x{j}, ptr %dp{j}, align 4"]
+    L += ["  %k.next = add nuw i64 %k, 1", "  %more = icmp ult i64 %k.next, %kn",
+          "  br i1 %more, label %loop, label %done", "done:", "  ret void", "}"]
+    return "\n".join(L)
+
+
 def _runtime_tiles(em: KernelEmitter, total: str, tile: int) -> tuple[str, str, str]:
     """(tiles, index of the last one, its size in 1..tile) of a run-time extent `total` >= 1."""
     top = em.stack[0]
@@ -242,7 +268,8 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
     ranges = node.src[4:]
     rt_n, lt_n, tiles = plan.row_tiles, plan.lane_tiles, plan.tiles
     rows_tail, lanes_tail = plan.rows_tail, plan.lanes_tail
-    s_side, v_side, c_row, c_lane = _sides(arg)
+    s_side, v_src, c_row, c_lane = _sides(arg)
+    v_side = Side(lanes) if plan.copy_panel else v_src  # what the micro-kernels read: the copy, rows of `lanes`
     row_sizes = {rows, rows_tail}
     top = em.stack[0]
     # row / lane tiles, the last tile's index and its rows / lanes: constants, or run-time values for a
@@ -269,7 +296,7 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
         k_size = em.emit_line(kbs, f"select i1 {last_kb}, i64 {plan.k_total - last_block * plan.k_block}, "
                                    f"i64 {plan.k_block}")
         k0 = em.emit_line(kbs, f"mul nuw nsw i64 {kbs.ivar}, {plan.k_block}")
-        s_k0, v_k0 = (em.emit_line(kbs, f"mul nuw nsw i64 {k0}, {side.k_stride}") for side in (s_side, v_side))
+        s_k0, v_k0 = (em.emit_line(kbs, f"mul nuw nsw i64 {k0}, {side.k_stride}") for side in (s_side, v_src))
     calls = {}
     for r in row_sizes:
         if arg.n_var is not None:  # the last lane tile: nvec vectors, the last one masked to vec_tail lanes
@@ -328,9 +355,21 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
     if plan.k_blocks > 1:
         s_ptr, v_ptr = (line(sc, f"getelementptr inbounds float, ptr {p}, i64 {o}", "ptr")
                         for p, o in ((s_ptr, s_k0), (v_ptr, v_k0)))
-    call_args = f"ptr {s_ptr}, ptr {v_ptr}, ptr {c_ptr}"
     last_r = line(sc, f"icmp eq i64 {rt}, {last_start}") if rows_tail != rows or arg.m_var else "false"
     last_l = line(sc, f"icmp eq i64 {lt}, {last_lane_tile}") if lanes_tail != lanes or arg.n_var else "false"
+    if plan.copy_panel:  # the first tile of a lane tile in this part copies the panel, the rest read the copy
+        copy = f"svod.copy.{lanes // vw}v{vw}"
+        em.shared_functions[copy] = copy_panel(lanes // vw, vw, em.uses_intrinsics)
+        buf = em.fresh("panel")
+        em.allocas.append(f"{buf} = alloca float, i64 {(plan.k_block or arg.k) * lanes}, align 64")
+        first = line(sc, f"or i1 {line(sc, f'icmp eq i64 {rt}, 0')}, {line(sc, f'icmp eq i64 {t}, {start}')}")
+        valid = line(sc, f"select i1 {last_l}, i64 {lanes_tail}, i64 {lanes}")
+        p = em.fresh_label()
+        sc.lines += [f"  br i1 {first}, label %P{p}.copy, label %P{p}.go", f"P{p}.copy:",
+                     f"  call void @{copy}(ptr {v_ptr}, ptr {buf}, i64 {k_size}, i64 {v_src.k_stride}, i64 {valid})",
+                     f"  br label %P{p}.go", f"P{p}.go:"]
+        v_ptr = buf
+    call_args = f"ptr {s_ptr}, ptr {v_ptr}, ptr {c_ptr}"
     k = em.fresh_label()
     if arg.m_var is None:
         sc.lines.append(f"  br i1 {last_r}, label %T{k}.t, label %T{k}.f")
