@@ -103,6 +103,25 @@ def bounded_batch():
                    "b": rng.standard_normal((3, 5)).astype(np.float32)}
 
 
+def bounded_image():
+    """Format 1.7's computed dims: H and W bounded, Conv 3x3 stride 2 -> MaxPool 2x2 SAME_UPPER -> Conv 1x1,
+    whose output sizes the code computes; run at an odd size (13 x 10)."""
+    from onnx import TensorProto
+
+    rng = np.random.default_rng(7)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2], auto_pad="SAME_UPPER"),
+             helper.make_node("Conv", ["p", "w2"], ["y"])]
+    inits = [helper.make_tensor("w", TensorProto.FLOAT, [4, 3, 3, 3], rng.standard_normal(108).astype(np.float32)),
+             helper.make_tensor("w2", TensorProto.FLOAT, [2, 4, 1, 1], rng.standard_normal(8).astype(np.float32))]
+    graph = helper.make_graph(nodes, "bounded_image",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "H", "W"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, "h", "w"])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model, {"x": rng.standard_normal((1, 3, 13, 10)).astype(np.float32)}
+
+
 GOLDENS = {  # name: (model maker, target, reference (default: onnxruntime), first format version, options)
     "relu_add": (relu_add, "x86_64-linux-gnu:x86-64-v3,x86-64", reference, (1, 0), {}),
     "small_cnn": (small_cnn, "x86_64-linux-gnu:x86-64", reference, (1, 0), {}),
@@ -110,6 +129,8 @@ GOLDENS = {  # name: (model maker, target, reference (default: onnxruntime), fir
     "string_codes": (string_codes, "x86_64-linux-gnu:x86-64-v3,x86-64", string_reference, (1, 4), {}),
     "bounded_batch": (bounded_batch, "x86_64-linux-gnu:x86-64-v3,x86-64", reference, (1, 5), {"dims": {"N": (1, 8)}}),
     "labels_and_maps": (labels_and_maps, "x86_64-linux-gnu:x86-64-v3,x86-64", string_reference, (1, 6), {}),
+    "bounded_image": (bounded_image, "x86_64-linux-gnu:x86-64-v3,x86-64", reference, (1, 7),
+                      {"dims": {"H": (3, 24), "W": (4, 24)}}),
 }
 
 

@@ -22,6 +22,7 @@ from svodc.codegen.gpu_compile import GpuImage
 from svodc.codegen.link import CodeImage
 from svodc.errors import BundleError, TargetError
 from svodc.ir.dtypes import dtypes, to_storage
+from svodc.passes.dynamic import ComputedDim
 from svodc.program import Buffer, BufferKind, Program
 from svodc.target import Target
 from svodrt import features as feature_table
@@ -57,13 +58,15 @@ def _shape_entry(b: Buffer) -> list:
 
 
 def _dims_table(program: Program) -> list[dict]:
-    """Format 1.5: each bounded dim, in the order of the entry's `dims` array, and the input axes it sizes."""
+    """Format 1.5: each bounded dim, in the order of the entry's `dims` array, and the input axes it sizes;
+    format 1.7: then each computed dim (passes/dynamic.py), marked `computed`."""
     uses: dict[str, list] = {d.name: [] for d in program.dims}
     for b in program.inputs:
         for axis, ax in enumerate(b.dims):
             if ax is not None:
                 uses[ax.dim].append([b.name, axis])
-    return [{"name": d.name, "lo": d.lo, "hi": d.hi, "inputs": uses[d.name]} for d in program.dims]
+    return [{"name": d.name, "lo": d.lo, "hi": d.hi, "computed": True} if isinstance(d, ComputedDim) else
+            {"name": d.name, "lo": d.lo, "hi": d.hi, "inputs": uses[d.name]} for d in program.dims]
 
 
 def _buffer_entry(b: Buffer) -> dict:

@@ -36,7 +36,7 @@ def load(source: str | os.PathLike | bytes, threads: int | None = None, host: Ho
     trust: the Ed25519 public keys (PEM paths or bytes) whose signed bundles alone load; `model.signer` names the
     signer. docs/architecture.md "Runtime"."""
     if device != "cpu":
-        from svodrt.gpu_model import GpuModel
+        from svodrt_gpu import GpuModel
 
         return GpuModel(source, device, verify_weights=verify_weights, variant=variant, graph=graph, trust=trust)
     return Model(source, threads=threads, host=host, verify_weights=verify_weights, variant=variant, trust=trust)

@@ -20,7 +20,7 @@ from svodrt.features import feature_names
 from svodrt.format import GPU_KINDS
 from svodrt.host import Host, detect_host
 from svodrt.memory import YIELD_FN, map_code
-from svodrt.runner import Runner, at_bound, check_input, dim_values, real_output  # noqa: F401 (check_input: API)
+from svodrt.runner import Runner, at_bound, check_dims_status, check_input, dim_values, real_output  # noqa: F401
 from svodrt.trust import TrustSpec
 
 if TYPE_CHECKING:
@@ -139,6 +139,7 @@ class Model(Runner):
         outs = self._call(arrays, dims=dims)
         if dims is None:
             return outs
+        check_dims_status(dims, self.bundle.dims)
         return [real_output(t, o, dims, self._dim_slots) for t, o in zip(self.bundle.outputs, outs, strict=True)]
 
     def _prepare(self, feeds: MappingT[str, object]) -> tuple[list[np.ndarray], object]:

@@ -1,4 +1,4 @@
-"""Runner: what every executor (model.py, gpu_model.py) shares: the description and the input checks, done before
+"""Runner: what every executor (model.py, svodrt_gpu) shares: the description and the input checks, done before
 native code sees anything; and bounded dims at run time (format 1.5, docs/architecture.md "Bounded dims")."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from collections.abc import Mapping as MappingT
 
 import numpy as np
 
+from svodrt.abi import DIMS_STATUS_WORDS, dims_status_slot
 from svodrt.bundle import Bundle, TensorInfo, Variant
 from svodrt.errors import InputError
 from svodrt.format import BITS_OF, DTYPES, STRING
@@ -166,7 +167,18 @@ def dim_values(inputs: list[TensorInfo], arrays: list[np.ndarray], order: tuple)
             if first[0] != a.shape[axis]:
                 raise InputError(f"dim {d.name!r} ({d.lo}..{d.hi}): input {first[1]!r} dim {first[2]} is {first[0]} "
                                  f"but input {t.name!r} dim {axis} is {a.shape[axis]}; inputs sharing a dim must agree")
-    return (ctypes.c_int64 * max(len(order), 1))(*(seen[d.name][0] for d in order))
+    # Computed dims (format 1.7) and the status words start at 0: the code writes them (svodrt/abi.py).
+    return (ctypes.c_int64 * (len(order) + DIMS_STATUS_WORDS))(*(seen[d.name][0] for d in order if not d.computed))
+
+
+def check_dims_status(values: ctypes.Array, order: tuple) -> None:
+    """After the call: a computed dim the code found outside its range (it ran clamped) is an InputError."""
+    status = dims_status_slot(len(order))
+    if values[status]:
+        d = order[values[status] - 1]
+        given = ", ".join(f"{i.name}={values[j]}" for j, i in enumerate(order) if not i.computed)
+        raise InputError(f"dim {d.name!r} ({d.lo}..{d.hi}) came out {values[status + 1]} for the inputs' dims "
+                         f"({given}); give inputs whose dims keep it in range")
 
 
 def _same_layout(real: tuple[int, ...], bound: tuple[int, ...]) -> bool:

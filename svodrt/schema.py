@@ -72,10 +72,11 @@ class Section:
 
 
 @dataclass(frozen=True)
-class Dim:  # a bounded dim (format 1.5): its size is chosen per call in [lo, hi]
+class Dim:  # a bounded dim (format 1.5): its size is chosen per call in [lo, hi]; 1.7: or computed by the code
     name: str
     lo: int
     hi: int
+    computed: bool = False
 
 
 @dataclass(frozen=True)
@@ -102,18 +103,24 @@ def dim_table(m: Any) -> dict[str, Dim]:
         return {}
     out: dict[str, Dim] = {}
     for i, d in enumerate(items(m, "dims", "manifest")):
-        dim = Dim(name(d, "name", f"dims[{i}]"), uint(d, "lo", f"dims[{i}]"), uint(d, "hi", f"dims[{i}]"))
+        computed = "computed" in d and field(d, "computed", bool, f"dims[{i}]")
+        dim = Dim(name(d, "name", f"dims[{i}]"), uint(d, "lo", f"dims[{i}]"), uint(d, "hi", f"dims[{i}]"), computed)
         if not 1 <= dim.lo <= dim.hi or dim.name in out:
             raise fail(f"dims[{i}]", f"{dim.name!r} {dim.lo}..{dim.hi} must be a new name with 1 <= lo <= hi")
+        if out and not computed and list(out.values())[-1].computed:
+            raise fail(f"dims[{i}]", "an input dim after a computed dim: input dims come first")
         out[dim.name] = dim
     return out
 
 
 def _dim_axis(v: str, dims: dict[str, Dim] | None, where: str) -> tuple[Dim, int]:
-    dim_name, _, k = v.partition("*")
-    if dim_name not in (dims or {}) or not (k == "" or (k.isdigit() and 0 < int(k) <= MAX_BYTES)):
+    """"NAME" or "NAME*K" (a computed dim's name may hold a "*" itself)."""
+    if v in (dims or {}):
+        return dims[v], 1
+    dim_name, _, k = v.rpartition("*")
+    if dim_name not in (dims or {}) or not (k.isdigit() and 0 < int(k) <= MAX_BYTES):
         raise fail(where, f"{v[:40]!r} is neither a size nor a bounded dim of the manifest's dims")
-    return dims[dim_name], int(k or 1)
+    return dims[dim_name], int(k)
 
 
 def tensor(d: Any, where: str, dims: dict[str, Dim] | None = None) -> TensorInfo:
@@ -302,10 +309,10 @@ def _kernels(m: dict, buffers: dict[int, _Buffer]) -> list[KernelInfo]:
         where = f"kernels[{i}]"
         params = uints(k, "params", where)
         unknown = [p for p in params if p not in buffers]
-        if not params or unknown:
+        if (not params and k.get("kind") != "dims") or unknown:  # 1.7: the computed dims' kernel writes `dims` only
             raise fail(f"{where}.params", f"{params[:8]} must be known buffer ids, the first written"
                        + (f" (unknown: {unknown[:8]})" if unknown else ""))
-        if buffers[params[0]].kind == "weight":
+        if params and buffers[params[0]].kind == "weight":
             raise fail(f"{where}.params", f"the written buffer {params[0]} is a read-only weight")
         prov = items(k, "provenance", where)
         if not all(isinstance(p, str) for p in prov):
@@ -434,8 +441,11 @@ def parse_plan(m: dict, sections: list[Section], weights: Section) -> Plan:
     dims = dim_table(m)
     inputs, in_ids = _io(m, "inputs", dims)
     outputs, out_ids = _io(m, "outputs", dims)
-    if set(dims) - {d.name for t in inputs for _, d, _ in t.dims}:
+    sized = {d.name for t in inputs for _, d, _ in t.dims}
+    if {n for n, d in dims.items() if not d.computed} - sized:
         raise fail("dims", "a dim sizes no input: no call could give its value")
+    if any(dims[n].computed for n in sized):
+        raise fail("dims", "a computed dim sizes an input: the code writes it, a call cannot give it")
     arena = uint(m, "arena_size", "manifest", fmt.MAX_BYTES)
     weights_size = uint(m, "weights_size", "manifest", fmt.MAX_BYTES)
     if weights.length < weights_size:

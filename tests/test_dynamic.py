@@ -210,6 +210,7 @@ def test_gpu_targets_refuse_bounded_dims_for_now(cnn):
 
 
 FORMAT_1_4_COMMIT = "581609a"  # main just before format 1.5: its svodrt is a format 1.4 runtime
+FORMAT_1_6_COMMIT = "78ef871"  # main just before format 1.7: a format 1.6 runtime
 
 
 def test_a_format_1_4_runtime_refuses_a_bundle_with_bounded_dims(cnn, tmp_path):
@@ -228,3 +229,80 @@ def test_served_metadata_shows_bounded_dims_as_variable(cnn):
 
     with svodrt.load(cnn[1], threads=1) as m:
         assert [v2_shape(t) for t in m.inputs] == [[-1, 3, 16, 16], [-1, 10]]
+
+
+# ------------------------------------------------------------------ computed dims (format 1.7): image sizes
+def _image_net():
+    """Conv 3x3 (pads 1, stride 2) -> Relu -> MaxPool 2x2 SAME_UPPER (its end pad depends on the size's parity)
+    -> Conv 1x1, and a second output of the first conv: output sizes computed from H and W."""
+    w = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    w2 = RNG.standard_normal((5, 4, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2], auto_pad="SAME_UPPER"),
+             helper.make_node("Conv", ["p", "w2"], ["y"])]
+    return make_model(nodes, {"x": (np.float32, [1, 3, "H", "W"])}, ["y", "c"], {"w": w, "w2": w2})
+
+
+@pytest.fixture(scope="module")
+def image_net():
+    model = _image_net()
+    return model, svodc.compile(model, input_shapes={"x": (1, 3, (3, 21), (4, 30))})
+
+
+def test_one_bundle_runs_every_image_size_in_range(image_net):
+    model, bundle = image_net
+    with svodrt.load(bundle, threads=2) as m:
+        for h, w in ((3, 4), (8, 9), (13, 30), (21, 17), (21, 30)):
+            feeds = {"x": RNG.standard_normal((1, 3, h, w)).astype(np.float32)}
+            for (name, g), want in zip(m.run(feeds).items(), reference(model, feeds), strict=True):
+                assert g.shape == want.shape, (name, h, w)
+                np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-5, err_msg=f"{name} at {h}x{w}")
+
+
+def test_outputs_show_computed_dims_by_name_with_bounds(image_net):
+    with svodrt.load(image_net[1], threads=1) as m:
+        assert [str(t) for t in m.inputs] == ["x: float32[1, 3, H=3..21, W=4..30]"]
+        assert [str(t) for t in m.outputs] == ["y: float32[1, 5, (H+3)//4=1..6, (W+3)//4=1..8]",
+                                               "c: float32[1, 4, (H+1)//2=2..11, (W+1)//2=2..15]"]
+        table = [(d.name, d.lo, d.hi, d.computed) for d in m.bundle.dims]
+        assert table[:2] == [("H", 3, 21, False), ("W", 4, 30, False)] and all(c for *_, c in table[2:])
+
+
+def test_an_input_too_small_for_the_conv_stack_is_refused_with_the_smallest_size():
+    """Two valid 3x3 convolutions need 5 rows: a lower bound of 4 would compute an empty image."""
+    w = RNG.standard_normal((2, 2, 3, 3)).astype(np.float32)
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["a"], name="first"),
+                        helper.make_node("Conv", ["a", "w"], ["b"], name="second")],
+                       {"x": (np.float32, [1, 2, "H", 8])}, ["b"], {"w": w})
+    with pytest.raises(DynamicShapeError, match=r"node 'second': at dim 'H' = 4 \(its lower bound\) its "
+                                                r"output size H-4 is 0, below 1; the smallest size it takes is 5: "
+                                                r"give dim 'H' the range 5..9"):
+        svodc.compile(model, dims={"H": (4, 9)})
+    with svodrt.load(svodc.compile(model, dims={"H": (5, 9)}), threads=1) as m:
+        assert m.run({"x": np.ones((1, 2, 5, 8), np.float32)})["b"].shape == (1, 2, 1, 4)
+
+
+def test_a_computed_dim_out_of_range_is_an_input_error_after_the_call():
+    """The status words after the dims (svodrt/abi.py): what code that computes a dim from values reports."""
+    import ctypes
+
+    from svodrt.abi import DIMS_STATUS_WORDS, dims_status_slot
+    from svodrt.runner import check_dims_status
+    from svodrt.schema import Dim
+
+    order = (Dim("H", 1, 9), Dim("K", 1, 4, computed=True))
+    values = (ctypes.c_int64 * (len(order) + DIMS_STATUS_WORDS))(7, 4)
+    check_dims_status(values, order)
+    values[dims_status_slot(len(order))], values[dims_status_slot(len(order)) + 1] = 2, 11
+    with pytest.raises(svodrt.InputError, match=r"dim 'K' \(1..4\) came out 11 for the inputs' dims \(H=7\)"):
+        check_dims_status(values, order)
+
+
+def test_a_format_1_6_runtime_refuses_a_bundle_with_computed_dims(image_net, tmp_path):
+    """Compatibility promise of 1.7 (docs/bundle-format.md): a 1.6 runtime finds dims that size no input and
+    refuses the bundle before it maps anything, so it never runs code that writes dims it has no room for."""
+    from tests.bundle_tools import old_runtime_load
+
+    out = old_runtime_load(FORMAT_1_6_COMMIT, 6, image_net[1], tmp_path)
+    assert "manifest field dims: a dim sizes no input: no call could give its value" in out

@@ -6,6 +6,7 @@ place shows. The heavier models (mobilenetv2, ppocr cls: ~90 s of compilation on
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 import svodc
 import svodrt
 from tests.onnx_util import reference
+from tests.test_cli import run
 
 MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
 HEAVY = pytest.mark.dynamic_models
@@ -64,3 +66,44 @@ def test_one_bundle_matches_onnxruntime_at_every_size(compiled):
                 assert g.shape == want.shape, (name, out, n)
                 np.testing.assert_allclose(g.astype(np.float64), want, rtol=1e-3,
                                            atol=1e-4 * float(np.abs(want).max()), err_msg=f"{name} {out} at {n}")
+
+
+def pyramid(height: int, width: int, min_size: int = 20, factor: float = 0.709) -> list[tuple[int, int]]:
+    """MTCNN's image pyramid of a frame: scales 12/min_size * factor^k while the smaller side stays >= 12 px."""
+    sizes, scale = [], 12 / min_size
+    while min(height, width) * scale >= 12:
+        sizes.append((math.ceil(height * scale), math.ceil(width * scale)))
+        scale *= factor
+    return sizes
+
+
+@pytest.fixture(scope="module")
+def pnet(tmp_path_factory):
+    """Issue 12, image sizes: MTCNN's P-Net (NHWC) as one bundle for every pyramid size of a 640x480 frame,
+    compiled by the CLI with the contract's spelling."""
+    folder = MODELS / "mtcnn_pnet"
+    if not (folder / "model.onnx").is_file():
+        pytest.skip(f"no mtcnn_pnet in {MODELS}")
+    out = tmp_path_factory.mktemp("pnet") / "pnet.svod"
+    r = run("svodc", "compile", str(folder / "model.onnx"), "-o", str(out), "--input-shape",
+            "input_1=1x12..480x12..640x3", "-q")
+    assert r.returncode == 0, r.stderr
+    return folder, out
+
+
+def test_mtcnn_pnet_matches_onnxruntime_at_every_pyramid_size(pnet):
+    import onnx
+
+    folder, bundle = pnet
+    model = onnx.load(str(folder / "model.onnx"))
+    ref = np.load(folder / "inputs.npz")["input_1"]
+    sizes = pyramid(480, 640)
+    assert sizes[0] == (288, 384) and min(sizes[-1]) >= 12
+    with svodrt.load(bundle, threads=2) as m:
+        assert [d.name for d in m.bundle.dims if not d.computed] == ["M1", "M2"]
+        for h, w in sizes:
+            feeds = {"input_1": np.ascontiguousarray(np.resize(ref, (1, h, w, 3)))}  # the reference image's values
+            for (out, g), want in zip(m.run(feeds).items(), reference(model, feeds), strict=True):
+                assert g.shape == want.shape, (out, h, w)
+                np.testing.assert_allclose(g, want, rtol=1e-3, atol=1e-4 * float(np.abs(want).max()),
+                                           err_msg=f"pnet {out} at {h}x{w}")

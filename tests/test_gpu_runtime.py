@@ -1,4 +1,4 @@
-"""svodrt's GPU path (svodrt/gpu_model.py) on a stand-in driver whose kernels run as
+"""svodrt's GPU path (svodrt_gpu/model.py) on a stand-in driver whose kernels run as
 their CPU emulation (tests/gpu/harness.py): real outputs compared with onnxruntime, the call
 sequence the driver sees, variant choice per device, and every error path that needs no GPU."""
 
@@ -9,6 +9,7 @@ import pytest
 
 import svodc
 import svodrt
+import svodrt_gpu.model
 from svodrt.errors import BundleFormatError, DeviceError, UnsupportedHostError
 from tests.gpu.harness import assert_close, emulate
 from tests.onnx_util import reference
@@ -120,7 +121,7 @@ def test_driver_library_missing(small_gpu, device):
     import ctypes
 
     kind = device.split(":")[0]
-    for name in svodrt.gpu_model.LIBRARIES[kind]:
+    for name in svodrt_gpu.model.LIBRARIES[kind]:
         try:
             ctypes.CDLL(name)
             pytest.skip(f"this machine has the {kind} driver library {name}")

@@ -238,6 +238,10 @@ class KernelEmitter:
         v = self.value(val)
         i = self.value(idx)
         scope = self.stack[-1]
+        if buf.op is Ops.DEFINE_VAR:  # a computed dim written into the `dims` array (passes/dynamic.dims_kernel)
+            ptr = self.emit_line(scope, f"getelementptr inbounds i64, ptr %dims, i64 {buf.arg.slot}", "dimp")
+            scope.lines.append(f"  store i64 {v}, ptr {ptr}")
+            return
         ptr = self.emit_line(scope, f"getelementptr inbounds {mem_type(val.dtype)}, ptr {self.value(buf)}, i64 {i}",
                              "ptr")
         if val.dtype is dtypes.bool:
@@ -264,8 +268,8 @@ class KernelEmitter:
                 emit_gemm(self, stmt, self.target, self.gemm_blocking)
             else:
                 self.emit_store(stmt)
-        params = ", ".join(f"ptr noalias %p{i}" for i in range(nparams)) + (", ptr %dims" if self.uses_dims else "")
-        lines = [f"define internal void @{self.name}.body({params}, i32 %part, i32 %nparts) #0 {{",
+        params = [f"ptr noalias %p{i}" for i in range(nparams)] + (["ptr %dims"] if self.uses_dims else [])
+        lines = [f"define internal void @{self.name}.body({', '.join(params)}, i32 %part, i32 %nparts) #0 {{",
                  "entry:", *[f"  {a}" for a in self.allocas], *self.stack[0].lines, "  ret void", "}"]
         return "\n".join(lines)
 

@@ -49,7 +49,8 @@ def constant_value(x: UOp) -> np.ndarray:
 
 class NodeContext:
     def __init__(self, node: onnx.NodeProto, inputs: list[Value | None], version: int, opset: int,
-                 subgraph_runner: SubgraphRunner | None = None, vocabulary: Vocabulary | None = None):
+                 subgraph_runner: SubgraphRunner | None = None, vocabulary: Vocabulary | None = None,
+                 bounded_axes: Callable[[UOp], tuple[bool, ...]] | None = None):
         self.node = node
         self.inputs = inputs
         self.version = version  # the op's schema since_version this node uses
@@ -57,6 +58,11 @@ class NodeContext:
         self._attrs: dict[str, Any] = {a.name: a for a in node.attribute}
         self._run_subgraph = subgraph_runner
         self._vocabulary = vocabulary
+        self._bounded_axes = bounded_axes
+
+    def bounded(self, x: UOp) -> tuple[bool, ...]:
+        """Which axes of x a bounded dim sizes (their size varies per call; frontend/dims.py)."""
+        return self._bounded_axes(x) if self._bounded_axes is not None else (False,) * x.ndim
 
     @property
     def vocabulary(self) -> Vocabulary:

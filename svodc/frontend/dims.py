@@ -10,12 +10,13 @@ given a range by `--input-shape` takes the model's `dim_param` name when it has 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import onnx
 
 from svodc.errors import InputShapeError
+from svodc.ir.uop import UOp
 
 # The range a ready-to-paste suggestion proposes for a dim given no bound (the user edits the numbers).
 SUGGESTED_HI = 64
@@ -113,3 +114,19 @@ def _named(d: onnx.TensorShapeProto.Dimension) -> bool:
 
 def _text(size: object) -> str:
     return f"{size[0]}..{size[1]}" if isinstance(size, (tuple, list)) else str(size)
+
+
+def bounded_axes(table: DimTable) -> Callable[[UOp], tuple[bool, ...]]:
+    """x -> which of its axes a bounded dim sizes, for handlers whose graph depends on it (SAME padding:
+    ops/nn.py). The graph so far is analysed as passes/dynamic.py will analyse it; where that analysis
+    refuses a node, it will refuse it again after import, so the answer does not matter: every axis."""
+    from svodc.passes.dynamic import DynamicAxes, DynamicShapeError
+
+    dyn = DynamicAxes(tuple(table.dims.values()), table.input_axes, None)
+
+    def query(x: UOp) -> tuple[bool, ...]:
+        try:
+            return tuple(a is not None for a in dyn.axes(x))
+        except DynamicShapeError:
+            return (True,) * x.ndim
+    return query

@@ -27,7 +27,7 @@ from svodc.errors import (
     WeightsError,
 )
 from svodc.frontend.boundary import graph_input, graph_output
-from svodc.frontend.dims import DimTable, check_bounded
+from svodc.frontend.dims import DimTable, bounded_axes, check_bounded
 from svodc.frontend.dtypes import UnsupportedDType, onnx_to_dtype
 from svodc.frontend.graph_import import POISON, GraphImporter, Scope
 from svodc.frontend.option_check import check_options, describe_inputs, fixes_unknown_dims
@@ -122,7 +122,8 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
         scope.set(vi.name, value)
         inputs += bundle_inputs
 
-    importer = GraphImporter(prov, lambda init: _weight(init, external, vocabulary), vocabulary)
+    importer = GraphImporter(prov, lambda init: _weight(init, external, vocabulary), vocabulary,
+                             bounded_axes(dim_table) if dim_table.dims else None)
     problems += importer.import_graph_nodes(graph, scope, opsets)
     outputs, zipmaps, edge = [], [], []
     for vi in graph.output:

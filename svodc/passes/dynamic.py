@@ -6,14 +6,21 @@ Lowering then gives those axes' loops the run-time extent (a DEFINE_VAR the kern
 entry's `dims` argument), so a call at a small size runs only the iterations it needs, in the
 upper-bound layout: element i of a dim axis sits where it sits at the bound.
 
+A dim is an input dim (its value comes with the inputs) or a computed dim (format 1.7): an output
+size of padding, a sliding window or a convolution over a dim axis, `(value(src) * mul + add) // div +
+off` of another dim (`ComputedDim`; chains fold into one map of an input dim where they can). The
+code computes them (`dims_kernel`: the first kernel) into the `dims` array after the input dims, so
+later kernels, and the runtime for the outputs' real shapes, read them like any dim.
+
 That is exact for prefix-consistent ops: the value at index i < n along a dim axis depends only on
 indices < n of that axis in the sources (elementwise, broadcasts, reshapes that keep the dim the
 outermost axis of its group, permutes, movement on other axes, contractions and reductions over it,
-whose loops run to the run-time size). Anything else on a dim axis -- padding, slicing, windows,
-gathering along it, convolving over it, a sum over it scaled by a constant (a mean would divide by the
-bound) -- is refused with a DynamicShapeError naming the node, instead of computing a wrong value. Not
-detected: a size read with Shape and folded into a value (x / Cast(Shape(x)[0])) is the upper bound's;
-such models need the dim fixed.
+whose loops run to the run-time size), and for windows and padding, whose output index i reads source
+indices fixed by i and whose padding tests compare with the source's run-time extent. Anything else on
+a dim axis -- slicing, gathering along it, a sum over it scaled by a constant (a mean would divide by
+the bound) -- is refused with a DynamicShapeError naming the node, instead of computing a wrong value.
+Not detected: a size read with Shape and folded into a value (x / Cast(Shape(x)[0])) is the upper
+bound's; such models need the dim fixed.
 """
 
 from __future__ import annotations
@@ -50,6 +57,24 @@ class DynamicShapeError(SvodcError):
 
 
 @dataclass(frozen=True)
+class ComputedDim:
+    """A dim the code computes: (value(src) * mul + add) // div + off, src another dim (0 <= add < div,
+    mul and div >= 1: the map is non-decreasing, so lo and hi are the map of src's lo and hi)."""
+
+    name: str
+    lo: int
+    hi: int
+    src: str
+    mul: int = 1
+    add: int = 0
+    div: int = 1
+    off: int = 0
+
+    def of(self, v: int) -> int:
+        return (v * self.mul + self.add) // self.div + self.off
+
+
+@dataclass(frozen=True)
 class SymAxis:
     """An axis of run-time size value(dim) * factor (its compile-time size is hi * factor)."""
 
@@ -64,8 +89,9 @@ class DynamicAxes:
     """Memoized per node. `dims` in the order of the entry's `dims` array; `input_axes` from the frontend."""
 
     def __init__(self, dims: tuple[DimSpec, ...], input_axes: dict[str, dict[int, str]], prov: Provenance | None):
-        self.dims = {d.name: d for d in dims}
+        self.dims: dict[str, DimSpec | ComputedDim] = {d.name: d for d in dims}  # input dims, then computed
         self.slots = {d.name: i for i, d in enumerate(dims)}
+        self._computed: dict[tuple, str] = {}  # (src, mul, add, div, off) -> its dim's name
         self._inputs = input_axes
         self._prov = prov
         self._memo: dict[UOp, Axes] = {}
@@ -100,9 +126,12 @@ class DynamicAxes:
         return hit
 
     # ------------------------------------------------------------------ rules
-    def _fail(self, n: UOp, what: str) -> DynamicShapeError:
+    def _where(self, n: UOp) -> str:
         names = sorted(self._prov.get(n)) if self._prov is not None else []
-        where = f"node {names[0]!r}" if names else f"a {n.op.name}"
+        return f"node {names[0]!r}" if names else f"a {n.op.name}"
+
+    def _fail(self, n: UOp, what: str) -> DynamicShapeError:
+        where = self._where(n)
         dims = sorted({a.dim for s in n.src for a in self._memo.get(s, ()) if a is not None})
         flags = " ".join(f"--dim {d}=SIZE" for d in dims)
         return DynamicShapeError(f"{where} ({n.op.name}) {what}: not supported for a bounded dim yet; fix the dim "
@@ -134,8 +163,8 @@ class DynamicAxes:
             return a0
         if op is Ops.PAD:
             assert isinstance(arg, PadArg)
-            self._untouched(n, a0, [i for i, p in enumerate(arg.pads) if p != (0, 0)], "pads a bounded dim")
-            return a0
+            return tuple(a if a is None or p == (0, 0) else self._sized(n, a, size, add=p[0] + p[1])
+                         for a, p, size in zip(a0, arg.pads, n.shape, strict=True))
         if op is Ops.SLICE:
             assert isinstance(arg, SliceArg)
             cut = [i for i, (st, sp, sz) in enumerate(zip(arg.starts, arg.steps, arg.shape, strict=True))
@@ -144,8 +173,11 @@ class DynamicAxes:
             return a0
         if op is Ops.WINDOW:
             assert isinstance(arg, WindowArg)
-            self._untouched(n, a0, list(arg.axes), "slides a window along a bounded dim")
-            return a0 + (None,) * len(arg.kernel)
+            out = list(a0)
+            for a, k, s, d in zip(arg.axes, arg.kernel, arg.strides, arg.dilations, strict=True):
+                if a0[a] is not None:
+                    out[a] = self._sized(n, a0[a], n.shape[a], add=-(k - 1) * d - 1, div=s, off=1)
+            return (*out, *(None,) * len(arg.kernel))
         if op is Ops.REDUCE:
             assert isinstance(arg, ReduceArg)
             if any(a0[i] is not None for i in arg.axes):  # the loop runs to the run-time size
@@ -155,10 +187,14 @@ class DynamicAxes:
             return a0
         if op is Ops.CONV:
             assert isinstance(arg, ConvArg)
-            self._untouched(n, a0, list(range(1, nd)), "convolves over a bounded dim")
+            self._untouched(n, a0, [1], "convolves over a bounded channel dim")
             if any(src[1]):
                 raise self._fail(n, "has a weight sized by a bounded dim")
-            return (a0[0],) + (None,) * (nd - 1)
+            spatial = [None if a is None else
+                       self._sized(n, a, size, add=p0 + p1 - (k - 1) * d - 1, div=s, off=1)
+                       for a, size, k, s, d, (p0, p1) in zip(a0[2:], n.shape[2:], n.src[1].shape[2:], arg.strides,
+                                                             arg.dilations, arg.pads, strict=True)]
+            return (a0[0], None, *spatial)
         if op is Ops.MATMUL:
             a, b = src  # a run-time K: the generic path reduces over it (pipeline.py)
             batch = self._merge(n, [(a[:-2], n.src[0].shape[:-2]), (b[:-2], n.src[1].shape[:-2])], n.shape[:-2])
@@ -174,6 +210,66 @@ class DynamicAxes:
                 self._untouched(n, a, [axis], "scatters along a bounded dim")
             return self._merge(n, [(a0, n.src[0].shape), (src[2], n.src[2].shape)])
         raise self._fail(n, "is an op the bounded-dim analysis does not know")
+
+    # ------------------------------------------------------------------ computed dims
+    def _sized(self, n: UOp, ax: SymAxis, size: int, mul: int = 1, add: int = 0, div: int = 1, off: int = 0
+               ) -> SymAxis | None:
+        """The axis of compile-time size `size` whose run-time size is (value(ax) * mul + add) // div + off:
+        a computed dim (one per distinct map), or None where the map is constant over ax's range."""
+        if ax.factor != 1:
+            raise self._fail(n, f"changes the size of an axis of {ax.factor} times dim {ax.dim!r}")
+        src = self.dims[ax.dim]
+        if isinstance(src, ComputedDim) and mul == 1:  # floor((floor(x / q1) + c) / q2) = floor((x + c q1) / (q1 q2))
+            key = (src.src, src.mul, src.add + (src.off + add) * src.div, src.div * div, off)
+        elif isinstance(src, ComputedDim) and src.div == 1:
+            key = (src.src, src.mul * mul, (src.add + src.off) * mul + add, div, off)
+        else:
+            key = (ax.dim, mul, add, div, off)
+        name, m, a, q, o = key
+        key = (name, m, a % q, q, o + a // q)  # 0 <= add < div
+        if key not in self._computed:
+            base = self.dims[name]
+            d = ComputedDim(_formula(*key), 0, 0, *key)
+            d = ComputedDim(d.name, d.of(base.lo), d.of(base.hi), *key)
+            if d.hi != size:
+                raise self._fail(n, f"has size {size} at the bounds, but {d.name} = {d.hi} there (an analysis bug)")
+            if d.lo < 1:
+                raise self._too_small(n, d)
+            if d.lo == d.hi:
+                return None
+            self.slots[d.name] = len(self.dims)
+            self.dims[d.name] = d
+            self._computed[key] = d.name
+        return SymAxis(self._computed[key])
+
+    def _too_small(self, n: UOp, d: ComputedDim) -> DynamicShapeError:
+        """A computed dim < 1 at the input dim's lower bound: the smallest size that works, for the message."""
+        root = self.dims[d.src]
+        chain = [d]
+        while isinstance(root, ComputedDim):
+            chain.append(root)
+            root = self.dims[root.src]
+
+        def value(v: int) -> int:
+            for c in reversed(chain):
+                v = c.of(v)
+            return v
+
+        ok = next((v for v in range(root.lo, root.hi + 1) if value(v) >= 1), None)
+        fix = f"the smallest size it takes is {ok}: give dim {root.name!r} the range {ok}..{root.hi}" if ok else \
+            "no size in its range works"
+        return DynamicShapeError(f"{self._where(n)}: at dim {root.name!r} = {root.lo} (its lower bound) "
+                                 f"its output size {d.name} is {value(root.lo)}, below 1; {fix}")
+
+    def computed(self) -> list[ComputedDim]:
+        return [d for d in self.dims.values() if isinstance(d, ComputedDim)]
+
+    def value_of(self, name: str) -> UOp:
+        """A dim's value as an index expression of the input dims (a computed dim's map, unfolded)."""
+        d = self.dims[name]
+        if not isinstance(d, ComputedDim):
+            return self.var(name)
+        return (self.value_of(d.src) * d.mul + d.add) // d.div + d.off
 
     def _untouched(self, n: UOp, axes: Axes, which: list[int], what: str) -> None:
         if any(axes[i] is not None for i in which):
@@ -214,6 +310,44 @@ class DynamicAxes:
                 raise self._fail(n, f"splits dim {ax.dim!r}")
             out[gi[0]] = SymAxis(ax.dim, total // inner)
         return tuple(out)
+
+
+def _formula(src: str, mul: int, add: int, div: int, off: int) -> str:
+    """A computed dim's name: its map as a formula of its source's name ("M1-2", "(M1+1)//2-1")."""
+    t = src if not any(c in src for c in "+-*/() ") else f"({src})"
+    if mul != 1:
+        t = f"{t}*{mul}"
+    if add:
+        t = f"{t}+{add}"
+    if div != 1:
+        t = f"({t})//{div}" if mul != 1 or add or t[0] == "(" else f"{t}//{div}"
+    return f"{t}{off:+d}" if off else t
+
+
+def dims_kernel(dyn: DynamicAxes, status_slot: int) -> UOp:
+    """The kernel that writes each computed dim into the `dims` array, clamped into its range, and the
+    status words (svodrt/abi.py): 1 + the slot of the first dim found outside its range and its value.
+    (Maps of input dims in range stay in range: the simplifier folds the clamps and the status away.)"""
+    from svodc.ir.ops import KernelArg
+    from svodc.ir.rewrite import graph_rewrite
+    from svodc.ir.symbolic import pm_symbolic
+
+    def word(slot: int, name: str) -> UOp:
+        return UOp(Ops.DEFINE_VAR, dtypes.index, (), VarArg(name, 0, 0, slot))
+
+    zero = UOp.const(dtypes.index, 0)
+    stores, status, bad_value = [], zero, zero
+    for d in reversed(dyn.computed()):
+        v = dyn.value_of(d.src)
+        v = (v * d.mul + d.add) // d.div + d.off
+        clamped = v.maximum(UOp.const(dtypes.index, d.lo)).minimum(UOp.const(dtypes.index, d.hi))
+        bad = clamped.ne(v)
+        status = bad.where(UOp.const(dtypes.index, dyn.slots[d.name] + 1), status)
+        bad_value = bad.where(v, bad_value)
+        stores.insert(0, UOp(Ops.STORE, dtypes.void, (word(dyn.slots[d.name], d.name), zero, clamped)))
+    stores += [UOp(Ops.STORE, dtypes.void, (word(status_slot, "status"), zero, status)),
+               UOp(Ops.STORE, dtypes.void, (word(status_slot + 1, "status value"), zero, bad_value))]
+    return graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(stores), KernelArg("k_dims", serial=True)), pm_symbolic)
 
 
 def is_constant(n: UOp) -> bool:

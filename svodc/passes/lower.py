@@ -285,12 +285,13 @@ class KernelLowerer:
             assert isinstance(arg, PadArg)
             valid: UOp = UOp.const(dtypes.bool, True)
             sidx = []
-            for i, (b, _), size in zip(idx, arg.pads, src.shape, strict=True):
+            # A run-time extent (a bounded dim): past it, the bound's layout holds garbage, not padding.
+            for i, (b, _), size, extent in zip(idx, arg.pads, src.shape, self.extents(src), strict=True):
                 j = _simplify(i - b) if b else i
                 if j.vmin < 0:
                     valid = valid.logical_and(j.ge(0))
-                if j.vmax >= size:
-                    valid = valid.logical_and(j.lt(size))
+                if j.vmax >= size or (not isinstance(extent, int) and _simplify(j.lt(extent)).op is not Ops.CONST):
+                    valid = valid.logical_and(j.lt(extent))
                 sidx.append(j)
             inner = yield src, tuple(sidx)
             return _simplify(valid).where(inner, UOp.const(n.dtype, arg.value))

@@ -20,8 +20,8 @@ from svodc.ir.uop import UOp, pretty
 from svodc.options import CompileOptions
 from svodc.passes.buffers import Buffers
 from svodc.passes.contraction import pm_conv_to_matmul, pm_fold_into_conv
-from svodc.passes.decompose import decompose_matmul, pm_decompose
-from svodc.passes.dynamic import DynamicAxes, is_constant
+from svodc.passes.decompose import decompose_conv, decompose_matmul, pm_decompose
+from svodc.passes.dynamic import DynamicAxes, dims_kernel, is_constant
 from svodc.passes.fold import is_folded_constant, pm_fold
 from svodc.passes.lower import lower_kernel
 from svodc.passes.lower_gemm import find_matmul, lower_gemm_kernel
@@ -29,6 +29,7 @@ from svodc.passes.memory import plan_arena, plan_weights
 from svodc.passes.schedule import KernelPlan, plan_kernels
 from svodc.policy import DEFAULT_POLICY, OptimizationPolicy
 from svodc.program import Buffer, BufferKind, ImportedGraph, Kernel, Program
+from svodrt.abi import dims_status_slot
 
 
 def _after_pass(title: str, sink: UOp, options: CompileOptions) -> None:
@@ -49,6 +50,9 @@ def optimize(graph: ImportedGraph, options: CompileOptions, policy: Optimization
     _after_pass("fold", sink, options)
     sink = graph_rewrite(sink, pm_fold_into_conv + fold, prov=prov)
     _after_pass("fold into conv", sink, options)
+    if dyn:
+        sink = graph_rewrite(sink, _generic_runtime_convs(dyn), prov=prov)
+        _after_pass("run-time convs", sink, options)
     sink = graph_rewrite(sink, pm_conv_to_matmul(policy), prov=prov)
     _after_pass("conv to matmul", sink, options)
     if dyn:
@@ -74,6 +78,15 @@ def _generic_runtime_matmuls(dyn: DynamicAxes, policy: OptimizationPolicy) -> Pa
         return decompose_matmul(n, policy, force=True) if runtime else None
 
     return PatternMatcher([(UPat(Ops.MATMUL, name="n"), rule)], name="runtime-matmul")
+
+
+def _generic_runtime_convs(dyn: DynamicAxes) -> PatternMatcher:
+    """CONVs over a bounded spatial dim go to the generic path (PAD -> WINDOW -> MUL -> REDUCE, whose loops take
+    run-time extents): the im2col GEMM merges the output's spatial axes, which a run-time extent cannot lead."""
+    def rule(n: UOp) -> UOp | None:
+        return decompose_conv(n) if any(dyn.axes(n.src[0])[2:]) else None
+
+    return PatternMatcher([(UPat(Ops.CONV, name="n"), rule)], name="runtime-conv")
 
 
 def _kernel_name(i: int, provenance: list[str]) -> str:
@@ -132,10 +145,12 @@ def build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimiz
         kernels.append(Kernel(name, ast, params, prov, kind))
         _after_pass(f"lowering kernel {name}", ast, options)
 
+    if dyn and dyn.computed():  # format 1.7: the computed dims, written before any kernel reads them
+        kernels.insert(0, Kernel("k_dims", dims_kernel(dyn, dims_status_slot(len(dyn.dims))), [], [], "dims"))
     weight_list = list(buffers.weights.values())
     program = Program(inputs, out_bufs, kernels, weight_list, scratch, producer=graph.producer,
                       vocabulary=graph.vocabulary, zipmaps=graph.zipmaps,
-                      edge_outputs=graph.edge_outputs, dims=graph.dims)
+                      edge_outputs=graph.edge_outputs, dims=tuple(dyn.dims.values()) if dyn else ())
     program.arena_size = plan_arena(kernels, scratch)
     program.weights_size = plan_weights(weight_list)
     return program

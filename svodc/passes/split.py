@@ -34,6 +34,8 @@ def _offset_of(x: UOp, r: UOp) -> int | None:
 
 def thresholds(value: UOp, r: UOp) -> set[int]:
     """Values t in (0, size) such that some comparison in value changes between r = t-1 and r = t."""
+    if r.src[0].op is not Ops.CONST:  # a run-time extent (a bounded dim): its intervals are not known here
+        return set()
     size = r.src[0].arg
     out: set[int] = set()
     for n in toposort([value]):

@@ -15,9 +15,12 @@ from svodc.ir.ops import ConstData, Ops, WindowArg
 from svodc.ir.uop import UOp
 
 
-def _spatial_pads(ctx: NodeContext, in_sizes: list[int], kernel: list[int], strides: list[int],
+def _spatial_pads(ctx: NodeContext, x: UOp, kernel: list[int], strides: list[int],
                   dilations: list[int]) -> list[tuple[int, int]]:
-    """Explicit (begin, end) pads per spatial axis from `pads` or `auto_pad`."""
+    """Explicit (begin, end) pads per spatial axis from `pads` or `auto_pad`. SAME over an axis a bounded
+    dim sizes pads the end by span - 1 - begin, which gives ceil(size / stride) outputs at every size (the
+    extra end padding is never read); that needs a begin pad the same at every size."""
+    in_sizes = list(x.shape[2:])
     n = len(in_sizes)
     auto_pad = ctx.attr("auto_pad", "NOTSET")
     if auto_pad in ("NOTSET", ""):
@@ -28,12 +31,19 @@ def _spatial_pads(ctx: NodeContext, in_sizes: list[int], kernel: list[int], stri
     if auto_pad == "VALID":
         return [(0, 0)] * n
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        def begin(size: int, k: int, s: int, d: int) -> tuple[int, int]:
+            total = max(0, (-(-size // s) - 1) * s + (k - 1) * d + 1 - size)
+            return (total // 2 if auto_pad == "SAME_UPPER" else total - total // 2), total
+
         out = []
-        for size, k, s, d in zip(in_sizes, kernel, strides, dilations, strict=True):
-            target = -(-size // s)
-            total = max(0, (target - 1) * s + (k - 1) * d + 1 - size)
-            small = total // 2
-            out.append((small, total - small) if auto_pad == "SAME_UPPER" else (total - small, small))
+        for size, k, s, d, bounded in zip(in_sizes, kernel, strides, dilations, ctx.bounded(x)[2:], strict=True):
+            small, total = begin(size, k, s, d)
+            if bounded:
+                if len({begin(v, k, s, d)[0] for v in range(max(1, size - 2 * s), size + 1)}) > 1:
+                    raise Unsupported(f"auto_pad={auto_pad} over a bounded dim with kernel {k} and stride {s}: its "
+                                      "begin pad depends on the size; fix the dim or give explicit pads")
+                total = (k - 1) * d
+            out.append((small, total - small))
         return out
     raise Unsupported(f"auto_pad={auto_pad!r} is not a valid value")
 
@@ -54,7 +64,7 @@ def conv_from_attrs(ctx: NodeContext, x: UOp, w: UOp, b: UOp | None = None) -> U
         raise Unsupported(f"kernel_shape {kernel} disagrees with the weight shape {w.shape}")
     strides = ctx.ints("strides", [1] * nsp)
     dilations = ctx.ints("dilations", [1] * nsp)
-    pads = _spatial_pads(ctx, list(x.shape[2:]), kernel, strides, dilations)
+    pads = _spatial_pads(ctx, x, kernel, strides, dilations)
     dt = x.dtype
     if dt.emulated and dt.is_float:  # products summed in float32, rounded once (as numpy's dot does)
         y = T.conv(x.cast(dtypes.float32), w.cast(dtypes.float32), strides, dilations, pads,
@@ -75,8 +85,10 @@ def _pool_geometry(ctx: NodeContext, x: UOp) -> tuple[list[int], list[int], list
         raise Unsupported(f"kernel_shape must have {nsp} values")
     strides = ctx.ints("strides", [1] * nsp)
     dilations = ctx.ints("dilations", [1] * nsp)
-    pads = _spatial_pads(ctx, list(x.shape[2:]), kernel, strides, dilations)
+    pads = _spatial_pads(ctx, x, kernel, strides, dilations)
     extra = [0] * nsp
+    if ctx.attr("ceil_mode", 0) and any(ctx.bounded(x)[2:]):
+        raise Unsupported("ceil_mode=1 over a bounded dim (its end padding depends on the size); fix the dim")
     if ctx.attr("ceil_mode", 0):
         for i, (size, k, s, d) in enumerate(zip(x.shape[2:], kernel, strides, dilations, strict=True)):
             span = (k - 1) * d + 1
@@ -150,6 +162,8 @@ def average_pool(ctx: NodeContext) -> UOp:
     kernel, strides, dilations, pads, extra = _pool_geometry(ctx, x)
     nsp = len(kernel)
     include_pad = bool(ctx.attr("count_include_pad", 0))
+    if any(b and p != (0, 0) for b, p in zip(ctx.bounded(x)[2:], pads, strict=True)):
+        raise Unsupported("padding over a bounded dim (the divisor at the edges depends on the size); fix the dim")
     xp = T.pad(x, [(0, 0), (0, 0)] + [(b, e + x_) for (b, e), x_ in zip(pads, extra, strict=True)], 0)
     win = T.window(xp, range(2, 2 + nsp), kernel, strides, dilations)
     total = T.reduce(win, Ops.ADD, range(x.ndim, x.ndim + nsp), keepdims=False)

@@ -140,6 +140,8 @@ def _softmax_family(kind: str):
             return along(x, T.norm_axis(ctx.attr("axis", -1), x.ndim))
         # Before opset 13 the input is viewed as 2-D [prod(shape[:axis]), prod(shape[axis:])].
         axis = T.norm_axis(ctx.attr("axis", 1), x.ndim)
+        if axis == x.ndim - 1 and any(ctx.bounded(x)):  # the same, without merging the bounded axes
+            return along(x, axis)
         flat = T.reshape(x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
         return T.reshape(along(flat, 1), x.shape)
     return handler

@@ -1,0 +1,7 @@
+"""svodrt_gpu: svodrt's CUDA and HIP executor (the drivers' ctypes APIs), outside the core runtime's line budget
+(docs/architecture.md "Runtime"). `svodrt.load(path, device="cuda:0")` imports it; it imports svodrt, never the
+reverse at module level, and only stdlib, numpy and ctypes besides."""
+
+from svodrt_gpu.model import GpuModel, parse_device
+
+__all__ = ["GpuModel", "parse_device"]
