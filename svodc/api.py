@@ -55,7 +55,8 @@ def recorded_options(target: str, options: CompileOptions) -> dict:
     return {"target": target, "opt_level": options.opt_level, "dims": dict(sorted(options.dims.items())),
             "input_shapes": {k: list(v) for k, v in sorted(options.input_shapes.items())},
             "input_values": sorted(options.input_values), "weights": len(options.weights),
-            "test_vectors": options.test_vectors}
+            "test_vectors": options.test_vectors,
+            **({"loop_bounds": dict(sorted(options.loop_bounds.items()))} if options.loop_bounds else {})}
 
 
 class _Stages:

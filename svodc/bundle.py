@@ -69,6 +69,15 @@ def _dims_table(program: Program) -> list[dict]:
             {"name": d.name, "lo": d.lo, "hi": d.hi, "inputs": uses[d.name]} for d in program.dims]
 
 
+def _edge_entry(name: str, e: object, role: str, program: Program) -> list:
+    """A step of svodrt's string program. StringNormalizer of a graph input as a graph output keeps 1.6's
+    form, which 1.6 runtimes run; every other step is 1.8's five-item form, which they refuse at load."""
+    computed = {n for n, _, r in program.edge_outputs if r != "output"}
+    if role == "output" and e.op == "StringNormalizer" and e.sources[0] not in computed:
+        return [name, e.op, e.sources[0], e.attrs]
+    return [name, e.op, list(e.sources), e.attrs, role]
+
+
 def _buffer_entry(b: Buffer) -> dict:
     entry = {"id": b.id, "kind": b.kind.value, "name": b.name, "dtype": b.dtype.name, "shape": _shape_entry(b)}
     if b.kind in (BufferKind.INPUT, BufferKind.OUTPUT):
@@ -228,8 +237,8 @@ def write_bundle_to(out: BinaryIO, program: Program, images: list[tuple[Target, 
         manifest["dims"] = _dims_table(program)
     if program.zipmaps:  # format 1.6
         manifest["zipmaps"] = [[name, list(keys)] for name, keys in program.zipmaps]
-    if program.edge_outputs:  # format 1.6
-        manifest["edge_outputs"] = [[name, e.op, e.input, e.attrs] for name, e in program.edge_outputs]
+    if program.edge_outputs:  # format 1.6; 1.8: the string program (docs/bundle-format.md "Strings")
+        manifest["edge_outputs"] = [_edge_entry(name, e, role, program) for name, e, role in program.edge_outputs]
     for v in variants:
         v["binding"] = variant_binding(v, table[v["section"]]["sha256"], manifest)
         if "launches" in v:

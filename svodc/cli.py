@@ -99,6 +99,9 @@ def main(ctx: click.Context, debug: bool) -> None:
               help="An input's shape; each D is N or LO..HI (a bounded dim).")
 @click.option("--input-value", "values", multiple=True, metavar="NAME=FILE.npy",
               help="Fix an input's value at compile time (inputs that decide shapes); it leaves the bundle's inputs.")
+@click.option("--loop-bound", "loop_bounds", multiple=True, metavar="NODE=N",
+              help="The most iterations of a Loop whose trip count is known only at run time (a call needing more "
+                   "runs N).")
 @click.option("--weights", "weights", multiple=True, type=click.Path(dir_okay=False), metavar="FILE.safetensors",
               help="Supply or override initializers by name from a safetensors file (mmapped; repeatable).")
 @click.option("-O", "opt_level", type=click.IntRange(0, 3), default=3, show_default=True, help="LLVM opt level.")
@@ -112,7 +115,7 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success.")
 @click.option("-v", "--verbose", is_flag=True, help="Print each stage as it finishes (default on a terminal).")
 def compile(model: str, output: str | None, target: str, dims: tuple[str, ...], shapes: tuple[str, ...],
-            values: tuple[str, ...], weights: tuple[str, ...], opt_level: int, jobs: int,
+            values: tuple[str, ...], loop_bounds: tuple[str, ...], weights: tuple[str, ...], opt_level: int, jobs: int,
             test_vectors: bool | None, sign_key: str | None, quiet: bool, verbose: bool) -> None:
     """Compile MODEL (.onnx) into a .svod bundle."""
     from svodc.api import compile_to_file
@@ -124,7 +127,9 @@ def compile(model: str, output: str | None, target: str, dims: tuple[str, ...], 
         shape_map[n] = tuple(_size(d, "--input-shape") for d in v.lower().split("x"))
     value_map = {n: _npy(v) for n, v in _pairs(values, "--input-value")}
     out = Path(output) if output else Path(model).with_suffix(".svod")
+    bound_map = {n: _int(v, "--loop-bound") for n, v in _pairs(loop_bounds, "--loop-bound")}
     options = CompileOptions(dims=dim_map, input_shapes=shape_map, input_values=value_map, weights=tuple(weights),
+                             loop_bounds=bound_map,
                              opt_level=opt_level, jobs=jobs, test_vectors=test_vectors, sign_key=sign_key)
     t0 = time.perf_counter()
     show = not quiet and (verbose or sys.stderr.isatty())

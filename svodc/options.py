@@ -24,6 +24,10 @@ class CompileOptions:
     # starts, TopK's k...), which a static compiler must know. The bundle is only valid for these values.
     # None fixes an optional input to "no value". (Sequence inputs: see frontend/boundary.py.)
     input_values: dict[str, np.ndarray | None] = field(default_factory=dict)
+    # The most iterations a Loop whose trip count (or condition) is known only at run time can run, by node
+    # name (`--loop-bound NODE=N`): the loop is imported N times and iterations past the run-time count
+    # are skipped at run time (frontend/ops/control_flow.py). A call needing more runs only N.
+    loop_bounds: dict[str, int] = field(default_factory=dict)
     # LLVM optimization level for kernels (0-3).
     opt_level: int = 3
     # Worker processes compiling kernels (LLVM runs out of process so a fatal error cannot kill us).

@@ -39,7 +39,8 @@ class ImportedGraph:
     expanded_ops: frozenset[str] = frozenset()  # ops imported through their ONNX function bodies
     vocabulary: tuple[str, ...] = ()  # the model's strings; string id i is vocabulary[i] (frontend/strings.py)
     zipmaps: tuple[tuple[str, tuple[int | str, ...]], ...] = ()  # (output, keys): svodrt returns a list of dicts
-    edge_outputs: tuple[tuple[str, EdgeStrings], ...] = ()  # outputs svodrt computes from input strings
+    # svodrt's string program (format 1.8): (name, step, "input" (a code input it fills) | "output" (one it returns))
+    edge_outputs: tuple[tuple[str, EdgeStrings, str], ...] = ()
     op_types: dict[str, str] | None = None  # node name -> op type (graph_import.GraphImporter.op_types)
     # Bounded symbolic dims (frontend/dims.py), in the order met, and which input axes each sizes; the
     # INPUT nodes have their upper bounds.
@@ -77,6 +78,11 @@ class Buffer:
         return f"Buffer#{self.id}({self.kind.value} {self.name} {self.dtype.name}{list(self.shape)} {where})"
 
 
+# When a kernel runs (passes/branches.py): when one of the conjunctions holds, each a tuple of (flag buffer, value),
+# the flag a one-byte bool some earlier kernel wrote; () runs it always.
+KernelGuard = tuple[tuple[tuple[Buffer, bool], ...], ...]
+
+
 @dataclass(eq=False)
 class Kernel:
     name: str
@@ -84,6 +90,7 @@ class Kernel:
     params: list[Buffer]  # PARAM i <-> params[i]; params[0] is written, the rest are read
     provenance: list[str] = field(default_factory=list)  # ONNX node names this kernel computes
     kind: str = "loop"  # "gemm" (a contraction kernel), "loop" (generic loops) or "copy"; informative
+    guard: KernelGuard = ()
 
 
 @dataclass
@@ -99,4 +106,4 @@ class Program:
     vocabulary: tuple[str, ...] = ()  # string id i stands for vocabulary[i] (svodc/frontend/strings.py)
     dims: tuple = ()  # bounded input dims (frontend.dims.DimSpec), in the order of the entry's `dims` array
     zipmaps: tuple[tuple[str, tuple[int | str, ...]], ...] = ()  # (output, keys): returned as a list of dicts
-    edge_outputs: tuple = ()  # (output, frontend.values.EdgeStrings): outputs svodrt computes from input strings
+    edge_outputs: tuple = ()  # ImportedGraph.edge_outputs: svodrt's string program

@@ -118,6 +118,9 @@ def build_test_vectors(graph: ImportedGraph, program: Program, wanted: bool | No
     roots = [o for _, o in graph.outputs]
     problem = over_budget(roots)
     budget = problem is not None
+    if computed := [name for name, _, role in graph.edge_outputs if role != "output"]:  # format 1.8
+        problem = (f"inputs {computed} are computed by svodrt from the string inputs, which a stored vector of ids "
+                   "cannot reproduce")
     try:
         if problem is None:
             with np.errstate(all="ignore"):

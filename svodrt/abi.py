@@ -32,14 +32,10 @@ def table_slots(n_inputs: int, n_outputs: int) -> int:
 # reads it (callers pass NULL); in one with them, every input and output buffer has the layout of
 # its shape at the bounds and the code touches only the elements inside the real shapes.
 DIM_SIZE = 8
-# Format 1.7: after the input dims (the runtime writes them) come the computed dims (the code writes each,
-# clamped into its range, before any kernel reads it), then DIMS_STATUS_WORDS words the runtime zeroes: the
-# status (0, or 1 + the slot of the first dim the code found outside its range) and that dim's value.
-DIMS_STATUS_WORDS = 2
-
-
-def dims_status_slot(n_dims: int) -> int:
-    return n_dims
+# Format 1.7: the input dims (the runtime writes them), the computed dims (the code writes each, clamped into its
+# range, before any kernel reads it), then from index len(dims) DIMS_STATUS_WORDS zeroed words: status (0, or 1 +
+# the index of the first dim found wrong), its value, and 0 if it is out of range, else the size its axis must equal.
+DIMS_STATUS_WORDS = 3
 
 # sync: SYNC_SIZE bytes, zeroed by the caller before each call, shared by the call's threads. One
 # cache line: two calls' blocks never share one. The caller writes only SYNC_YIELD; the rest is the

@@ -131,6 +131,7 @@ class Model(Runner):
 
     def run(self, feeds: MappingT[str, object]) -> dict[str, np.ndarray]:
         """Run the model: {input name: array} -> {output name: array}. Safe to call from many threads."""
+        feeds = self.edge_feeds(feeds)
         return self._results(self._outputs(feeds), feeds)
 
     def _outputs(self, feeds: MappingT[str, object]) -> list[np.ndarray]:

@@ -10,11 +10,11 @@ from collections.abc import Mapping as MappingT
 
 import numpy as np
 
-from svodrt.abi import DIMS_STATUS_WORDS, dims_status_slot
+from svodrt.abi import DIMS_STATUS_WORDS
 from svodrt.bundle import Bundle, TensorInfo, Variant
 from svodrt.errors import InputError
 from svodrt.format import BITS_OF, DTYPES, STRING
-from svodrt.strings import StringTable, normalize, strings_of
+from svodrt.strings import StringTable
 
 NARROW_INTS = frozenset({"int4", "uint4", "int2", "uint2"})
 
@@ -37,10 +37,15 @@ class Runner:
         self._string_outputs = [t.name for t in self.bundle.outputs if t.dtype == STRING]
         b = self.bundle
         self._decode = StringTable(b.vocabulary) if self._string_outputs or b.zipmaps or b.edge_outputs else None
+        self._program = None  # format 1.6/1.8: the string program, run before native code (svodrt_strings)
+        if b.edge_outputs:
+            from svodrt_strings import StringProgram
+            self._program = StringProgram(b.edge_outputs, b.inputs)
+        self._computed = self._program.roles if self._program else {}  # names run() computes
 
     @property
-    def inputs(self) -> list[TensorInfo]:
-        return list(self.bundle.inputs)
+    def inputs(self) -> list[TensorInfo]:  # the caller's: not those the string program fills (format 1.8)
+        return [t for t in self.bundle.inputs if t.name not in self._computed]
 
     @property
     def outputs(self) -> list[TensorInfo]:
@@ -54,7 +59,7 @@ class Runner:
         """The common case in a few comparisons: a dict of exactly the inputs, each an ndarray of the
         declared dtype and shape, C-contiguous and aligned. None means: take the full check."""
         specs = self._input_specs
-        if type(feeds) is not dict or len(feeds) != len(specs) or self._strings is not None:
+        if type(feeds) is not dict or len(feeds) != len(specs) or self._strings is not None or self._computed:
             return None
         arrays = []
         for name, dtype, shape in specs:
@@ -72,20 +77,23 @@ class Runner:
                 result[name] = self._decode.decode(result[name], self._string_inputs, feeds)
             for name, keys in self.bundle.zipmaps:
                 result[name] = [dict(zip(keys, row, strict=True)) for row in result[name].tolist()]
-            for name, source, attrs in self.bundle.edge_outputs:  # StringNormalizer of a string input
-                t = next(t for t in self._string_inputs if t.name == source)
-                result[name] = normalize(np.array(strings_of(t, feeds[source]), dtype=object).reshape(t.shape), **attrs)
+            result.update((name, feeds[name]) for name, role in self._computed.items() if role in ("output", "both"))
         return result
+
+    def edge_feeds(self, feeds: MappingT[str, object]) -> MappingT[str, object]:
+        """feeds with the string program's results added (the code inputs it fills, the outputs run() returns)."""
+        return feeds if self._program is None else self._program.complete(feeds)
 
     def check_inputs(self, feeds: MappingT[str, object]) -> list[np.ndarray]:
         """Validate a feed dict against the model's inputs; returns the arrays the code will read, in
         input order (C-contiguous and aligned: copied if they were not)."""
         if (fast := self._fast_inputs(feeds)) is not None:
             return fast
+        feeds = self.edge_feeds(feeds)
         if not isinstance(feeds, MappingT):
             raise InputError(f"inputs must be a dict of name -> array, got {type(feeds).__name__}")
         expected = [t.name for t in self.bundle.inputs]
-        if unexpected := [k for k in feeds if k not in expected]:
+        if unexpected := [k for k in feeds if k not in expected and self._computed.get(k) not in ("output", "both")]:
             raise InputError(f"unexpected input{'s' if len(unexpected) > 1 else ''} {unexpected}; the model's "
                              f"inputs are {expected}")
         if missing := [t for t in self.bundle.inputs if t.name not in feeds]:
@@ -159,7 +167,8 @@ def check_input(t: TensorInfo, value: object) -> np.ndarray:
 
 # ------------------------------------------------------------------ bounded dims (format 1.5)
 def dim_values(inputs: list[TensorInfo], arrays: list[np.ndarray], order: tuple) -> ctypes.Array:
-    """Each dim's value (inputs sharing it must agree; each input's ranges were checked already)."""
+    """Each input dim's value (inputs sharing it must agree; each input's ranges were checked already); computed
+    dims (format 1.7) and the status words start at 0: the code writes them (svodrt/abi.py)."""
     seen: dict[str, tuple[int, str, int]] = {}
     for t, a in zip(inputs, arrays, strict=True):
         for axis, d, _ in t.dims:
@@ -167,30 +176,25 @@ def dim_values(inputs: list[TensorInfo], arrays: list[np.ndarray], order: tuple)
             if first[0] != a.shape[axis]:
                 raise InputError(f"dim {d.name!r} ({d.lo}..{d.hi}): input {first[1]!r} dim {first[2]} is {first[0]} "
                                  f"but input {t.name!r} dim {axis} is {a.shape[axis]}; inputs sharing a dim must agree")
-    # Computed dims (format 1.7) and the status words start at 0: the code writes them (svodrt/abi.py).
-    return (ctypes.c_int64 * (len(order) + DIMS_STATUS_WORDS))(*(seen[d.name][0] for d in order if not d.computed))
+    return (ctypes.c_int64 * (len(order) + DIMS_STATUS_WORDS))(*(0 if d.computed else seen[d.name][0] for d in order))
 
 
 def check_dims_status(values: ctypes.Array, order: tuple) -> None:
-    """After the call: a computed dim the code found outside its range (it ran clamped) is an InputError."""
-    status = dims_status_slot(len(order))
-    if values[status]:
-        d = order[values[status] - 1]
-        given = ", ".join(f"{i.name}={values[j]}" for j, i in enumerate(order) if not i.computed)
-        raise InputError(f"dim {d.name!r} ({d.lo}..{d.hi}) came out {values[status + 1]} for the inputs' dims "
-                         f"({given}); give inputs whose dims keep it in range")
+    """After the call: a dim the code found wrong (format 1.7, svodrt/abi.py; it ran clamped) is an InputError."""
+    if s := values[len(order)]:
+        d, got, want, given = order[s - 1], values[len(order) + 1], values[len(order) + 2], ", ".join(
+            f"{i.name}={values[j]}" for j, i in enumerate(order) if not i.computed)
+        what = f"sizes an axis of {got} that meets one of {want}" if want else f"came out {got}"
+        raise InputError(f"dim {d.name!r} ({d.lo}..{d.hi}) {what} for the inputs' dims ({given}); give inputs whose "
+                         f"dims keep {'them equal' if want else 'it in range'}")
 
 
 def _same_layout(real: tuple[int, ...], bound: tuple[int, ...]) -> bool:
     return all(n <= 1 or math.prod(real[i + 1:]) == math.prod(bound[i + 1:]) for i, n in enumerate(real))
 
 
-def at_bound(t: TensorInfo, a: np.ndarray) -> np.ndarray:
-    if _same_layout(a.shape, t.shape):
-        return a
-    full = np.empty(t.shape, a.dtype)
-    full[tuple(slice(0, n) for n in a.shape)] = a
-    return full
+def at_bound(t: TensorInfo, a: np.ndarray) -> np.ndarray:  # the bound's layout (zero-filled past the real shape)
+    return a if _same_layout(a.shape, t.shape) else np.pad(a, [(0, t.shape[i] - n) for i, n in enumerate(a.shape)])
 
 
 def real_output(t: TensorInfo, out: np.ndarray, values: ctypes.Array, slots: dict[str, int]) -> np.ndarray:

@@ -107,15 +107,12 @@ def dim_table(m: Any) -> dict[str, Dim]:
         dim = Dim(name(d, "name", f"dims[{i}]"), uint(d, "lo", f"dims[{i}]"), uint(d, "hi", f"dims[{i}]"), computed)
         if not 1 <= dim.lo <= dim.hi or dim.name in out:
             raise fail(f"dims[{i}]", f"{dim.name!r} {dim.lo}..{dim.hi} must be a new name with 1 <= lo <= hi")
-        if out and not computed and list(out.values())[-1].computed:
-            raise fail(f"dims[{i}]", "an input dim after a computed dim: input dims come first")
         out[dim.name] = dim
     return out
 
 
 def _dim_axis(v: str, dims: dict[str, Dim] | None, where: str) -> tuple[Dim, int]:
-    """"NAME" or "NAME*K" (a computed dim's name may hold a "*" itself)."""
-    if v in (dims or {}):
+    if v in (dims or {}):  # a computed dim's name may hold a "*"
         return dims[v], 1
     dim_name, _, k = v.rpartition("*")
     if dim_name not in (dims or {}) or not (k.isdigit() and 0 < int(k) <= MAX_BYTES):
@@ -221,22 +218,12 @@ def zipmaps(m: Any, outputs: list[TensorInfo]) -> tuple[tuple[str, tuple], ...]:
     return tuple(out)
 
 
-def edge_outputs(m: Any, inputs: list[TensorInfo], outputs: list[TensorInfo]) -> tuple[tuple[str, str, dict], ...]:
-    """The manifest's `edge_outputs` (format 1.6): [output, "StringNormalizer", string input, {"case":
-    NONE|LOWER|UPPER, "case_sensitive": bool, "stopwords": [str]}], outputs run() computes itself."""
-    strings = {t.name for t in inputs if t.dtype == "string"}
-    taken, out = {t.name for t in outputs}, []
-    for i, e in enumerate(items(m, "edge_outputs", "manifest") if "edge_outputs" in m else []):
-        a = e[3] if isinstance(e, list) and len(e) == 4 and isinstance(e[3], dict) else {}
-        if (not isinstance(e, list) or len(e) != 4 or e[1] != "StringNormalizer" or e[2] not in strings
-                or not isinstance(e[0], str) or e[0] in taken or a.get("case") not in ("NONE", "LOWER", "UPPER")
-                or type(a.get("case_sensitive")) is not bool or not isinstance(a.get("stopwords"), list)
-                or not all(isinstance(w, str) for w in a["stopwords"]) or len(a) != 3):
-            raise fail(f"edge_outputs[{i}]", "must be [new output name, 'StringNormalizer', string input, "
-                       "{case, case_sensitive, stopwords}]")
-        taken.add(e[0])
-        out.append((e[0], e[2], a))
-    return tuple(out)
+def edge_outputs(m: Any, inputs: list[TensorInfo], outputs: list[TensorInfo]) -> tuple[tuple, ...]:
+    """The manifest's `edge_outputs` (1.6, 1.8): the string program, parsed by svodrt_strings when there is one."""
+    if "edge_outputs" not in m:
+        return ()
+    from svodrt_strings import parse_steps
+    return parse_steps(items(m, "edge_outputs", "manifest"), inputs, outputs)
 
 
 @dataclass(frozen=True)
@@ -254,7 +241,7 @@ class Plan:
     vocabulary: tuple[str, ...]
     dims: tuple[Dim, ...]  # format 1.5: the bounded dims in the entry's `dims` order; () in a static bundle
     zipmaps: tuple[tuple[str, tuple], ...]  # format 1.6: (output, keys) returned as a list of dicts
-    edge_outputs: tuple[tuple[str, str, dict], ...]  # format 1.6: (output, input, StringNormalizer attributes)
+    edge_outputs: tuple[tuple, ...]  # formats 1.6/1.8: the string program's steps (svodrt_strings)
 
 
 @dataclass(frozen=True)
@@ -444,8 +431,6 @@ def parse_plan(m: dict, sections: list[Section], weights: Section) -> Plan:
     sized = {d.name for t in inputs for _, d, _ in t.dims}
     if {n for n, d in dims.items() if not d.computed} - sized:
         raise fail("dims", "a dim sizes no input: no call could give its value")
-    if any(dims[n].computed for n in sized):
-        raise fail("dims", "a computed dim sizes an input: the code writes it, a call cannot give it")
     arena = uint(m, "arena_size", "manifest", fmt.MAX_BYTES)
     weights_size = uint(m, "weights_size", "manifest", fmt.MAX_BYTES)
     if weights.length < weights_size:

@@ -85,6 +85,7 @@ class InferenceSession(Model):
             raise InputError(f"unknown outputs {unknown}; the model's outputs are {list(self._index)}")
         picked = range(len(self._infos)) if output_names is None else [self._index[n] for n in output_names]
         if out is None:  # decoded as Model.run decodes them (strings, ZipMap: format 1.6)
+            input_feed = self.edge_feeds(input_feed)
             outs = list(self._results(self._outputs(input_feed), input_feed).values())  # outputs first, in order
             return [outs[i] if self._convert[i] is None else self._convert[i](outs[i]) for i in picked]
         if self.bundle.dims:

@@ -57,19 +57,6 @@ class StringTable:
         return out
 
 
-def normalize(x: np.ndarray, case: str, case_sensitive: bool, stopwords: Sequence[str]) -> np.ndarray:
-    """ONNX StringNormalizer on a [C] or [1, C] array of str (format 1.6 `edge_outputs`; svodc folds
-    constants with it too): elements equal to a stopword (ignoring case unless case_sensitive) are
-    dropped, the rest change case; nothing left gives [""] ([[""]])."""
-    fold = (lambda s: s) if case_sensitive else str.lower
-    stops = {fold(w) for w in stopwords}
-    change = {"LOWER": str.lower, "UPPER": str.upper}.get(case, lambda s: s)
-    kept = [change(s) for s in x.reshape(-1).tolist() if fold(s) not in stops] or [""]
-    out = np.empty(len(kept), dtype=object)
-    out[:] = kept
-    return out if x.ndim == 1 else out.reshape(1, -1)
-
-
 def strings_of(t: TensorInfo, value: object) -> list[str]:
     """The elements of a string input, row-major, as str; InputError for anything else."""
     if not isinstance(value, np.ndarray) or isinstance(value, np.ma.MaskedArray):

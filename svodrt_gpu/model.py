@@ -253,6 +253,7 @@ class GpuModel(Runner):
 
     def run(self, feeds: MappingT[str, object]) -> dict[str, np.ndarray]:
         """{input name: array} -> {output name: array}, like Model.run. Safe from many threads (they take turns)."""
+        feeds = self.edge_feeds(feeds)
         arrays = self.check_inputs(feeds)
         outs = [np.empty(shape, dtype) for shape, dtype in self._output_specs]
         d, s = self.device, self._stream

@@ -24,10 +24,14 @@ def describe_bundle(b: Bundle, host: Host | None = None, verbose: bool = False) 
     producer = m.get("producer", {})
     lines = [f"format {b.header.major}.{b.header.minor}, made by {producer.get('name')} {producer.get('version')}",
              "inputs:"]
-    lines += [f"  {t}" for t in b.inputs]  # bounded dims by name with their bounds (format 1.5)
+    steps = {e[0]: e for e in b.edge_outputs}  # format 1.8: inputs run() fills from the string inputs
+    lines += [f"  {t}" + (f"  (filled by run(): {steps[t.name][1]} of {', '.join(map(str, steps[t.name][2]))})"
+                          if t.name in steps else "") for t in b.inputs]  # bounded dims by name (format 1.5)
     if any(t.dtype == "string" for t in b.inputs):
         lines.append(f"  (string inputs: numpy arrays of str; the model knows {len(b.vocabulary)} strings)")
-    lines += ["outputs:"] + [f"  {t}" for t in b.outputs]
+    lines += ["outputs:"] + [f"  {t}" for t in b.outputs] + [
+        f"  {name}  (computed by run(): {op} of {', '.join(map(str, src))})"
+        for name, op, src, _, role in b.edge_outputs if role in ("output", "both")]
     lines.append("code variants (the first one this host's CPU can run is used, unless a GPU device is asked for):")
     chosen = None
     for v in b.variants:

@@ -82,6 +82,28 @@ def labels_and_maps() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     return model, feeds
 
 
+def string_program() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """Format 1.8's string program, run by svodrt before the code: StringNormalizer -> LabelEncoder ->
+    Cast, StringSplit's counts into code and its substrings out, StringConcat with a constant ->
+    RegexFullMatch (RE2 `\\d` and `$`, rewritten for Python's re)."""
+    nodes = [helper.make_node("StringNormalizer", ["text"], ["lower"], case_change_action="LOWER", locale="C.UTF-8"),
+             helper.make_node("LabelEncoder", ["lower"], ["code"], domain=ML, keys_strings=["red", "green", "東京"],
+                              values_int64s=[1, 2, 3], default_int64=0),
+             helper.make_node("StringSplit", ["text"], ["words", "count"], delimiter=" "),
+             helper.make_node("Cast", ["count"], ["n"], to=F32),
+             helper.make_node("Add", ["n", "code_f"], ["score"]),
+             helper.make_node("Cast", ["code"], ["code_f"], to=F32),
+             helper.make_node("StringConcat", ["lower", "tail"], ["tagged"]),
+             helper.make_node("Constant", [], ["tail"], value_strings=["#1"]),
+             helper.make_node("RegexFullMatch", ["tagged"], ["ok"], pattern=r"[a-z ]+#\d$")]
+    graph = helper.make_graph(nodes, "string_program", [helper.make_tensor_value_info("text", S, [4])],
+                              [helper.make_tensor_value_info("score", F32, [4]),
+                               helper.make_tensor_value_info("words", S, [4, None]),
+                               helper.make_tensor_value_info("ok", BOOL, [4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid(ML, 4)])
+    return model, {"text": np.array(["Red", "GREEN light", "東京", "a b c"])}
+
+
 def storable(v: object) -> np.ndarray:
     """An output as an array np.savez keeps without pickling, compared bit for bit: strings as str, a
     ZipMap's list of dicts as "key=repr(score)" strings (repr is exact for floats)."""

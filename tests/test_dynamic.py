@@ -139,12 +139,21 @@ def test_attention_over_a_run_time_sequence(head):
             np.testing.assert_allclose(m.run(feeds)["y"], reference(model, feeds)[0], rtol=1e-4, atol=1e-5)
 
 
-def test_a_mean_over_a_bounded_dim_is_refused():
-    """ReduceMean divides by the count at compile time, which would be the bound's: refused, not wrong."""
+def test_a_mean_over_a_bounded_dim_divides_by_the_run_time_count():
+    """ReduceMean divides by the count, the bound's at compile time: the kernel divides by the run-time one.
+    A sum scaled by any other constant is refused (it cannot be told from a mean written another way)."""
     model = make_model([helper.make_node("ReduceMean", ["x"], ["y"], axes=[1], name="avg")],
                        {"x": (np.float32, [2, "T"])}, ["y"], opset=13)
-    with pytest.raises(DynamicShapeError, match=r"'avg' .* scales a sum over a bounded dim by a constant"):
-        svodc.compile(model, dims={"T": (1, 8)})
+    with svodrt.load(svodc.compile(model, dims={"T": (1, 8)}), threads=1) as m:
+        for t in (1, 3, 8):
+            x = RNG.standard_normal((2, t)).astype(np.float32)
+            np.testing.assert_allclose(m.run({"x": x})["y"], x.mean(axis=1, keepdims=True), rtol=1e-6)
+    scaled = make_model([helper.make_node("ReduceSum", ["x", "ax"], ["s"]),
+                         helper.make_node("Mul", ["s", "c"], ["y"], name="scale")],
+                        {"x": (np.float32, [2, "T"])}, ["y"], {"ax": np.array([1], np.int64),
+                                                              "c": np.array(0.3, np.float32)}, opset=13)
+    with pytest.raises(DynamicShapeError, match=r"'scale' .* scales a sum over a bounded dim by a constant"):
+        svodc.compile(scaled, dims={"T": (1, 8)})
 
 
 def test_ops_that_do_not_follow_a_run_time_size_are_refused_by_name():
@@ -287,14 +296,14 @@ def test_a_computed_dim_out_of_range_is_an_input_error_after_the_call():
     """The status words after the dims (svodrt/abi.py): what code that computes a dim from values reports."""
     import ctypes
 
-    from svodrt.abi import DIMS_STATUS_WORDS, dims_status_slot
+    from svodrt.abi import DIMS_STATUS_WORDS
     from svodrt.runner import check_dims_status
     from svodrt.schema import Dim
 
     order = (Dim("H", 1, 9), Dim("K", 1, 4, computed=True))
     values = (ctypes.c_int64 * (len(order) + DIMS_STATUS_WORDS))(7, 4)
     check_dims_status(values, order)
-    values[dims_status_slot(len(order))], values[dims_status_slot(len(order)) + 1] = 2, 11
+    values[len(order)], values[len(order) + 1] = 2, 11  # the status words follow the dims
     with pytest.raises(svodrt.InputError, match=r"dim 'K' \(1..4\) came out 11 for the inputs' dims \(H=7\)"):
         check_dims_status(values, order)
 
@@ -306,3 +315,103 @@ def test_a_format_1_6_runtime_refuses_a_bundle_with_computed_dims(image_net, tmp
 
     out = old_runtime_load(FORMAT_1_6_COMMIT, 6, image_net[1], tmp_path)
     assert "manifest field dims: a dim sizes no input: no call could give its value" in out
+
+
+def _fpn():
+    """What a text detector's neck does over bounded H, W: a stride-2 conv upsampled back (Resize nearest x2) and
+    added to a lateral 1x1 conv (two dims that must agree: H even), a global mean (SE), a 2x2/2 ConvTranspose,
+    a Concat along the channels."""
+    w1 = RNG.standard_normal((4, 2, 3, 3)).astype(np.float32)
+    w2 = RNG.standard_normal((4, 2, 1, 1)).astype(np.float32)
+    wt = RNG.standard_normal((4, 3, 2, 2)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Resize", ["a", "", "scales"], ["u"], mode="nearest",
+                              coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+             helper.make_node("Conv", ["x", "w2"], ["lat"]), helper.make_node("Add", ["u", "lat"], ["s"]),
+             helper.make_node("GlobalAveragePool", ["s"], ["g"]), helper.make_node("Mul", ["s", "g"], ["m"]),
+             helper.make_node("ConvTranspose", ["a", "wt"], ["t"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Concat", ["m", "t"], ["y"], axis=1)]
+    return make_model(nodes, {"x": (np.float32, [1, 2, "H", "W"])}, ["y"],
+                      {"w1": w1, "w2": w2, "wt": wt, "scales": np.array([1, 1, 2, 2], np.float32)})
+
+
+def test_upsampled_maps_meet_lateral_ones_and_disagreeing_sizes_are_input_errors():
+    model = _fpn()
+    with svodrt.load(svodc.compile(model, dims={"H": (2, 12), "W": (2, 10)}), threads=2) as m:
+        for h, w in ((2, 2), (6, 10), (12, 4)):
+            feeds = {"x": RNG.standard_normal((1, 2, h, w)).astype(np.float32)}
+            np.testing.assert_allclose(m.run(feeds)["y"], reference(model, feeds)[0], rtol=1e-4, atol=1e-5)
+        with pytest.raises(svodrt.InputError, match=r"dim '\(H\+1\)//2' \(1..6\) sizes an axis of 8 that meets one "
+                                                    r"of 7 for the inputs' dims \(H=7, W=4\)"):
+            m.run({"x": np.ones((1, 2, 7, 4), np.float32)})
+
+
+def test_a_convolution_over_run_time_sizes_is_a_gemm_per_output_row():
+    """One image's convolution over bounded H, W: the GEMM's run-time outermost batch axis is OH, its
+    run-time N is OW (contraction.conv_to_row_matmuls), so it keeps the GEMM kernels' speed."""
+    from svodc.frontend.importer import import_model
+    from svodc.passes.pipeline import build_program
+
+    w = RNG.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], strides=[1, 2])],
+                       {"x": (np.float32, [1, 8, "H", "W"])}, ["y"], {"w": w})
+    options = CompileOptions(dims={"H": (1, 40), "W": (2, 50)})
+    gemms = [n.arg for k in build_program(import_model(model, options), options).kernels
+             for n in k.ast.toposort() if n.op is Ops.GEMM]
+    assert [(a.batch_var is not None, a.m_var, a.n_var is not None, a.k_var) for a in gemms] == [
+        (True, None, True, None)]
+    with svodrt.load(svodc.compile(model, options=options), threads=2) as m:
+        for h, wd in ((1, 2), (17, 33), (40, 50)):
+            feeds = {"x": RNG.standard_normal((1, 8, h, wd)).astype(np.float32)}
+            np.testing.assert_allclose(m.run(feeds)["y"], reference(model, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_slices_from_the_front_of_a_bounded_dim_follow_its_size():
+    """x[:, 1:], x[:, 2::3] (to the end: computed dims) and x[:, 0:2] (an end every size reaches: fixed) over T
+    in 3..9; x[:, 1:-1] (an end relative to the end) is refused by name."""
+    def sliced(start, end, step, name):
+        return helper.make_node("Slice", ["x", f"{name}_s", f"{name}_e", "ax", f"{name}_p"], [name], name=name)
+
+    consts = {"ax": np.array([1], np.int64)}
+    nodes = []
+    for name, (s, e, p) in {"tail": (1, 2**62, 1), "strided": (2, 100, 3), "head": (0, 2, 1)}.items():
+        nodes.append(sliced(s, e, p, name))
+        consts.update({f"{name}_s": np.array([s], np.int64), f"{name}_e": np.array([e], np.int64),
+                       f"{name}_p": np.array([p], np.int64)})
+    nodes.append(helper.make_node("Exp", ["strided"], ["y"]))
+    model = make_model(nodes, {"x": (np.float32, [2, "T"])}, ["tail", "y", "head"], consts)
+    with svodrt.load(svodc.compile(model, dims={"T": (3, 9)}), threads=1) as m:
+        assert [str(t) for t in m.outputs] == ["tail: float32[2, T-1=2..8]", "y: float32[2, T//3=1..3]",
+                                               "head: float32[2, 2]"]
+        for t in (3, 5, 9):
+            feeds = {"x": RNG.standard_normal((2, t)).astype(np.float32)}
+            for (name, g), want in zip(m.run(feeds).items(), reference(model, feeds), strict=True):
+                assert g.shape == want.shape, (name, t)
+                np.testing.assert_allclose(g, want, rtol=1e-6, err_msg=f"{name} at T={t}")
+    consts["tail_e"] = np.array([-1], np.int64)
+    with pytest.raises(DynamicShapeError, match=r"node 'tail' \(SLICE\) slices a bounded dim relative to its end.*"
+                                                r"--dim T=SIZE"):
+        svodc.compile(make_model(nodes, {"x": (np.float32, [2, "T"])}, ["tail", "y", "head"], consts),
+                      dims={"T": (3, 9)})
+
+
+@pytest.mark.parametrize("mode, coord, scale", [("linear", "half_pixel", 2.0), ("nearest", "asymmetric", 0.5),
+                                                ("cubic", "half_pixel", 1.5), ("linear", "asymmetric", 0.75)])
+def test_resize_by_scales_over_bounded_dims(mode, coord, scale):
+    """Taps and weights of a Resize by scales depend on the output position only (in these coordinate modes):
+    the table made at the bound is right at every size, its indices clamped into the real one; the output
+    has floor(H * scale) rows, a computed dim. By sizes it is refused by name."""
+    model = make_model([helper.make_node("Resize", ["x", "", "scales"], ["y"], mode=mode, name="up",
+                                         coordinate_transformation_mode=coord)],
+                       {"x": (np.float32, [1, 2, "H", 5])}, ["y"],
+                       {"scales": np.array([1, 1, scale, 1], np.float32)}, opset=13)
+    with svodrt.load(svodc.compile(model, dims={"H": (3, 20)}), threads=1) as m:
+        for h in (3, 10, 13, 20):
+            feeds = {"x": RNG.standard_normal((1, 2, h, 5)).astype(np.float32)}
+            np.testing.assert_allclose(m.run(feeds)["y"], reference(model, feeds)[0], rtol=1e-5, atol=1e-5,
+                                       err_msg=f"H={h}")
+    by_sizes = make_model([helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode=mode, name="up")],
+                          {"x": (np.float32, [1, 2, "H", 5])}, ["y"], {"sizes": np.array([1, 2, 8, 5], np.int64)},
+                          opset=13)
+    with pytest.raises(DynamicShapeError, match=r"node 'up' \(Resize\) resizes bounded dim 'H' by sizes.*--dim H=SIZE"):
+        svodc.compile(by_sizes, dims={"H": (3, 20)})

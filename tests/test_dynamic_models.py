@@ -1,8 +1,9 @@
 """Issue 12, acceptance 1 (the batch slice): one bundle per real model, compiled once with a bounded
 dim, compared with onnxruntime at every size (rtol 1e-3, atol 1e-4 * max|ref|, as tests/test_models.py).
 Inputs differ per batch row (each row is the reference input rolled), so a row read from the wrong
-place shows. The heavier models (mobilenetv2, ppocr cls: ~90 s of compilation on 2 cores) carry the
-`dynamic_models` marker: `make test-dynamic`, not `make test`."""
+place shows. Image sizes (computed dims, format 1.7): MTCNN P-Net over its pyramid, PP-OCRv4 det at three
+sizes. The heavier models (mobilenetv2, ppocr cls: ~90 s of compilation on 2 cores; ppocrv4 det ~45 s)
+carry the `dynamic_models` marker: `make test-dynamic`, not `make test`."""
 
 from __future__ import annotations
 
@@ -107,3 +108,30 @@ def test_mtcnn_pnet_matches_onnxruntime_at_every_pyramid_size(pnet):
                 assert g.shape == want.shape, (out, h, w)
                 np.testing.assert_allclose(g, want, rtol=1e-3, atol=1e-4 * float(np.abs(want).max()),
                                            err_msg=f"pnet {out} at {h}x{w}")
+
+
+@pytest.mark.dynamic_models
+def test_ppocrv4_det_matches_onnxruntime_at_three_image_sizes(tmp_path):
+    """Issue 12, image sizes: PP-OCRv4's text detector (conv stack, SE means, an FPN of upsampled maps added to
+    lateral ones, ConvTranspose head) as one bundle, run at 320x320, 640x480 and 960x736 (W x H). ~35 s to
+    compile and ~5 s to run (with onnxruntime's) on 2 cores."""
+    import onnx
+
+    folder = MODELS / "ppocrv4_det"
+    if not (folder / "model.onnx").is_file():
+        pytest.skip(f"no ppocrv4_det in {MODELS}")
+    out = tmp_path / "det.svod"
+    r = run("svodc", "compile", str(folder / "model.onnx"), "-o", str(out), "--input-shape", "x=1x3x32..960x32..960",
+            "-q")
+    assert r.returncode == 0, r.stderr
+    model = onnx.load(str(folder / "model.onnx"))
+    ref = np.load(folder / "inputs.npz")["x"]
+    with svodrt.load(out, threads=2) as m:
+        for h, w in ((320, 320), (480, 640), (736, 960)):
+            feeds = {"x": np.ascontiguousarray(np.resize(ref, (1, 3, h, w)))}
+            for (name, g), want in zip(m.run(feeds).items(), reference(model, feeds), strict=True):
+                assert g.shape == want.shape, (name, h, w)
+                np.testing.assert_allclose(g, want, rtol=1e-3, atol=1e-4 * float(np.abs(want).max()),
+                                           err_msg=f"ppocrv4_det {name} at {h}x{w}")
+        with pytest.raises(svodrt.InputError, match="give inputs whose dims keep them equal"):  # H % 32 != 0
+            m.run({"x": np.zeros((1, 3, 330, 320), np.float32)})

@@ -25,7 +25,8 @@ def test_goldens_exist_for_format_1():
 def test_the_current_format_version_has_goldens_with_its_new_features():
     """Each minor version adds a folder; 1.4's holds a bundle with string inputs (the vocabulary), 1.5's one
     with a bounded dim, 1.6's one with string, ZipMap and edge (StringNormalizer) outputs, 1.7's one with
-    computed dims (output sizes the code computes from bounded image dims)."""
+    computed dims (output sizes the code computes from bounded image dims), 1.8's one with a string program
+    (string ops on a run-time input)."""
     from svodrt.format import FORMAT_MAJOR, FORMAT_MINOR
 
     current = {p.name for p in GOLDENS if p.parent.name == f"v{FORMAT_MAJOR}.{FORMAT_MINOR}"}
@@ -42,6 +43,9 @@ def test_the_current_format_version_has_goldens_with_its_new_features():
     assert "bounded_image.svod" in {p.name for p in GOLDENS if p.parent.name == "v1.7"}
     with svodrt.load(ARTIFACTS / "v1.7" / "bounded_image.svod", threads=1) as m:  # 1.7: computed dims
         assert [d.computed for d in m.bundle.dims][:2] == [False, False] and all(d.computed for _, d, _ in m.outputs[0].dims)
+    assert "string_program.svod" in {p.name for p in GOLDENS if p.parent.name == "v1.8"}
+    with svodrt.load(ARTIFACTS / "v1.8" / "string_program.svod", threads=1) as m:  # 1.8: svodrt's string program
+        assert {e[4] for e in m.bundle.edge_outputs} == {"input", "output"} and [t.name for t in m.inputs] == ["text"]
 
 
 @pytest.mark.parametrize("path", GOLDENS, ids=[f"{p.parent.name}/{p.stem}" for p in GOLDENS])

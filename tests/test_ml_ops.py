@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from tests.ml_util import ML, check, ml_model
+from tests.ml_util import ML, check, ml_model, ort_run
 
 F, I64, S = TensorProto.FLOAT, TensorProto.INT64, TensorProto.STRING
 X = np.array([[0.2, -3.0, 1.0], [0.9, 0.0, -1.0], [np.nan, -2.0, 0.5], [0.5, 1.0, np.nan], [-1.0, 2.0, 3.0]],
@@ -72,6 +72,22 @@ def test_tree_ensemble_classifier_binary_case(weights, transform):
                             **NODES, class_treeids=[t for t, _ in LEAVES], class_nodeids=[n for _, n in LEAVES],
                             class_ids=[0] * 5, class_weights=weights, classlabels_int64s=[0, 1],
                             post_transform=transform, base_values=[-0.2])
+    check(ml_model([node], {"x": (F, [5, 3])}, {"label": (I64, [5]), "scores": (F, [5, 2])}), {"x": X})
+
+
+@pytest.mark.parametrize("weights,transform,base", [([0.5, -1.0, 2.0, -0.25, 0.75], "NONE", None),
+                                                    ([0.5, -1.0, 2.0, -0.25, 0.75], "LOGISTIC", [-0.2]),
+                                                    ([0.5, 0.1, 0.2, 0.25, 0.75], "NONE", [-0.2]),
+                                                    ([0.5, 0.1, 0.2, 0.25, 0.75], "SOFTMAX", None),
+                                                    ([0.5, -1.0, 2.0, -0.25, 0.75], "SOFTMAX_ZERO", None)])
+def test_tree_ensemble_classifier_binary_case_weights_on_class_1(weights, transform, base):
+    """Only class 1 has weights: class 0 scores 0, base_values are ignored, the threshold is 0.5 for
+    non-negative weights (rows 0 and 2 score 0.35 and 0.45 there: label 0) and 0 otherwise."""
+    extra = {"base_values": base} if base else {}
+    node = helper.make_node("TreeEnsembleClassifier", ["x"], ["label", "scores"], domain=ML, nodes_modes=_modes(),
+                            **NODES, class_treeids=[t for t, _ in LEAVES], class_nodeids=[n for _, n in LEAVES],
+                            class_ids=[1] * 5, class_weights=weights, classlabels_int64s=[3, 8],
+                            post_transform=transform, **extra)
     check(ml_model([node], {"x": (F, [5, 3])}, {"label": (I64, [5]), "scores": (F, [5, 2])}), {"x": X})
 
 
@@ -179,3 +195,35 @@ def test_one_hot_encoder_category_mapper_label_encoder_and_zipmap():
              "i": np.array([[3, 1, 0], [4, 4, 3]], np.int64), "p": np.array([[0.25, 0.75], [1, 0], [0.5, 0.5]],
                                                                            np.float32)}
     check(model, feeds)
+
+
+@pytest.mark.parametrize("kind", ["strings", "ints"])
+def test_one_hot_encoder_zeros_0_refuses_an_unknown_category_of_an_input_as_onnxruntime_does(kind):
+    """zeros=0: onnxruntime fails the run on a value that is no category; svodrt refuses the call at the
+    edge (a check step of the string program) when the encoder reads an input directly."""
+    import svodc
+    import svodrt
+
+    cats = {"cats_strings": ["red", "東京"]} if kind == "strings" else {"cats_int64s": [3, 1]}
+    node = helper.make_node("OneHotEncoder", ["x"], ["oh"], domain=ML, zeros=0, **cats)
+    model = ml_model([node], {"x": (S if kind == "strings" else I64, [3])}, {"oh": (F, [3, 2])})
+    good, bad = ((np.array(["red", "東京", "red"]), np.array(["red", "mauve", "東京"])) if kind == "strings"
+                 else (np.array([3, 1, 1], np.int64), np.array([3, 2, 1], np.int64)))
+    check(model, {"x": good})
+    with pytest.raises(Exception, match="Unknown Category and zeros = 0"):
+        ort_run(model, {"x": bad})
+    with svodrt.load(svodc.compile(model), threads=1) as m, pytest.raises(svodrt.InputError, match="none of its 2"):
+        m.run({"x": bad})
+
+
+def test_one_hot_encoder_check_applies_on_every_run_path():
+    """The check runs before native code whatever path the call takes (InferenceSession with out=
+    arrays skips nothing: the fast input path is off for bundles with a string program)."""
+    import svodc
+    import svodrt
+
+    node = helper.make_node("OneHotEncoder", ["x"], ["oh"], domain=ML, zeros=0, cats_int64s=[3, 1])
+    model = ml_model([node], {"x": (I64, [3])}, {"oh": (F, [3, 2])})
+    bad = np.array([3, 2, 1], np.int64)
+    with svodrt.InferenceSession(svodc.compile(model)) as s, pytest.raises(svodrt.InputError, match="none of its 2"):
+        s.run(None, {"x": bad}, out=[np.empty((3, 2), np.float32)])

@@ -43,3 +43,29 @@ def test_model_matches_onnxruntime(name):
         rel = float((err / np.maximum(np.abs(ref), 1e-30)).max()) if err.size else 0.0
         ERRORS.append(f"{name} {out}: max abs error {float(err.max()):.3g}, max rel error {rel:.3g}")
         np.testing.assert_allclose(g, ref, rtol=1e-3, atol=1e-4 * float(np.abs(ref).max()), err_msg=f"{name} {out}")
+
+
+SILERO = MODELS / "silero_vad"
+
+
+@pytest.mark.skipif(not (SILERO / "model.onnx").is_file(), reason=f"no silero_vad in {MODELS}")
+def test_silero_vad_with_a_run_time_sample_rate():
+    """`sr` left an input: one bundle runs the 16 kHz or the 8 kHz graph, whichever the call's sr takes
+    (passes/branches.py), at 288 samples (256 + 32 of context, the 8 kHz chunk: a length both graphs accept,
+    as in onnxruntime), compared with onnxruntime at both rates."""
+    import onnxruntime as ort
+
+    inputs = dict(np.load(SILERO / "inputs.npz"))
+    audio = np.ascontiguousarray(inputs["input"][:, -288:])
+    state = np.random.default_rng(3).standard_normal(inputs["state"].shape).astype(np.float32) * 0.1
+    options = CompileOptions(input_shapes={"input": audio.shape, "state": state.shape})
+    bundle = svodc.compile(str(SILERO / "model.onnx"), options=options)
+    session = ort.InferenceSession(str(SILERO / "model.onnx"), providers=["CPUExecutionProvider"])
+    with svodrt.load(bundle, threads=2) as m:
+        assert [t.name for t in m.bundle.inputs] == ["input", "state", "sr"]
+        for sr in (16000, 8000):
+            feeds = {"input": audio, "state": state, "sr": np.array(sr, np.int64)}
+            got = m.run(feeds)
+            for name, ref in zip(["output", "stateN"], session.run(None, feeds), strict=True):
+                np.testing.assert_allclose(got[name], ref, rtol=1e-3, atol=1e-4 * float(np.abs(ref).max()),
+                                           err_msg=f"silero_vad sr={sr} {name}")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from svodc.codegen.elf import read_object
 from svodc.codegen.emulate import pm_emulate_for
 from svodc.codegen.link import CodeImage, link
-from svodc.codegen.module import entry_module, kernel_modules, parallel_parts
+from svodc.codegen.module import entry_module, guard_flags, kernel_modules, parallel_parts
 from svodc.codegen.transcendental import pm_transcendental
 from svodc.codegen.worker import WorkerPool, borrow
 from svodc.errors import CodegenError
@@ -90,7 +90,7 @@ def prepare_kernel(kernel: Kernel, target: Target | None = None, check_ir: bool 
     ast = graph_rewrite(ast, pm_symbolic)
     if check_ir:
         verify(ast)
-    return Kernel(kernel.name, ast, kernel.params, kernel.provenance, kernel.kind)
+    return Kernel(kernel.name, ast, kernel.params, kernel.provenance, kernel.kind, kernel.guard)
 
 
 # Distinct kernel bodies per LLVM module (kernels with identical code share one body, compiled once:
@@ -115,7 +115,8 @@ def compile_program(program: Program, target: Target, options: CompileOptions,
         jobs.append(LLVMJob(f"kernels[{', '.join(k.name for k in chunk[:4])}{'...' if len(chunk) > 4 else ''}]",
                             ir, target.triple, target.llvm_cpu, target.llvm_features, options.opt_level,
                             target.codemodel, dbg >= 4, abiname=target.abiname))
-    entry = entry_module([(k.name, parallel_parts(k, target, blocking)) for k in kernels], target)
+    entry = entry_module([(k.name, parallel_parts(k, target, blocking)) for k in kernels], target,
+                         [guard_flags(k.guard, nin) for k in kernels])
     jobs.append(LLVMJob("entry", entry, target.triple, target.llvm_cpu,
                         target.llvm_features, options.opt_level, target.codemodel, dbg >= 4,
                         abiname=target.abiname))

@@ -15,6 +15,15 @@ the OS has descheduled holds nothing, and the others take all the work instead o
 a barrier (the static split did; on a busy machine that cost a time slice per kernel). Waits spin
 briefly, then call `yield`, so an oversubscribed machine is not burned. A thread returns when the
 last kernel has no ticket left; the caller joins every thread before it reads the outputs.
+
+Guarded kernels (a run-time If's branches, passes/branches.py) run only when their guard holds, a
+formula over one-byte flags that earlier kernels wrote. Invariant: every thread takes the same
+decision, so all agree on every kernel's tickets. A thread reads a kernel's flags only after its
+wait for that kernel (`done` >= base_i, an acquire): the kernels that wrote them are all finished
+and visible, and nothing writes a flag again in the call (memory.plan_arena keeps flags to the end of
+the call: a thread held back by the OS may read one after the others have run every later kernel), so
+every thread reads the same bytes. A skipped kernel has n_i = 0 tickets, so base_(i+1) = base_i for
+everyone.
 """
 
 from __future__ import annotations
@@ -25,9 +34,9 @@ from svodc.codegen.llvm_ir import FN_ATTRS, body_name, render_body, render_wrapp
 from svodc.gemm_plan import cpu_plan
 from svodc.ir.ops import GemmArg, Ops, RangeKind
 from svodc.policy import GemmBlocking
-from svodc.program import Kernel
+from svodc.program import BufferKind, Kernel, KernelGuard
 from svodc.target import Target
-from svodrt.abi import ENTRY, SYNC_DONE, SYNC_NEXT, SYNC_YIELD
+from svodrt.abi import ARENA_SLOT, ENTRY, SYNC_DONE, SYNC_NEXT, SYNC_YIELD, input_slot, output_slot
 
 SPIN_BEFORE_YIELD = 4000
 PARTS_PER_THREAD = 4  # enough parts that a thread slowed by the OS leaves its share to the others
@@ -139,29 +148,75 @@ def parallel_parts(kernel: Kernel, target: Target, blocking: GemmBlocking) -> in
     return max(1, min(min(trips), int(work_ns // PART_NS), MAX_PARTS))
 
 
-def entry_module(kernels: list[tuple[str, int]], target: Target) -> str:
-    """kernels: (name, parallel_parts) in execution order."""
+# A kernel's guard as the entry reads it: conjunctions of (buffer-table slot, byte offset, value).
+FlagGuard = tuple[tuple[tuple[int, int, bool], ...], ...]
+
+
+def guard_flags(guard: KernelGuard, nin: int) -> FlagGuard:
+    def where(b) -> tuple[int, int]:
+        if b.kind is BufferKind.SCRATCH:
+            return ARENA_SLOT, b.offset
+        return (input_slot(b.slot) if b.kind is BufferKind.INPUT else output_slot(nin, b.slot)), 0
+
+    return tuple(tuple((*where(b), value) for b, value in term) for term in guard)
+
+
+def _guard_test(guard: FlagGuard, name: str) -> list[str]:
+    """Instructions that set %{name} (i1) to whether the guard holds."""
+    lines, terms = [], []
+    for t, term in enumerate(guard):
+        acc = "true"
+        for j, (slot, offset, value) in enumerate(term):
+            v = f"%{name}.{t}.{j}"
+            lines += [f"  {v}.p = getelementptr inbounds ptr, ptr %bufs, i64 {slot}",
+                      f"  {v}.b = load ptr, ptr {v}.p, align 8",
+                      f"  {v}.a = getelementptr inbounds i8, ptr {v}.b, i64 {offset}",
+                      f"  {v}.v = load i8, ptr {v}.a, align 1",
+                      f"  {v} = icmp {'ne' if value else 'eq'} i8 {v}.v, 0",
+                      f"  {v}.and = and i1 {acc}, {v}"]
+            acc = f"{v}.and"
+        terms.append(acc)
+    acc = "false"
+    for t, term in enumerate(terms):
+        lines.append(f"  %{name}.or{t} = or i1 {acc}, {term}")
+        acc = f"%{name}.or{t}"
+    lines.append(f"  %{name} = or i1 {acc}, false")
+    return lines
+
+
+def entry_module(kernels: list[tuple[str, int]], target: Target, guards: list[FlagGuard] | None = None) -> str:
+    """kernels: (name, parallel_parts) in execution order; guards: each kernel's (() runs it always)."""
+    guards = guards or [()] * len(kernels)
     decl, hint = _spin_hint(target)
     lines = [*_header(target, "entry"), decl]
     lines += [f"declare void @{k}(ptr, ptr, i32, i32)" for k, _ in kernels]
     lines += ["", f"define void @{ENTRY}(ptr %bufs, ptr %dims, i32 %thread, i32 %nthreads, ptr %sync) #0 {{",
               "entry:", "  %multi = icmp sgt i32 %nthreads, 1", "  br i1 %multi, label %queue, label %solo",
               "solo:"]
-    lines += [f"  call void @{k}(ptr %bufs, ptr %dims, i32 0, i32 1)" for k, _ in kernels]
+    for i, ((k, _), guard) in enumerate(zip(kernels, guards, strict=True)):
+        call = f"  call void @{k}(ptr %bufs, ptr %dims, i32 0, i32 1)"
+        if not guard:
+            lines.append(call)
+            continue
+        lines += [*_guard_test(guard, f"s{i}"), f"  br i1 %s{i}, label %s{i}.run, label %s{i}.next",
+                  f"s{i}.run:", call, f"  br label %s{i}.next", f"s{i}.next:"]
     lines += ["  ret void", "queue:",
               f"  %nextp = getelementptr inbounds i8, ptr %sync, i64 {SYNC_NEXT}",
               f"  %donep = getelementptr inbounds i8, ptr %sync, i64 {SYNC_DONE}",
               f"  %limit = mul i32 %nthreads, {PARTS_PER_THREAD}", "  br label %k0.start"]
     base = "0"
-    for i, (k, cap) in enumerate(kernels):
+    for i, ((k, cap), guard) in enumerate(zip(kernels, guards, strict=True)):
         nxt = f"%k{i + 1}.start"
         lines.append(f"k{i}.start:")
         if i:
             lines.append(f"  call void @svod_wait(ptr %donep, i32 {base}, ptr %sync)")
+        n = f"%n{i}.all" if guard else f"%n{i}"
         if cap == 1:
-            lines.append(f"  %n{i} = add i32 0, 1")
+            lines.append(f"  {n} = add i32 0, 1")
         else:
-            lines += [f"  %few{i} = icmp ult i32 {cap}, %limit", f"  %n{i} = select i1 %few{i}, i32 {cap}, i32 %limit"]
+            lines += [f"  %few{i} = icmp ult i32 {cap}, %limit", f"  {n} = select i1 %few{i}, i32 {cap}, i32 %limit"]
+        if guard:  # read after the wait above: see the module docstring
+            lines += [*_guard_test(guard, f"q{i}"), f"  %n{i} = select i1 %q{i}, i32 {n}, i32 0"]
         lines += [f"  %end{i} = add i32 {base}, %n{i}", f"  br label %k{i}.claim",
                   f"k{i}.claim:",
                   f"  %c{i} = load atomic i32, ptr %nextp monotonic, align 4",

@@ -12,6 +12,8 @@ import onnx
 from onnx import helper
 
 from svodc.frontend.dtypes import onnx_to_dtype
+from svodc.frontend.strings import edge_input
+from svodc.frontend.values import EdgeStrings, describe
 from svodc.ir.interpret import evaluate
 from svodc.ir.ops import Ops
 from svodc.ir.uop import UOp, toposort
@@ -50,7 +52,8 @@ def constant_value(x: UOp) -> np.ndarray:
 class NodeContext:
     def __init__(self, node: onnx.NodeProto, inputs: list[Value | None], version: int, opset: int,
                  subgraph_runner: SubgraphRunner | None = None, vocabulary: Vocabulary | None = None,
-                 bounded_axes: Callable[[UOp], tuple[bool, ...]] | None = None):
+                 bounded_axes: Callable[[UOp], tuple[str | None, ...]] | None = None,
+                 loop_bounds: dict[str, int] | None = None):
         self.node = node
         self.inputs = inputs
         self.version = version  # the op's schema since_version this node uses
@@ -59,10 +62,11 @@ class NodeContext:
         self._run_subgraph = subgraph_runner
         self._vocabulary = vocabulary
         self._bounded_axes = bounded_axes
+        self.loop_bounds = loop_bounds or {}  # CompileOptions.loop_bounds, by node name
 
-    def bounded(self, x: UOp) -> tuple[bool, ...]:
-        """Which axes of x a bounded dim sizes (their size varies per call; frontend/dims.py)."""
-        return self._bounded_axes(x) if self._bounded_axes is not None else (False,) * x.ndim
+    def bounded(self, x: UOp) -> tuple[str | None, ...]:
+        """Per axis of x the bounded input dim its size follows (it varies per call; frontend/dims.py), or None."""
+        return self._bounded_axes(x) if self._bounded_axes is not None else (None,) * x.ndim
 
     @property
     def vocabulary(self) -> Vocabulary:
@@ -85,9 +89,9 @@ class NodeContext:
     def optional_input(self, i: int) -> UOp | None:
         """Tensor input i, or None when it is absent."""
         v = self.value(i)
+        if isinstance(v, EdgeStrings) and v.shape is not None:  # code reads a string op's result: svodrt fills it
+            return edge_input(self.vocabulary, v)
         if v is not None and not isinstance(v, UOp):
-            from svodc.frontend.values import describe
-
             raise Unsupported(f"input {i} must be a tensor, got {describe(v)}")
         return v
 
@@ -96,7 +100,7 @@ class NodeContext:
         return self.inputs[i] if i < len(self.inputs) else None
 
     def sequence_input(self, i: int) -> SequenceValue:
-        from svodc.frontend.values import OptionalValue, SequenceValue, describe
+        from svodc.frontend.values import OptionalValue, SequenceValue
 
         v = self.value(i)
         if isinstance(v, OptionalValue):

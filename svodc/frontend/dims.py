@@ -116,17 +116,18 @@ def _text(size: object) -> str:
     return f"{size[0]}..{size[1]}" if isinstance(size, (tuple, list)) else str(size)
 
 
-def bounded_axes(table: DimTable) -> Callable[[UOp], tuple[bool, ...]]:
-    """x -> which of its axes a bounded dim sizes, for handlers whose graph depends on it (SAME padding:
-    ops/nn.py). The graph so far is analysed as passes/dynamic.py will analyse it; where that analysis
-    refuses a node, it will refuse it again after import, so the answer does not matter: every axis."""
+def bounded_axes(table: DimTable) -> Callable[[UOp], tuple[str | None, ...]]:
+    """x -> per axis the input dim its size follows (None: a fixed size), for handlers whose graph depends
+    on it (SAME padding, Slice: ops/). The graph so far is analysed as passes/dynamic.py will analyse it;
+    where that analysis refuses a node it will refuse it again after import, so the answer does not
+    matter: every axis, "?"."""
     from svodc.passes.dynamic import DynamicAxes, DynamicShapeError
 
     dyn = DynamicAxes(tuple(table.dims.values()), table.input_axes, None)
 
-    def query(x: UOp) -> tuple[bool, ...]:
+    def query(x: UOp) -> tuple[str | None, ...]:
         try:
-            return tuple(a is not None for a in dyn.axes(x))
+            return tuple(None if a is None else dyn.root(a.dim) for a in dyn.axes(x))
         except DynamicShapeError:
-            return (True,) * x.ndim
+            return ("?",) * x.ndim
     return query

@@ -73,9 +73,11 @@ def _with(label: UnsupportedNode, reason: str, needs: tuple[str, ...] = ()) -> U
 
 
 class GraphImporter:
-    def __init__(self, prov: Provenance, weight_of_initializer, vocabulary: Vocabulary, bounded_axes=None):
+    def __init__(self, prov: Provenance, weight_of_initializer, vocabulary: Vocabulary, bounded_axes=None,
+                 loop_bounds: dict[str, int] | None = None):
         self.prov = prov
         self.bounded_axes = bounded_axes  # UOp -> which axes a bounded dim sizes (frontend/dims.py), or None
+        self.loop_bounds = loop_bounds or {}  # CompileOptions.loop_bounds
         self.weight_of_initializer = weight_of_initializer  # onnx.TensorProto -> UOp
         self.vocabulary = vocabulary  # the model's strings (frontend/strings.py)
         self.expanded: set[str] = set()  # op types imported through their function bodies
@@ -143,7 +145,8 @@ class GraphImporter:
         if not handler.strings and (why := string_use_problem(node.op_type, srcs, ())):
             problems.append(_with(label, why))
             return self._poison(node, scope)
-        ctx = NodeContext(node, srcs, version, opset, subgraph_runner, self.vocabulary, self.bounded_axes)
+        ctx = NodeContext(node, srcs, version, opset, subgraph_runner, self.vocabulary, self.bounded_axes,
+                          self.loop_bounds)
         try:
             result = handler.fn(ctx)
             outs = [result] if isinstance(result, UOp | SequenceValue | OptionalValue | ZipMapValue | EdgeStrings) \

@@ -123,7 +123,7 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
         inputs += bundle_inputs
 
     importer = GraphImporter(prov, lambda init: _weight(init, external, vocabulary), vocabulary,
-                             bounded_axes(dim_table) if dim_table.dims else None)
+                             bounded_axes(dim_table) if dim_table.dims else None, options.loop_bounds)
     problems += importer.import_graph_nodes(graph, scope, opsets)
     outputs, zipmaps, edge = [], [], []
     for vi in graph.output:
@@ -135,8 +135,9 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
         if isinstance(v, ZipMapValue):
             zipmaps.append((vi.name, v.keys))
         if isinstance(v, EdgeStrings):
-            edge.append((vi.name, v))
+            edge.append((vi.name, v, "output"))
         outputs += graph_output(vi.name, v)  # string outputs are ids: svodrt decodes them (format 1.5)
+    edge = _string_program(vocabulary, dim_table, edge, inputs)
     if problems and all(p.shape_error for p in problems) and fixes_unknown_dims(graph, options):
         given = " ".join([f"--input-shape {k}={'x'.join(map(str, v))}" for k, v in options.input_shapes.items()]
                          + [f"--dim {k}={v}" for k, v in options.dims.items()])
@@ -149,6 +150,25 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
     return ImportedGraph(inputs, outputs, prov, producer, frozenset(importer.expanded), vocabulary.strings,
                          tuple(zipmaps), tuple(edge), importer.op_types, tuple(dim_table.dims.values()),
                          dim_table.input_axes)
+
+
+def _string_program(vocabulary: Vocabulary, dim_table: DimTable, returned: list[tuple[str, EdgeStrings, str]],
+                    inputs: list[tuple[str, UOp]]) -> list[tuple[str, EdgeStrings, str]]:
+    """svodrt's string program (format 1.8) in order: the results code reads, which become code inputs
+    after the graph's (appended to `inputs`), the `returned` graph outputs that are not among them, checks."""
+    bounded = set(dim_table.input_axes)
+    for name, (step, x) in vocabulary.edge_inputs.items():
+        if reads := bounded & {s for s in step.sources if isinstance(s, str)}:
+            raise InputShapeError(f"{step.op} {name!r} reads {sorted(reads)}, which have bounded dims: string ops on "
+                                  "run-time strings need fixed input shapes (fix them with --input-shape)")
+        for axis, dim, lo, hi in step.bounded:  # StringSplit's substrings: up to maxsplit + 1 of them
+            dim_table.bind(name, axis, dim, lo, hi)
+            bounded.add(name)
+        inputs.append((name, x))
+    names = {name for name, _, _ in returned}
+    return [(name, step, "both" if name in names else "input") for name, (step, _) in vocabulary.edge_inputs.items()
+            ] + [e for e in returned if e[0] not in vocabulary.edge_inputs] + [
+        (step.name, step, "check") for step in vocabulary.edge_checks]
 
 
 @functools.cache

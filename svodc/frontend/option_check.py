@@ -63,6 +63,25 @@ def check_options(graph: onnx.GraphProto, options: CompileOptions, initializers:
                 given, shown = "x".join(map(str, shape)), ["?" if d is None else d for d in declared]
                 raise InputShapeError(f"--input-shape {name}={given}: dim {i} is {got}, but the model fixes it to "
                                       f"{want} (the model declares {name}{shown})")
+    if options.loop_bounds:
+        _check_loop_bounds(graph, options.loop_bounds)
+
+
+def _check_loop_bounds(graph: onnx.GraphProto, bounds: dict[str, int]) -> None:
+    """Each --loop-bound names a Loop node (at any depth), by its name or, unnamed, its first output."""
+    loops, stack = [], [graph]
+    while stack:
+        g = stack.pop()
+        for node in g.node:
+            if node.op_type == "Loop":
+                loops.append(node.name or (node.output[0] if node.output else ""))
+            stack.extend(a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH)
+    for name, n in bounds.items():
+        if not _is_int(n) or n < 0:
+            raise InputShapeError(f"loop_bounds[{name!r}] = {n!r}: a loop bound must be an int >= 0")
+        if name not in loops:
+            raise InputShapeError(f"--loop-bound {name}: the model has no Loop node {name!r}; its Loop nodes are "
+                                  f"{sorted(loops)}")
 
 
 def fixes_unknown_dims(graph: onnx.GraphProto, options: CompileOptions) -> bool:

@@ -11,8 +11,10 @@ Invariant: a compiled model's outputs depend on string ids only through id equal
 vocabulary entry an id is, never through an id's value past the vocabulary. Two consequences: Equal of
 two string tensors is a comparison of ids, correct for any strings; and the handlers that may touch a
 string tensor are exactly those registered with `strings=True` (movement and selection ops, which move
-ids without reading them, Equal, LabelEncoder). Every other op on a string tensor, and any string
-graph output, is refused at import with the node's name (check_string_use), never compiled wrongly.
+ids without reading them, Equal, LabelEncoder). Every other op on a string tensor is refused at import
+with the node's name (string_use_problem), never compiled wrongly. String work on run-time strings is
+svodrt's (the string program, format 1.8): its results that code reads are code inputs made here
+(edge_input), interned at run time like any string input, so the invariant holds for them too.
 """
 
 from __future__ import annotations
@@ -22,17 +24,21 @@ from collections.abc import Iterable
 import numpy as np
 
 from svodc.frontend.dtypes import UnsupportedDType
-from svodc.frontend.values import OptionalValue, SequenceValue, Value
+from svodc.frontend.values import EdgeStrings, OptionalValue, SequenceValue, Value
 from svodc.ir.dtypes import dtypes
-from svodc.ir.ops import ConstData, Ops
+from svodc.ir.ops import ConstData, InputArg, Ops
 from svodc.ir.uop import UOp
 
 
 class Vocabulary:
-    """The strings of one model, numbered in the order the import first meets them."""
+    """The strings of one model, numbered in the order the import first meets them, and the string
+    program's results that code reads (`edge_inputs`, format 1.8), in the order they were made, and its
+    checks."""
 
     def __init__(self) -> None:
         self._ids: dict[str, int] = {}
+        self.edge_inputs: dict[str, tuple[EdgeStrings, UOp]] = {}
+        self.edge_checks: list[EdgeStrings] = []  # OneHotEncoder (zeros=0) of an input: svodrt refuses unknown values
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -62,8 +68,19 @@ class Vocabulary:
         return UOp(Ops.WEIGHT, dtypes.string, (), ConstData(self.ids(array, where)))
 
 
+def edge_input(vocabulary: Vocabulary, v: EdgeStrings) -> UOp:
+    """The code input that svodrt fills with a string op's result (one INPUT per result, made when code
+    first reads it; its shape must not depend on the strings)."""
+    if v.name not in vocabulary.edge_inputs:
+        assert v.shape is not None, "a result whose shape depends on the strings is only a graph output"
+        vocabulary.edge_inputs[v.name] = (v, UOp(Ops.INPUT, v.dtype, (), InputArg(v.name, v.shape)))
+    return vocabulary.edge_inputs[v.name][1]
+
+
 def is_string(value: Value | None) -> bool:
     """A string tensor, or a sequence or optional of them."""
+    if isinstance(value, EdgeStrings):
+        return value.dtype is dtypes.string
     if isinstance(value, OptionalValue):
         return is_string(value.value)
     if isinstance(value, SequenceValue):

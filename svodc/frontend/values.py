@@ -43,12 +43,19 @@ class ZipMapValue:
 
 @dataclass(frozen=True)
 class EdgeStrings:
-    """A string op on a graph input whose result only svodrt computes, at the edge (its shape depends on
-    the strings): only a graph output can take it (format 1.6 `edge_outputs`)."""
+    """A string op's result on run-time strings, which svodrt computes in Python before native code runs
+    (format 1.8's string program; docs/architecture.md, strings). `sources` name graph inputs or earlier
+    results (or hold a constant string as [s]). A result of a known shape that code reads becomes a code
+    input svodrt fills (frontend/strings.py edge_input); one whose shape depends on the strings
+    (shape None) can only be a graph output, which svodrt returns itself (1.6 `edge_outputs`)."""
 
+    name: str  # the ONNX value: the code input's name when code reads it
     op: str
-    input: str
+    sources: tuple[str | list[str], ...]
     attrs: dict
+    dtype: DType
+    shape: tuple[int, ...] | None
+    bounded: tuple[tuple[int, str, int, int], ...] = ()  # (axis, dim name, lo, hi): shape has hi there
 
 
 Value = UOp | SequenceValue | OptionalValue | ZipMapValue | EdgeStrings
@@ -60,7 +67,7 @@ def describe(v: Value | None) -> str:
     if isinstance(v, SequenceValue):
         return f"a sequence of {len(v)} {v.dtype.name} tensors"
     if isinstance(v, EdgeStrings):
-        return f"the {v.op} of graph input {v.input!r}, which svod computes only as a graph output"
+        return f"the {v.op} of {v.sources[0]!r}, whose shape depends on the strings: only a graph output takes it"
     if isinstance(v, ZipMapValue):
         return f"a sequence of {v.scores.shape[0]} maps (ZipMap)"
     if isinstance(v, OptionalValue):

@@ -167,6 +167,9 @@ class SliceArg:
     starts: tuple[int, ...]
     steps: tuple[int, ...]
     shape: tuple[int, ...]
+    # An ONNX Slice over a bounded dim whose starts count from the front and whose ends are its own, not
+    # positions the bound's size resolved: passes/dynamic.py may then run it to the real end.
+    from_front: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +205,10 @@ class GatherArg:
     least the output's size."""
 
     axis: int
+    # (out_axis, mul, div): the index depends only on the output position, as a Resize's by scales does
+    # (frontend/ops/resize.py); over a bounded dim, out_axis has floor(value * mul / div) elements
+    # (passes/dynamic.py) and the index is clamped into the run-time size (passes/lower.py).
+    sized: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -110,10 +110,11 @@ def pad(x: UOp, pads: Sequence[tuple[int, int]], value: int | float | bool = 0) 
     return UOp(Ops.PAD, x.dtype, (x,), PadArg(pads, value))
 
 
-def slice_axes(x: UOp, starts: Sequence[int], steps: Sequence[int], shape: Sequence[int]) -> UOp:
+def slice_axes(x: UOp, starts: Sequence[int], steps: Sequence[int], shape: Sequence[int],
+               from_front: bool = False) -> UOp:
     if tuple(shape) == x.shape and all(s == 0 for s in starts) and all(s == 1 for s in steps):
         return x
-    return UOp(Ops.SLICE, x.dtype, (x,), SliceArg(tuple(starts), tuple(steps), tuple(shape)))
+    return UOp(Ops.SLICE, x.dtype, (x,), SliceArg(tuple(starts), tuple(steps), tuple(shape), from_front))
 
 
 def shrink(x: UOp, bounds: Sequence[tuple[int, int]]) -> UOp:

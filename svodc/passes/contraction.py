@@ -110,6 +110,28 @@ def conv_to_matmul(n: UOp, min_macs: int) -> UOp | None:
     return T.reshape(UOp(Ops.MATMUL, n.dtype, (w2, col)), (N, O, *out_sp))
 
 
+def conv_to_row_matmuls(n: UOp, min_macs: int) -> UOp | None:
+    """A convolution of one image (N = 1, one group) over run-time spatial sizes (passes/dynamic.py) as one
+    GEMM per output row: MATMUL(W [OH, O, K] (one matrix, broadcast), im2col(x) [OH, K, OW]) -> [OH, O, OW],
+    permuted to [1, O, OH, OW]. Its run-time OH is the GEMM's outermost batch axis and OW its N, the
+    run-time sizes the GEMM kernels take (lower_gemm.py); the im2col of conv_to_matmul would merge them."""
+    x, w = n.src
+    arg: ConvArg = n.arg
+    if n.dtype is not dtypes.float32 or x.ndim != 4 or x.shape[0] != 1 or arg.groups != 1:
+        return None
+    C, O, kernel = x.shape[1], w.shape[0], w.shape[2:]
+    K = C * math.prod(kernel)
+    oh, ow = n.shape[2:]
+    if O * K * oh * ow < min_macs:
+        return None
+    xp = T.pad(x, [(0, 0), (0, 0), *arg.pads])
+    win = T.window(xp, range(2, 4), kernel, arg.strides, arg.dilations)  # [1, C, OH, OW, KH, KW]
+    col = T.reshape(T.permute(T.reshape(win, win.shape[1:]), (1, 0, 3, 4, 2)), (oh, K, ow))  # [OH, C, KH, KW, OW]
+    w2 = T.expand(T.reshape(w, (1, O, K)), (oh, O, K))
+    rows = UOp(Ops.MATMUL, n.dtype, (w2, col))  # [OH, O, OW]
+    return T.reshape(T.permute(rows, (1, 0, 2)), n.shape)
+
+
 def collapse_splat_operand(n: UOp) -> UOp | None:
     """MATMUL(splat a, b) = every row equal to MATMUL(a's first row, b), broadcast over M (and the
     same for a splat b over N). The collapsed splat is a [1, K] (or [K, 1]) constant the GEMM packs."""

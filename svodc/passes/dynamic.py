@@ -7,18 +7,20 @@ entry's `dims` argument), so a call at a small size runs only the iterations it 
 upper-bound layout: element i of a dim axis sits where it sits at the bound.
 
 A dim is an input dim (its value comes with the inputs) or a computed dim (format 1.7): an output
-size of padding, a sliding window or a convolution over a dim axis, `(value(src) * mul + add) // div +
-off` of another dim (`ComputedDim`; chains fold into one map of an input dim where they can). The
-code computes them (`dims_kernel`: the first kernel) into the `dims` array after the input dims, so
-later kernels, and the runtime for the outputs' real shapes, read them like any dim.
+size of padding, a sliding window, a convolution, a slice from the front or a Resize by scales (a
+positional gather) over a dim axis, `(value(src) * mul + add) // div + off` of another dim
+(`ComputedDim`; chains fold into one map of an input dim where they can). The code computes them
+(`dims_kernel`: the first kernel) into the `dims` array after the input dims, so later kernels, and
+the runtime for the outputs' real shapes, read them like any dim.
 
 That is exact for prefix-consistent ops: the value at index i < n along a dim axis depends only on
 indices < n of that axis in the sources (elementwise, broadcasts, reshapes that keep the dim the
 outermost axis of its group, permutes, movement on other axes, contractions and reductions over it,
-whose loops run to the run-time size), and for windows and padding, whose output index i reads source
-indices fixed by i and whose padding tests compare with the source's run-time extent. Anything else on
-a dim axis -- slicing, gathering along it, a sum over it scaled by a constant (a mean would divide by
-the bound) -- is refused with a DynamicShapeError naming the node, instead of computing a wrong value.
+whose loops run to the run-time size), and for windows, slices from the front and padding, whose output
+index i reads source indices fixed by i and whose padding tests compare with the source's run-time
+extent. Anything else on a dim axis -- slices relative to its end, gathering along it, a sum over it
+scaled by a constant other than 1 / the bound's count (a mean: divided by the run-time count) -- is
+refused with a DynamicShapeError naming the node, instead of computing a wrong value.
 Not detected: a size read with Shape and folded into a value (x / Cast(Shape(x)[0])) is the upper
 bound's; such models need the dim fixed.
 """
@@ -96,6 +98,9 @@ class DynamicAxes:
         self._prov = prov
         self._memo: dict[UOp, Axes] = {}
         self._sums: set[UOp] = set()  # REDUCE(ADD)s over a bounded dim: a constant divisor would be a mean
+        self.means: dict[UOp, int] = {}  # sum over a bounded dim scaled by 1/count at the bound -> the sum's src index
+        # Axes of two dims that meet (broadcasting needs equal sizes): (kept, other); checked by dims_kernel.
+        self.equal: dict[tuple[SymAxis, SymAxis], None] = {}
 
     def __bool__(self) -> bool:
         return bool(self.dims)
@@ -132,7 +137,7 @@ class DynamicAxes:
 
     def _fail(self, n: UOp, what: str) -> DynamicShapeError:
         where = self._where(n)
-        dims = sorted({a.dim for s in n.src for a in self._memo.get(s, ()) if a is not None})
+        dims = sorted({self.root(a.dim) for s in n.src for a in self._memo.get(s, ()) if a is not None})
         flags = " ".join(f"--dim {d}=SIZE" for d in dims)
         return DynamicShapeError(f"{where} ({n.op.name}) {what}: not supported for a bounded dim yet; fix the dim "
                                  f"with {flags or '--dim NAME=SIZE'}")
@@ -148,7 +153,7 @@ class DynamicAxes:
         src = [self._memo[s] for s in n.src]
         if op in ALU:
             if op in (Ops.MUL, Ops.DIV) and any(s in self._sums for s in n.src) and any(is_constant(s) for s in n.src):
-                raise self._fail(n, "scales a sum over a bounded dim by a constant (a mean over the bound's count)")
+                self._mean(n)
             return self._merge(n, [(a, s.shape) for a, s in zip(src, n.src, strict=True)])
         a0 = src[0]
         if not any(a0) and not any(any(a) for a in src[1:]):
@@ -167,10 +172,8 @@ class DynamicAxes:
                          for a, p, size in zip(a0, arg.pads, n.shape, strict=True))
         if op is Ops.SLICE:
             assert isinstance(arg, SliceArg)
-            cut = [i for i, (st, sp, sz) in enumerate(zip(arg.starts, arg.steps, arg.shape, strict=True))
-                   if (st, sp, sz) != (0, 1, n.src[0].shape[i])]
-            self._untouched(n, a0, cut, "slices a bounded dim")
-            return a0
+            return tuple(self._slice(n, a, st, sp, sz, size, arg.from_front) for a, st, sp, sz, size in
+                         zip(a0, arg.starts, arg.steps, arg.shape, n.src[0].shape, strict=True))
         if op is Ops.WINDOW:
             assert isinstance(arg, WindowArg)
             out = list(a0)
@@ -201,15 +204,48 @@ class DynamicAxes:
             return (*batch, a[-2], b[-1])
         if op is Ops.GATHER:
             axis = arg.axis
-            self._untouched(n, a0, [axis], "gathers along a bounded dim")
+            if arg.sized is None or any(src[1]):
+                self._untouched(n, a0, [axis], "gathers along a bounded dim")
             x = tuple(None if i == axis else a for i, a in enumerate(a0))
-            return self._merge(n, [(x, n.src[0].shape), (src[1], n.src[1].shape)])
+            out = list(self._merge(n, [(x, n.src[0].shape), (src[1], n.src[1].shape)]))
+            if arg.sized is not None and a0[axis] is not None:  # positions along out_axis, by a scale
+                at, mul, div = arg.sized
+                out[at] = self._sized(n, a0[axis], n.shape[at], mul=mul, div=div)
+            return tuple(out)
         if op is Ops.SCATTER:
             axis = arg.axis
             for a in src:
                 self._untouched(n, a, [axis], "scatters along a bounded dim")
             return self._merge(n, [(a0, n.src[0].shape), (src[2], n.src[2].shape)])
         raise self._fail(n, "is an op the bounded-dim analysis does not know")
+
+    def _slice(self, n: UOp, a: SymAxis | None, start: int, step: int, size: int, src: int, from_front: bool
+               ) -> SymAxis | None:
+        """A slice of a dim axis: only an ONNX Slice's own (`from_front`: its start and step count from the
+        front, the frontend refuses others), not positions the bound's size resolved (a reflect pad's). One
+        that reaches the bound's end runs to the real end: ceil((value - start) / step) elements; at any
+        original end past the bound's last element taken, that is what ONNX takes too. One that stops
+        before must stop inside every size: then its size is fixed."""
+        if a is None or (start, step, size) == (0, 1, src):
+            return a
+        if not from_front:
+            raise self._fail(n, "slices a bounded dim")
+        if size == len(range(start, src, step)):
+            return self._sized(n, a, size, add=step - 1 - start, div=step)
+        if a.factor == 1 and start + (size - 1) * step < self.dims[a.dim].lo:
+            return None
+        raise self._fail(n, "slices a bounded dim to a fixed end that some sizes in its range do not reach")
+
+    def _mean(self, n: UOp) -> None:
+        """sum / count or sum * (1 / count), count the bound's number of elements summed: a mean, which
+        lowering divides by the run-time count. Any other constant is refused."""
+        i = 0 if n.src[0] in self._sums else 1
+        total, c = n.src[i], constant_value(n.src[1 - i])
+        count = math.prod(total.src[0].shape[a] for a in total.arg.axes)
+        if c is None or not (c == count if n.op is Ops.DIV and i == 0 else
+                             n.op is Ops.MUL and math.isclose(c, 1 / count, rel_tol=1e-6)):
+            raise self._fail(n, "scales a sum over a bounded dim by a constant (a mean over the bound's count)")
+        self.means[n] = i
 
     # ------------------------------------------------------------------ computed dims
     def _sized(self, n: UOp, ax: SymAxis, size: int, mul: int = 1, add: int = 0, div: int = 1, off: int = 0
@@ -227,6 +263,8 @@ class DynamicAxes:
             key = (ax.dim, mul, add, div, off)
         name, m, a, q, o = key
         key = (name, m, a % q, q, o + a // q)  # 0 <= add < div
+        if key[1:] == (1, 0, 1, 0):  # the identity: that dim itself
+            return SymAxis(name)
         if key not in self._computed:
             base = self.dims[name]
             d = ComputedDim(_formula(*key), 0, 0, *key)
@@ -241,6 +279,12 @@ class DynamicAxes:
             self.dims[d.name] = d
             self._computed[key] = d.name
         return SymAxis(self._computed[key])
+
+    def root(self, name: str) -> str:
+        """The input dim a dim is computed from (itself for an input dim)."""
+        while isinstance(d := self.dims[name], ComputedDim):
+            name = d.src
+        return name
 
     def _too_small(self, n: UOp, d: ComputedDim) -> DynamicShapeError:
         """A computed dim < 1 at the input dim's lower bound: the smallest size that works, for the message."""
@@ -285,8 +329,12 @@ class DynamicAxes:
             for i, a in enumerate(axes):
                 if a is None or s[i] != shape[off + i]:
                     continue
-                if out[off + i] is not None and out[off + i] != a:
-                    raise self._fail(n, f"combines dims {out[off + i].dim!r} and {a.dim!r} on one axis")
+                kept = out[off + i]
+                if kept is not None and kept != a:  # equal at the bounds; at run time dims_kernel checks
+                    if a.factor == 1 and kept.factor != 1:
+                        kept, a = a, kept
+                    self.equal[(kept, a)] = None
+                    a = kept
                 out[off + i] = a
         return tuple(out)
 
@@ -324,10 +372,11 @@ def _formula(src: str, mul: int, add: int, div: int, off: int) -> str:
     return f"{t}{off:+d}" if off else t
 
 
-def dims_kernel(dyn: DynamicAxes, status_slot: int) -> UOp:
+def dims_kernel(dyn: DynamicAxes) -> UOp:
     """The kernel that writes each computed dim into the `dims` array, clamped into its range, and the
-    status words (svodrt/abi.py): 1 + the slot of the first dim found outside its range and its value.
-    (Maps of input dims in range stay in range: the simplifier folds the clamps and the status away.)"""
+    status words (svodrt/abi.py): 1 + the slot of the first dim found outside its range and its value,
+    or of the first dim whose axis disagrees with one it meets, that axis' size and the size it meets.
+    (Maps of input dims in range stay in range: the simplifier folds those clamps and checks away.)"""
     from svodc.ir.ops import KernelArg
     from svodc.ir.rewrite import graph_rewrite
     from svodc.ir.symbolic import pm_symbolic
@@ -335,19 +384,37 @@ def dims_kernel(dyn: DynamicAxes, status_slot: int) -> UOp:
     def word(slot: int, name: str) -> UOp:
         return UOp(Ops.DEFINE_VAR, dtypes.index, (), VarArg(name, 0, 0, slot))
 
-    zero = UOp.const(dtypes.index, 0)
-    stores, status, bad_value = [], zero, zero
+    def ic(v: int) -> UOp:
+        return UOp.const(dtypes.index, v)
+
+    status, got, want = ic(0), ic(0), ic(0)  # the first failure wins: checks are folded in from the last
+    for kept, other in reversed(dyn.equal):
+        size, need = dyn.value_of(other.dim) * other.factor, dyn.value_of(kept.dim) * kept.factor
+        bad = size.ne(need)
+        status, got, want = (bad.where(ic(dyn.slots[other.dim] + 1), status), bad.where(size, got),
+                             bad.where(need, want))
+    stores = []
     for d in reversed(dyn.computed()):
-        v = dyn.value_of(d.src)
-        v = (v * d.mul + d.add) // d.div + d.off
-        clamped = v.maximum(UOp.const(dtypes.index, d.lo)).minimum(UOp.const(dtypes.index, d.hi))
+        v = (dyn.value_of(d.src) * d.mul + d.add) // d.div + d.off
+        clamped = v.maximum(ic(d.lo)).minimum(ic(d.hi))
         bad = clamped.ne(v)
-        status = bad.where(UOp.const(dtypes.index, dyn.slots[d.name] + 1), status)
-        bad_value = bad.where(v, bad_value)
-        stores.insert(0, UOp(Ops.STORE, dtypes.void, (word(dyn.slots[d.name], d.name), zero, clamped)))
-    stores += [UOp(Ops.STORE, dtypes.void, (word(status_slot, "status"), zero, status)),
-               UOp(Ops.STORE, dtypes.void, (word(status_slot + 1, "status value"), zero, bad_value))]
+        status, got, want = bad.where(ic(dyn.slots[d.name] + 1), status), bad.where(v, got), bad.where(ic(0), want)
+        stores.insert(0, UOp(Ops.STORE, dtypes.void, (word(dyn.slots[d.name], d.name), ic(0), clamped)))
+    stores += [UOp(Ops.STORE, dtypes.void, (word(len(dyn.dims) + k, "status"), ic(0), v))
+               for k, v in enumerate((status, got, want))]
     return graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(stores), KernelArg("k_dims", serial=True)), pm_symbolic)
+
+
+def constant_value(n: UOp) -> float | None:
+    """The value of a constant that is one value everywhere (a CONST or splat WEIGHT, viewed), else None."""
+    while n.op in MOVEMENT:
+        n = n.src[0]
+    if n.op is Ops.CONST:
+        return n.arg
+    if n.op is Ops.WEIGHT:
+        data = n.arg.array.ravel()
+        return float(data[0]) if data.size and (data == data[0]).all() else None
+    return None
 
 
 def is_constant(n: UOp) -> bool:

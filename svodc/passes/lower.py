@@ -160,12 +160,14 @@ class KernelLowerer:
     def index_value(self, ix: UOp, idx: tuple[UOp, ...], size: int) -> UOp:
         return self._drive(None, self._index_value(ix, idx, size))
 
-    def _index_value(self, ix: UOp, idx: tuple[UOp, ...], size: int) -> Lowering:
+    def _index_value(self, ix: UOp, idx: tuple[UOp, ...], size: int, extent: int | UOp | None = None) -> Lowering:
         """The index tensor's value at idx as a loop index: negative values count from the end, then
-        clamped into [0, size) so a load or store through it stays inside the buffer."""
+        clamped into [0, size) so a load or store through it stays inside the buffer; into [0, extent) for
+        a run-time extent (a Resize's positions over a bounded dim, passes/dynamic.py: past it is garbage)."""
         v = (yield ix, idx).cast(_IDX)
         v = v.lt(ic(0)).where(v + size, v)
-        return _simplify(v.maximum(ic(0)).minimum(ic(max(size - 1, 0))))
+        top = extent - 1 if isinstance(extent, UOp) else ic(max(size - 1, 0))
+        return _simplify(v.maximum(ic(0)).minimum(top))
 
     def output_index(self, shape: tuple[int, ...], merge_inner: bool = False,
                      extents: tuple[int | UOp, ...] | None = None) -> tuple[UOp, ...]:
@@ -264,6 +266,12 @@ class KernelLowerer:
         if op is Ops.CONST:
             return n
         if op in ALU:
+            if self.dyn and n in self.dyn.means:  # a mean over a bounded dim: divided by the run-time count
+                total = n.src[self.dyn.means[n]]
+                extents = self.extents(total.src[0])
+                count = reduce(operator.mul, [extents[a] for a in total.arg.axes if isinstance(extents[a], UOp)])
+                count = count * math.prod(e for a in total.arg.axes if isinstance(e := extents[a], int))
+                return UOp(Ops.DIV, n.dtype, ((yield total, idx), count.cast(n.dtype)))
             srcs = []
             for s in n.src:
                 srcs.append((yield s, idx))
@@ -310,7 +318,7 @@ class KernelLowerer:
             assert isinstance(arg, GatherArg)
             x, ix = n.src
             sidx = [ic(0) if d == 1 else i for i, d in zip(idx, x.shape, strict=True)]
-            sidx[arg.axis] = yield from self._index_value(ix, idx, x.shape[arg.axis])
+            sidx[arg.axis] = yield from self._index_value(ix, idx, x.shape[arg.axis], self.extents(x)[arg.axis])
             return (yield x, tuple(sidx))
         if op is Ops.REDUCE:
             assert isinstance(arg, ReduceArg)

@@ -24,7 +24,11 @@ def plan_arena(kernels: list[Kernel], scratch: list[Buffer]) -> int:
     for k, kernel in enumerate(kernels):
         for b in kernel.params:
             first.setdefault(b.id, k)
-            last[b.id] = k
+            last[b.id] = max(k, last.get(b.id, k))
+        for flag in (flag for term in kernel.guard for flag, _ in term):
+            # a branch flag lives to the end: a thread the OS held back reads it when it reaches the kernel
+            # it guards, maybe after faster threads have run every later kernel (codegen/module.py)
+            last[flag.id] = len(kernels)
     placed: list[tuple[int, int, int, int]] = []  # (offset, end, first, last)
     size = 0
     order = sorted(scratch, key=lambda b: (-b.nbytes, first.get(b.id, 0), b.id))

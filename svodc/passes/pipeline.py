@@ -18,8 +18,9 @@ from svodc.ir.rewrite import debug_level, graph_rewrite
 from svodc.ir.spec import verify
 from svodc.ir.uop import UOp, pretty
 from svodc.options import CompileOptions
+from svodc.passes.branches import ALWAYS, Guard, find_branch_selects
 from svodc.passes.buffers import Buffers
-from svodc.passes.contraction import pm_conv_to_matmul, pm_fold_into_conv
+from svodc.passes.contraction import conv_to_row_matmuls, pm_conv_to_matmul, pm_fold_into_conv
 from svodc.passes.decompose import decompose_conv, decompose_matmul, pm_decompose
 from svodc.passes.dynamic import DynamicAxes, dims_kernel, is_constant
 from svodc.passes.fold import is_folded_constant, pm_fold
@@ -28,8 +29,7 @@ from svodc.passes.lower_gemm import find_matmul, lower_gemm_kernel
 from svodc.passes.memory import plan_arena, plan_weights
 from svodc.passes.schedule import KernelPlan, plan_kernels
 from svodc.policy import DEFAULT_POLICY, OptimizationPolicy
-from svodc.program import Buffer, BufferKind, ImportedGraph, Kernel, Program
-from svodrt.abi import dims_status_slot
+from svodc.program import Buffer, BufferKind, ImportedGraph, Kernel, KernelGuard, Program
 
 
 def _after_pass(title: str, sink: UOp, options: CompileOptions) -> None:
@@ -51,7 +51,7 @@ def optimize(graph: ImportedGraph, options: CompileOptions, policy: Optimization
     sink = graph_rewrite(sink, pm_fold_into_conv + fold, prov=prov)
     _after_pass("fold into conv", sink, options)
     if dyn:
-        sink = graph_rewrite(sink, _generic_runtime_convs(dyn), prov=prov)
+        sink = graph_rewrite(sink, _runtime_convs(dyn, policy), prov=prov)
         _after_pass("run-time convs", sink, options)
     sink = graph_rewrite(sink, pm_conv_to_matmul(policy), prov=prov)
     _after_pass("conv to matmul", sink, options)
@@ -80,11 +80,15 @@ def _generic_runtime_matmuls(dyn: DynamicAxes, policy: OptimizationPolicy) -> Pa
     return PatternMatcher([(UPat(Ops.MATMUL, name="n"), rule)], name="runtime-matmul")
 
 
-def _generic_runtime_convs(dyn: DynamicAxes) -> PatternMatcher:
-    """CONVs over a bounded spatial dim go to the generic path (PAD -> WINDOW -> MUL -> REDUCE, whose loops take
-    run-time extents): the im2col GEMM merges the output's spatial axes, which a run-time extent cannot lead."""
+def _runtime_convs(dyn: DynamicAxes, policy: OptimizationPolicy) -> PatternMatcher:
+    """CONVs over a bounded spatial dim: one image's as a GEMM per output row (contraction.conv_to_row_matmuls),
+    the others on the generic path (PAD -> WINDOW -> MUL -> REDUCE, whose loops take run-time extents): the
+    im2col GEMM merges the output's spatial axes, which a run-time extent cannot lead."""
     def rule(n: UOp) -> UOp | None:
-        return decompose_conv(n) if any(dyn.axes(n.src[0])[2:]) else None
+        if not any(dyn.axes(n.src[0])[2:]):
+            return None
+        rows = conv_to_row_matmuls(n, policy.gemm_min_macs) if policy.conv_to_matmul and policy.gemm else None
+        return rows if rows is not None else decompose_conv(n)
 
     return PatternMatcher([(UPat(Ops.CONV, name="n"), rule)], name="runtime-conv")
 
@@ -114,7 +118,8 @@ def build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimiz
     sink = optimize(graph, options, policy, dyn)
     outputs = list(zip([name for name, _ in graph.outputs], sink.src, strict=True))
     out_axes = [dyn.axes(x) if dyn else () for _, x in outputs]  # also checks every node up front
-    plans, realized = plan_kernels(outputs, policy)
+    selects = find_branch_selects(sink.toposort(), graph.provenance, graph.op_types)
+    plans, realized = plan_kernels(outputs, policy, selects)
 
     next_id = iter(range(1 << 30))
     inputs = [Buffer(next(next_id), BufferKind.INPUT, x.dtype, x.shape, name, slot=i,
@@ -142,11 +147,11 @@ def build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimiz
             if plan.root in realized:
                 buffers.realized.setdefault(plan.root, out)
         kind = "copy" if plan.copy else "gemm" if mm is not None else "loop"
-        kernels.append(Kernel(name, ast, params, prov, kind))
+        kernels.append(Kernel(name, ast, params, prov, kind, _kernel_guard(plan.guard, written)))
         _after_pass(f"lowering kernel {name}", ast, options)
 
     if dyn and dyn.computed():  # format 1.7: the computed dims, written before any kernel reads them
-        kernels.insert(0, Kernel("k_dims", dims_kernel(dyn, dims_status_slot(len(dyn.dims))), [], [], "dims"))
+        kernels.insert(0, Kernel("k_dims", dims_kernel(dyn), [], [], "dims"))
     weight_list = list(buffers.weights.values())
     program = Program(inputs, out_bufs, kernels, weight_list, scratch, producer=graph.producer,
                       vocabulary=graph.vocabulary, zipmaps=graph.zipmaps,
@@ -154,6 +159,15 @@ def build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimiz
     program.arena_size = plan_arena(kernels, scratch)
     program.weights_size = plan_weights(weight_list)
     return program
+
+
+def _kernel_guard(guard: Guard, written: dict[UOp, Buffer]) -> KernelGuard:
+    """The plan's guard over the flags' buffers, in a fixed order (bundles stay reproducible)."""
+    if guard == ALWAYS:
+        return ()
+    terms = {tuple(sorted(((written[flag], value) for flag, value in term), key=lambda t: (t[0].id, t[1])))
+             for term in guard}
+    return tuple(sorted(terms, key=lambda t: [(b.id, v) for b, v in t]))
 
 
 def _plan_output(plan: KernelPlan, out_by_name: dict[str, Buffer], scratch: list[Buffer], ids) -> Buffer:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import ALU, MOVEMENT, Ops
 from svodc.ir.uop import UOp, toposort
+from svodc.passes.branches import ALWAYS, Guard, branch_roots, guards, order_for_guards
 from svodc.passes.views import affine_view
 from svodc.policy import DEFAULT_POLICY, OptimizationPolicy
 
@@ -40,6 +41,7 @@ class KernelPlan:
     root: UOp  # the tensor this kernel computes
     output: str | None  # graph output name written by this kernel, or None for a scratch buffer
     copy: bool = False  # the root is already realized elsewhere: this kernel only copies it
+    guard: Guard = ALWAYS  # when the kernel must run (passes/branches.py)
 
 
 def _reuse_consumers(n: UOp, consumers: dict[UOp, list[UOp]]) -> tuple[bool, bool]:
@@ -97,8 +99,9 @@ def _pads_window(n: UOp) -> bool:
 
 
 def plan_kernels(outputs: list[tuple[str, UOp]], policy: OptimizationPolicy = DEFAULT_POLICY,
-                 ) -> tuple[list[KernelPlan], set[UOp]]:
-    """The kernels in execution order, and the set of realized nodes (kernel roots)."""
+                 selects: dict[UOp, UOp] | None = None) -> tuple[list[KernelPlan], set[UOp]]:
+    """The kernels in execution order, and the set of realized nodes (kernel roots). selects: the
+    run-time branch selects and their flags (passes/branches.py), whose sides get guarded kernels."""
     roots = [o for _, o in outputs]
     nodes = toposort(roots)
     consumers: dict[UOp, list[UOp]] = defaultdict(list)
@@ -107,6 +110,10 @@ def plan_kernels(outputs: list[tuple[str, UOp]], policy: OptimizationPolicy = DE
             consumers[s].append(n)
     output_roots = set(roots)
     forced, epilogue = _plan_matmuls(nodes, consumers, output_roots)
+    if selects:
+        branch_forced = branch_roots(selects)
+        forced |= branch_forced
+        epilogue -= branch_forced
     realized: set[UOp] = set()
     has_reduce: dict[UOp, bool] = {}
     fused_ops: dict[UOp, int] = {}
@@ -153,12 +160,17 @@ def plan_kernels(outputs: list[tuple[str, UOp]], policy: OptimizationPolicy = DE
             continue
         names_by_root[root] = name
     done_outputs: set[str] = set()
-    for n in nodes:
-        if n in realized:
-            out = names_by_root.get(n)
-            plans.append(KernelPlan(n, out))
-            if out is not None:
-                done_outputs.add(out)
+    order = [n for n in nodes if n in realized]
+    guard_of: dict[UOp, Guard] = {}
+    if selects:
+        guard_of = guards(nodes, roots, selects)
+        reordered = order_for_guards(order, guard_of)
+        order, guard_of = (order, {}) if reordered is None else (reordered, guard_of)
+    for n in order:
+        out = names_by_root.get(n)
+        plans.append(KernelPlan(n, out, guard=guard_of.get(n, ALWAYS)))
+        if out is not None:
+            done_outputs.add(out)
     # Outputs that are views, inputs or constants, or that repeat another output, get a kernel of
     # their own that computes (or copies) them into the output buffer.
     for name, root in outputs:

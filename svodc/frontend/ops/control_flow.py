@@ -2,9 +2,12 @@
 
 - If: a condition known at compile time picks its branch; otherwise both branches are imported and
   each output is a select (which needs both branches to give one shape and type per output).
-- Loop and Scan are unrolled: the body is imported once per iteration with that iteration's values,
-  so the trip count must be known at compile time (Loop may stop earlier on a condition that is
-  known at compile time; a run-time condition is folded into masks on the carried values).
+- Loop and Scan are unrolled: the body is imported once per iteration with that iteration's values.
+  Scan's length and a Loop's scan outputs must be known at compile time; a Loop whose trip count or
+  condition is known only at run time is unrolled to a bound (CompileOptions.loop_bounds) with each
+  iteration's update a run-time branch, skipped when the iteration does not run.
+- A run-time If and those loop updates are selects that passes/branches.py recognizes by the If or
+  Loop node that made them: only the taken side's kernels run.
 Subgraphs read outer values through the importer's nested scopes.
 """
 
@@ -74,37 +77,61 @@ def _stack(items: list[UOp], axis: int = 0) -> UOp:
     return T.concat(parts, axis)
 
 
+def _loop_bound(ctx: NodeContext, why: str, inputs: tuple[str, ...]) -> int:
+    """The most iterations of a loop whose count is known only at run time: CompileOptions.loop_bounds."""
+    if ctx.name in ctx.loop_bounds:
+        return ctx.loop_bounds[ctx.name]
+    raise NeedsConstant(f"{why}: give the most iterations it can run with --loop-bound {ctx.name}=N (it runs "
+                        "the call's count up to N), or fix the inputs it depends on with --input-value", inputs)
+
+
 @onnx_op("Loop", 1, 11, 13, 16, 19, 21, 23, 24, 25)
 def loop(ctx: NodeContext) -> list[Value | None]:
+    """Unrolled. A run-time trip count or condition needs a bound (`_loop_bound`): the body is imported
+    that many times, and iteration i's carried values are select(live_i, body, previous) with live_i a
+    run-time flag, so passes/branches.py skips the body's kernels in the iterations that do not run."""
     body = ctx.subgraph("body")
     trip = ctx.optional_input(0)
-    max_trips = None if trip is None else int(np.asarray(ctx.const_input(0, "M (trip count)")).reshape(-1)[0])
+    run_time_trips = None if trip is None or is_constant(trip) else T.reshape(trip.cast(dtypes.int64), ())
     cond_in = ctx.optional_input(1)
     carried: list[Value | None] = [ctx.value(i) for i in range(2, len(ctx.inputs))]
     n_carried = len(carried)
     n_scan = len(body.output) - 1 - n_carried
     cond = None if cond_in is None else _scalar_bool(cond_in)
-    active: UOp | None = None  # run-time condition so far (None: known to be true)
+    runtime_cond = cond is not None and not is_constant(cond)
+    if run_time_trips is not None or (trip is None and runtime_cond):
+        why = ("the trip count depends on run-time values" if run_time_trips is not None
+               else "the loop condition depends on run-time values and there is no trip count")
+        inputs = _graph_inputs(run_time_trips if run_time_trips is not None else cond)
+        if n_scan:
+            raise NeedsConstant(f"{why}, so its {n_scan} scan output(s) would have a run-time length", inputs)
+        max_trips = _loop_bound(ctx, why, inputs)
+    else:
+        max_trips = None if trip is None else int(np.asarray(ctx.const_input(0, "M (trip count)")).reshape(-1)[0])
+    live: UOp | None = None  # whether this iteration runs, when only known at run time (None: it does)
     scans: list[list[Value]] = [[] for _ in range(n_scan)]
     i = 0
     while max_trips is None or i < max_trips:
         if cond is not None and is_constant(cond):
             if not bool(constant_value(cond)):
                 break
-        elif cond is not None:
-            if max_trips is None or n_scan:
-                raise NeedsConstant("the loop condition depends on run-time values: the number of iterations "
-                                    "(and the length of scan outputs) would not be known at compile time",
-                                    _graph_inputs(cond))
-            active = cond if active is None else T.alu(Ops.AND, active, cond)
+        elif cond is not None and n_scan:
+            raise NeedsConstant("the loop condition depends on run-time values: the length of its scan outputs "
+                                "would not be known at compile time", _graph_inputs(cond))
         if i >= MAX_UNROLL:
             raise Unsupported(f"the loop runs more than {MAX_UNROLL} iterations (unrolled at compile time)")
         it = weight(np.array(i, dtype=np.int64))
+        step = [c for c in (None if cond is None or is_constant(cond) else cond,
+                            None if run_time_trips is None else T.alu(Ops.CMPLT, it, run_time_trips)) if c is not None]
+        if step:
+            now = step[0] if len(step) == 1 else T.alu(Ops.AND, *step)
+            # a select (a branch flag): the body's condition is computed only in iterations that run
+            live = now if live is None else T.alu(Ops.WHERE, live, now, T.const(False, dtypes.bool))
         cond_value = cond if cond is not None else T.const(True, dtypes.bool)
         outs = ctx.run_subgraph(body, [it, cond_value, *carried])
         new = outs[1:1 + n_carried]
-        carried = new if active is None else [select(active, n, o, "a loop-carried value")
-                                              for n, o in zip(new, carried, strict=True)]
+        carried = new if live is None else [select(live, n, o, "a loop-carried value")
+                                            for n, o in zip(new, carried, strict=True)]
         for k in range(n_scan):
             scans[k].append(outs[1 + n_carried + k])
         cond_out = outs[0]

@@ -26,8 +26,9 @@ from svodc.ir.uop import UOp
 _I64 = dtypes.int64
 
 
-def gather_axis(x: UOp, idx: UOp, axis: int) -> UOp:
-    """ONNX Gather: out[pre, i..., post] = x[pre, idx[i...], post], idx of any rank."""
+def gather_axis(x: UOp, idx: UOp, axis: int, sized: tuple[int, int] | None = None) -> UOp:
+    """ONNX Gather: out[pre, i..., post] = x[pre, idx[i...], post], idx of any rank. `sized` (mul, div): idx
+    depends only on the position along its first axis, of floor(size * mul / div) elements (GatherArg.sized)."""
     if T.numel(idx) == 1 and is_constant(idx):  # one known index (x[:, 3]): a view, no index load
         n = x.shape[axis]
         i = int(np.clip(normalize_index(constant_value(idx).reshape(-1), n)[0], 0, max(n - 1, 0)))
@@ -41,7 +42,7 @@ def gather_axis(x: UOp, idx: UOp, axis: int) -> UOp:
     xr = T.reshape(x, pre + (1,) * (r - 1) + (x.shape[axis],) + post)
     out_shape = pre + idx.shape + post
     ir = T.expand(T.reshape(idx, (1,) * len(pre) + idx.shape + (1,) * len(post)), out_shape)
-    return UOp(Ops.GATHER, x.dtype, (xr, ir), GatherArg(len(pre) + r - 1))
+    return UOp(Ops.GATHER, x.dtype, (xr, ir), GatherArg(len(pre) + r - 1, sized and (len(pre), *sized)))
 
 
 def normalized(idx: UOp, size: int) -> UOp:

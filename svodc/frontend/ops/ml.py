@@ -44,8 +44,10 @@ def array_feature_extractor(ctx: NodeContext) -> UOp:
 def _pool_ngrams(ctx: NodeContext) -> list[tuple[tuple[int, ...], int]]:
     """(n-gram, output index) for every pool n-gram whose length is in [min, max]."""
     pool = ctx.ints("pool_int64s")
+    if pool is None and ctx.has_attr("pool_strings"):  # string tokens are ids: a pool string is its id
+        pool = ctx.vocabulary.ids(np.asarray(list(ctx.raw_attr("pool_strings")), dtype=object)).tolist()
     if pool is None:
-        raise Unsupported("pool_strings (string input) is not supported")
+        raise Unsupported("pool_int64s or pool_strings is required")
     counts, indexes = ctx.ints("ngram_counts"), ctx.ints("ngram_indexes")
     lo, hi = int(ctx.attr("min_gram_length")), int(ctx.attr("max_gram_length"))
     out, ngram_id = [], 0
@@ -58,14 +60,16 @@ def _pool_ngrams(ctx: NodeContext) -> list[tuple[tuple[int, ...], int]]:
     return out
 
 
-@onnx_op("TfIdfVectorizer", 9)
+@onnx_op("TfIdfVectorizer", 9, strings=True)
 def tfidf_vectorizer(ctx: NodeContext) -> UOp:
     """Counts of the pool's n-grams in each row: an n-gram of n items with skip distance d (1 to
     max_skip_count+1; unigrams only with d = 1) matches at start s when x[s + k*d] == gram[k] for every
-    k -- a comparison of shifted views of x, summed over s. Then TF, IDF or TFIDF weighting."""
+    k -- a comparison of shifted views of x, summed over s. Then TF, IDF or TFIDF weighting. String
+    tokens compare as ids (frontend/strings.py), the pool's strings interned."""
     x = ctx.input(0)
-    if not x.dtype.is_int:
-        raise Unsupported(f"TfIdfVectorizer of {x.dtype.name} is not supported")
+    pool = "pool_strings" if ctx.has_attr("pool_strings") else "pool_int64s"
+    if not x.dtype.is_int or (x.dtype is dtypes.string) != (pool == "pool_strings"):
+        raise Unsupported(f"TfIdfVectorizer of {x.dtype.name} with {pool} is not supported")
     rows = T.reshape(x, (1, x.shape[0]) if x.ndim == 1 else x.shape)
     b, c = rows.shape
     grams = _pool_ngrams(ctx)

@@ -9,9 +9,10 @@ pairs] holding each pair's coefficients, the votes as (decision > 0) @ A + (deci
 Probabilities (prob_a/prob_b): libsvm's pairwise coupling, an iterative solver (onnxruntime: at most
 max(100, k) sweeps, stopping when the error is under 0.005 / k), unrolled with a per-row "still
 iterating" mask, so every row stops where onnxruntime stops it -- within COUPLING_SWEEPS sweeps. Each
-unrolled sweep costs several kernels (about a second of compile time), and rows converge in a few
-sweeps (the tests' rows match onnxruntime with 10); a row not converged after COUPLING_SWEEPS keeps that sweep's
-probabilities, where onnxruntime would go on.
+unrolled sweep costs ~13 kernels (over a second of compile time), and rows converge in a few sweeps
+(a search over pairwise probabilities found none needing more than 6; docs/architecture.md "Classic
+ML"); a row not converged after COUPLING_SWEEPS keeps that sweep's probabilities, where onnxruntime
+would go on.
 """
 
 from __future__ import annotations

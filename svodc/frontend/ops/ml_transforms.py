@@ -11,7 +11,7 @@ from svodc.frontend.ops.label_encoder import _chain, _table
 from svodc.frontend.ops.ml_common import ML, c
 from svodc.frontend.ops.shape_ops import weight
 from svodc.frontend.registry import onnx_op
-from svodc.frontend.values import ZipMapValue
+from svodc.frontend.values import EdgeStrings, ZipMapValue
 from svodc.ir import tensor as T
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import ConstData, Ops
@@ -58,18 +58,25 @@ def normalizer(ctx: NodeContext) -> UOp:
 @onnx_op("OneHotEncoder", 1, domain=ML, strings=True)
 def one_hot_encoder(ctx: NodeContext) -> UOp:
     """[..., categories] float: 1 where the element is that category. onnxruntime fails a run on an
-    element that is no category when zeros=0; compiled code cannot fail, so such a row is all zeros."""
+    element that is no category when zeros=0; compiled code cannot fail, so such a row is all zeros --
+    unless x is a string or integer input that svodrt sees: then svodrt refuses the call first (a
+    "check" of the string program, format 1.8)."""
     x = ctx.input(0)
+    check = int(ctx.attr("zeros", 1)) == 0 and x.op is Ops.INPUT
     if x.dtype is dtypes.string:
+        names = list(ctx.attr("cats_strings") or [])
         cats = ctx.vocabulary.ids(np.asarray(list(ctx.raw_attr("cats_strings") or []), dtype=object))
         table = UOp(Ops.WEIGHT, dtypes.string, (), ConstData(cats))
     else:
-        ints = ctx.ints("cats_int64s") or []
+        ints = names = ctx.ints("cats_int64s") or []
         table = weight(np.asarray(ints, dtype=x.dtype.np if x.dtype.is_int else np.float64))
         x = x if x.dtype.is_int else x.cast(dtypes.float64)
     n = table.shape[0]
     if not n:
         raise Unsupported("cats_int64s or cats_strings is required")
+    if check and x.dtype in (dtypes.string, dtypes.int64, dtypes.int32):
+        ctx.vocabulary.edge_checks.append(EdgeStrings(ctx.node.output[0], "OneHotEncoder", (x.arg.name,),
+                                                      {"categories": names}, x.dtype, None))
     hit = T.alu(Ops.CMPEQ, T.reshape(x, (*x.shape, 1)), T.reshape(table, (1,) * x.ndim + (n,)))
     return T.alu(Ops.WHERE, hit, T.const(1.0, _F32, ()), T.const(0.0, _F32, ()))
 

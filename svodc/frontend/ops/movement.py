@@ -34,7 +34,8 @@ def _axes(axes: list[int] | None, ndim: int, count: int) -> list[int]:
     return out
 
 
-def slice_view(x: UOp, starts: list[int], ends: list[int], axes: list[int], steps: list[int]) -> UOp:
+def slice_view(x: UOp, starts: list[int], ends: list[int], axes: list[int], steps: list[int],
+               from_front: bool = False) -> UOp:
     """numpy slicing x[start:end:step] on the given axes (ONNX clamping rules are numpy's)."""
     first, step, shape = [0] * x.ndim, [1] * x.ndim, list(x.shape)
     for a, s, e, st in zip(axes, starts, ends, steps, strict=True):
@@ -43,7 +44,7 @@ def slice_view(x: UOp, starts: list[int], ends: list[int], axes: list[int], step
         s, e, st = slice(s, e, st).indices(x.shape[a])
         n = len(range(s, e, st))
         first[a], step[a], shape[a] = (s if n else 0), st, n
-    return T.slice_axes(x, first, step, shape)
+    return T.slice_axes(x, first, step, shape, from_front)
 
 
 @onnx_op("Slice", 1, 10, 11, 13, strings=True)
@@ -57,7 +58,18 @@ def slice_(ctx: NodeContext) -> UOp:
     if starts is None or ends is None or len(starts) != len(ends):
         raise Unsupported("starts and ends are required and must have one length")
     axes = _axes(axes, x.ndim, len(starts))
-    return slice_view(x, starts, ends, axes, steps or [1] * len(starts))
+    steps = steps or [1] * len(starts)
+    dims = ctx.bounded(x)
+    if relative := sorted({dims[a] for a, s, e, st in zip(axes, starts, ends, steps, strict=True)
+                           if dims[a] is not None and min(s, e, st) < 0}):
+        # The bound's size resolves a negative start or end: at another size it is elsewhere (passes/dynamic.py
+        # takes starts from the front, ends at or past the end, and fixed ends the size always reaches).
+        from svodc.passes.dynamic import DynamicShapeError
+
+        raise DynamicShapeError(f"node {ctx.name!r} (SLICE) slices a bounded dim relative to its end or backwards: "
+                                f"not supported for a bounded dim yet; fix the dim with "
+                                f"{' '.join(f'--dim {d}=SIZE' for d in relative)}")
+    return slice_view(x, starts, ends, axes, steps, from_front=any(dims[a] is not None for a in axes))
 
 
 def _pad_value(ctx: NodeContext, x: UOp) -> UOp | int | float | bool:

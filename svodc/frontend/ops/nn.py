@@ -232,7 +232,7 @@ def conv_transpose(ctx: NodeContext) -> UOp:
 
     if (g == 1 and strides == kernel and all(d == 1 for d in dilations) and target == full
             and all(p == (0, 0) for p in pads) and x.dtype is dtypes.float32):
-        y = _conv_transpose_blocks(x, w, kernel)
+        y = _conv_transpose_blocks(x, w, kernel, any(ctx.bounded(x)[2:]))
     else:
         y = _conv_transpose_upsampled(x, w, g, kernel, strides, dilations)
     # crop `pads` from the full result and pad (with zeros) or crop its end to the target size
@@ -245,16 +245,29 @@ def conv_transpose(ctx: NodeContext) -> UOp:
     return y
 
 
-def _conv_transpose_blocks(x: UOp, w: UOp, kernel: list[int]) -> UOp:
+def _conv_transpose_blocks(x: UOp, w: UOp, kernel: list[int], bounded: bool) -> UOp:
     """Kernel == strides, no pads or dilation (the 2x2/2 upsampling of segmentation heads): every
     input position owns its own k1 x k2 block of the output, y[n, o, i*k + a] = sum_c x[n, c, i] *
     w[c, o, a]. One matrix product [O*K, C] x [C, H*W] reads x in place (no zeros multiplied, no
-    im2col), then the blocks are moved into place (depth to space)."""
+    im2col), then the blocks are moved into place (depth to space). Over bounded spatial dims the
+    product keeps the spatial axes (H*W would merge two run-time sizes): a GEMM per row for one image,
+    else a sum over C."""
     n, c, *sp = x.shape
     nsp, m = len(sp), w.shape[1]
     kk = math.prod(kernel)
     wm = T.reshape(T.permute(w, (1, *range(2, 2 + nsp), 0)), (m * kk, c))  # [(o, a), c]
-    prod = T.matmul(T.broadcast_to(wm, (n, m * kk, c)), T.reshape(x, (n, c, math.prod(sp))))
+    if bounded and n == 1 and nsp == 2:  # a GEMM per row: run-time batch H, run-time N W (as conv_to_row_matmuls)
+        h, wd = sp
+        rows = T.matmul(T.broadcast_to(T.reshape(wm, (1, m * kk, c)), (h, m * kk, c)),
+                        T.permute(T.reshape(x, (c, h, wd)), (1, 0, 2)))  # [H, (o, a), W]
+        prod = T.reshape(T.permute(rows, (1, 0, 2)), (1, m * kk, h, wd))
+    elif bounded:
+        full = (n, m * kk, c, *sp)
+        xs = T.expand(T.reshape(x, (n, 1, c, *sp)), full)
+        ws = T.expand(T.reshape(wm, (1, m * kk, c, *(1,) * nsp)), full)
+        prod = T.reduce(T.alu(Ops.MUL, xs, ws), Ops.ADD, [2], keepdims=False)
+    else:
+        prod = T.matmul(T.broadcast_to(wm, (n, m * kk, c)), T.reshape(x, (n, c, math.prod(sp))))
     y = T.reshape(prod, (n, m, *kernel, *sp))
     order = [0, 1] + [i for d in range(nsp) for i in (2 + nsp + d, 2 + d)]  # [n, o, s1, k1, s2, k2, ...]
     return T.reshape(T.permute(y, order), (n, m, *(s_ * k for s_, k in zip(sp, kernel, strict=True))))

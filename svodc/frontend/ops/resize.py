@@ -12,6 +12,7 @@ as in the reference.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 
@@ -124,7 +125,7 @@ def axis_taps(get_coeffs, in_n: int, out_n: int, scale: float, coord_mode: str, 
 
 
 def resize_axis(x: UOp, axis: int, idx: np.ndarray, coeffs: np.ndarray, nearest: bool,
-                extra: np.ndarray | None, extrapolation_value: float) -> UOp:
+                extra: np.ndarray | None, extrapolation_value: float, sized: tuple[int, int] | None = None) -> UOp:
     out_n, in_n = idx.shape[0], x.shape[axis]
     if nearest:
         pick = idx[np.arange(out_n), np.argmax(coeffs, axis=1)]
@@ -134,9 +135,9 @@ def resize_axis(x: UOp, axis: int, idx: np.ndarray, coeffs: np.ndarray, nearest:
             big = x.shape[:axis + 1] + (s,) + x.shape[axis + 1:]
             y = T.reshape(T.expand(T.reshape(x, shape), big), x.shape[:axis] + (out_n,) + x.shape[axis + 1:])
         else:
-            y = gather_axis(x, weight(pick.astype(np.int64)), axis)
+            y = gather_axis(x, weight(pick.astype(np.int64)), axis, sized)
     else:
-        taps = gather_axis(x, weight(idx.astype(np.int64)), axis)  # [..., out, n, ...]
+        taps = gather_axis(x, weight(idx.astype(np.int64)), axis, sized)  # [..., out, n, ...]
         w = np.asarray(coeffs, dtype=x.dtype.np).reshape((1,) * axis + coeffs.shape + (1,) * (x.ndim - axis - 1))
         y = T.reduce(T.alu(Ops.MUL, taps, weight(w)), Ops.ADD, [axis + 1], keepdims=False)
     if extra is not None and extra.any():
@@ -192,10 +193,29 @@ def resize(ctx: NodeContext, x: UOp, scales: list[float] | None, sizes: list[int
             raise Unsupported(f"resizing axis {a} from {x.shape[a]} to {out[a]} elements is not supported")
         idx, coeffs, extra = axis_taps(get, x.shape[a], out[a], full_scales[a], coord_mode, a_roi,
                                        bool(ctx.attr("exclude_outside", 0)))
-        y = resize_axis(y, a, idx, coeffs, nearest, extra, float(ctx.attr("extrapolation_value", 0.0)))
+        sized = _bounded_scale(ctx, x, a, full_scales[a], sizes, coord_mode, antialias) if ctx.bounded(x)[a] else None
+        y = resize_axis(y, a, idx, coeffs, nearest, extra, float(ctx.attr("extrapolation_value", 0.0)), sized)
     if y.dtype != x.dtype:  # integer data: round to nearest (halves up), then saturate
         y = UOp(Ops.FLOOR, y.dtype, (T.alu(Ops.ADD, y, T.const(0.5, y.dtype)),)).cast(x.dtype)
     return y
+
+
+# Where every output position's taps and weights depend on the scale only, never on the input's size: the
+# table made at a bounded dim's upper bound is right at every size (indices clamped into the real one).
+SIZE_FREE_MODES = ("asymmetric", "half_pixel", "tf_half_pixel_for_nn")
+
+
+def _bounded_scale(ctx: NodeContext, x: UOp, axis: int, scale: float, sizes, coord_mode: str,
+                   antialias: bool) -> tuple[int, int]:
+    """(mul, div): the scale of a resize over a bounded dim as an exact ratio (floor(size * scale) elements)."""
+    if sizes is not None or coord_mode not in SIZE_FREE_MODES or antialias or ctx.attr("exclude_outside", 0):
+        from svodc.passes.dynamic import DynamicShapeError
+
+        raise DynamicShapeError(f"node {ctx.name!r} (Resize) resizes bounded dim {ctx.bounded(x)[axis]!r} by sizes, "
+                                f"antialias, exclude_outside or coordinate_transformation_mode={coord_mode!r}: "
+                                f"only by scales in {', '.join(SIZE_FREE_MODES)}; fix the dim with "
+                                f"--dim {ctx.bounded(x)[axis]}=SIZE")
+    return Fraction(scale).as_integer_ratio()
 
 
 def _floats(a) -> list[float] | None:

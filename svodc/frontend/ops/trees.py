@@ -307,10 +307,13 @@ def tree_ensemble(ctx: NodeContext) -> UOp:
 @onnx_op("TreeEnsembleClassifier", 1, 3, domain=ML, strings=True)
 def tree_ensemble_classifier(ctx: NodeContext) -> list[UOp]:
     """[label, scores], as onnxruntime computes them. Two classes with weights for only one of them
-    (gradient boosting) is onnxruntime's "binary case": s = that class's score; with all weights
-    non-negative the label is class 1 when s > 0.5 and the scores are [1 - s, s], else class 1 when
-    s > 0 and the scores are [-s, s] (LOGISTIC: [logistic(-s), logistic(s)]); LOGISTIC with
-    non-negative weights gives [1 - logistic(s), logistic(s)]; SOFTMAX and SOFTMAX_ZERO change nothing."""
+    (gradient boosting) is onnxruntime's "binary case": s = that class's score; the label is class 1
+    when s > 0.5 if all weights are non-negative, else when s > 0. Weights on class 0 (sklearn-onnx):
+    s includes base_values[0]; with non-negative weights the scores are [1 - s, s], else [-s, s]
+    (LOGISTIC: [logistic(-s), logistic(s)]); LOGISTIC with non-negative weights gives [1 - logistic(s),
+    logistic(s)]; SOFTMAX and SOFTMAX_ZERO change nothing. Weights on class 1: class 0 has no score
+    and stays 0, base_values are not added, and the post transform applies to [0, s] as to any two
+    scores (onnxruntime's tree_ensemble_aggregator writes both scores when class 1 has one)."""
     x = as_float_rows(ctx.input(0))
     labels = class_labels(ctx)
     n_classes = len(labels)
@@ -319,18 +322,20 @@ def tree_ensemble_classifier(ctx: NodeContext) -> list[UOp]:
     transform = post_transform_name(ctx)
     present = set(ctx.ints("class_ids") or [])
     if n_classes == 2 and len(present) == 1:
-        if base is not None and len(base) > 1:
-            raise Unsupported("two classes, weights for one, and two base_values: onnxruntime's meaning is ambiguous")
         k = present.pop()
-        if k != 0:  # onnxruntime then scores class 0 as "no score" and ignores base_values: not followed
-            raise Unsupported("two classes with weights only for class 1 is not supported (sklearn-onnx gives "
-                              "class 0 the weights)")
-        s = T.reshape(T.shrink(scores, [(0, scores.shape[0]), (k, k + 1)]), (scores.shape[0], 1))
-        if base is not None and len(base):
-            s = T.alu(Ops.ADD, s, c(s, float(base[0])))
+        if base is not None and len(base) > 1:  # (onnxruntime then drops the trees' score when k == 1)
+            raise Unsupported("two classes, weights for one, and two base_values: onnxruntime's meaning is ambiguous")
         if transform == "PROBIT":
             raise Unsupported("post_transform=PROBIT with one score for two classes is not supported")
-        if bool((floats(ctx, "class_weights", []) >= 0).all()):  # LOGISTIC applies to s; SOFTMAX* do nothing
+        s = T.reshape(T.shrink(scores, [(0, scores.shape[0]), (k, k + 1)]), (scores.shape[0], 1))
+        positive_weights = bool((floats(ctx, "class_weights", []) >= 0).all())
+        if k == 1:
+            positive = T.alu(Ops.CMPLT, c(s, 0.5 if positive_weights else 0.0), s)
+            pair = post_transform(T.concat([c(s, 0.0), s], 1), transform)
+            return [label_of(labels, T.reshape(positive.cast(dtypes.int64), (s.shape[0],))), pair.cast(dtypes.float32)]
+        if base is not None and len(base):
+            s = T.alu(Ops.ADD, s, c(s, float(base[0])))
+        if positive_weights:  # LOGISTIC applies to s; SOFTMAX* do nothing
             positive = T.alu(Ops.CMPLT, c(s, 0.5), s)
             v = post_transform(s, transform) if transform == "LOGISTIC" else s
             pair = T.concat([T.alu(Ops.SUB, c(v, 1.0), v), v], 1)

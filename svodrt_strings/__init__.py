@@ -1,0 +1,9 @@
+"""svodrt_strings: the string program of a bundle (manifest `edge_outputs`, formats 1.6 and 1.8,
+docs/bundle-format.md "Strings"): string ops svodrt runs in Python on string inputs before native code,
+outside the core runtime's line budget (docs/architecture.md "Runtime"). svodrt imports it only for a
+bundle that has such steps; it imports svodrt, never the reverse at module level, and only stdlib and
+numpy besides. svodc folds constant string ops with the same `edge_value`, so folding and run time agree."""
+
+from svodrt_strings.program import EDGE_OPS, StringProgram, edge_value, normalize, parse_steps
+
+__all__ = ["EDGE_OPS", "StringProgram", "edge_value", "normalize", "parse_steps"]
