@@ -1,24 +1,27 @@
-"""On-hardware check of the CUDA path (NOT run yet: no session so far had a GPU). One go on a machine
-with an NVIDIA GPU (written for an H200, sm_90):
+"""On-hardware check of the CUDA path (NOT run yet: no session so far had a GPU), written for an H200 (sm_90).
 
-  1. compile the onnx package's 9 light models (random-weight variants, tests/light_models.py) and,
-     when present, gpt2_small_random (shared/models: it needs ops another engineer is adding; a
-     model svodc cannot compile yet is reported as skipped with the reason) for sm_90;
-  2. run each through svodrt's CUDA path (libcuda.so.1 via ctypes) with the launch list captured as
-     a CUDA graph and without, and compare with the references (onnxruntime on the CPU for the light
-     models, the shipped outputs.npz for shared/models);
-  3. report per model: load time, first run, median latency of --repeat runs (graph and direct), max
-     error against the tolerance; write everything to OUT/gpu_check.json. Exit 1 on any failure.
+Cases (issue 16 item 1): the onnx package's 9 light models (random-weight variants, tests/light_models.py),
+mobilenetv2_random and gpt2_small_random (shared/models, their shipped inputs and outputs), and one bundle
+with a bounded dim run at two sizes (mobilenetv2_random, batch 1..8, at 1 and 8). For each:
+  1. prepare (no GPU; where svodc is): compile for sm_90, save the bundle, the inputs and the expected outputs
+     (onnxruntime on the CPU, or the shipped outputs.npz);
+  2. on the GPU: load with svodrt (graph and direct launches), first run, median latency of --repeat runs,
+     the max error against the expected outputs, and the cold start (a fresh process: import, load, one run);
+  3. PyTorch (scripts/gpu_check_torch.py): the same architectures, random init, eager and torch.compile, at
+     batch 1 and 8, and svod/PyTorch latency ratios where svod has the same case and batch.
+Everything goes to OUT/gpu_check.json; exit 1 on any wrong output. --dry-run runs step 1 here and checks each
+bundle's GPU variant and launch list, then stops before any GPU call (tests/test_gpu_check.py runs it).
 
-Usage on the device machine (svodc needs llvmlite 0.50 and svodrt zstandard; carry them as wheels,
-see /work/.library/device/README.md; the repository must be the working directory):
+On the device machine (svodrt needs zstandard and svodc llvmlite 0.50 there: carry them as wheels, see
+/work/.library/device/README.md; the repository is the working directory):
 
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && \\
-    PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 python3 scripts/gpu_check.py --out $OUT
+    PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 python3 scripts/gpu_check.py --out $OUT --budget-s 540
 
-gpt2_small_random (43 MB) and the wheels do not fit one 64 MiB transfer together: compile it here with
-`python scripts/gpu_check.py --prepare DIR --models ../shared/models` (bundle + inputs + outputs in DIR,
-no GPU needed), carry DIR, and run `scripts/gpu_check.py --bundles DIR --out $OUT` there (svodrt only).
+One transfer is 64 MiB: the light models' bundles (vgg19 alone ~575 MB) are compiled on the device; the shared
+models' and the dynamic bundle (gpt2 43 MB, mobilenetv2 14 MB each) can be prepared here,
+`python scripts/gpu_check.py --prepare DIR --only gpt2_small_random` (one call per subset that fits), carried,
+and run there with `--bundles DIR` (svodrt only).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -37,68 +41,127 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 TARGET = "sm_90"
 RTOL = 1e-3
+SHARED = ("mobilenetv2_random", "gpt2_small_random")
+DYNAMIC = ("mobilenetv2_random_batch", "mobilenetv2_random", {"batch": (1, 8)}, (1, 8))  # name, model, dims, sizes
+COLD_START = """
+import sys, time
+t0 = time.perf_counter()
+import numpy as np, svodrt
+with np.load(sys.argv[2]) as z:
+    feeds = {k: z[k] for k in z.files}
+with svodrt.load(sys.argv[1], device=sys.argv[3]) as m:
+    m.run(feeds)
+print(round(1e3 * (time.perf_counter() - t0), 1))
+"""
 
 
-def _light_case(name: str, folder: Path) -> dict:
-    """Compile a light model's random-weight variant; save bundle, inputs and onnxruntime's outputs."""
+def _save_run(folder: Path, stem: str, feeds: dict, want: dict) -> dict:
+    np.savez(folder / f"{stem}.inputs.npz", **feeds)
+    np.savez(folder / f"{stem}.outputs.npz", **want)
+    return {"label": stem.rsplit(".", 1)[-1], "inputs": f"{stem}.inputs.npz", "outputs": f"{stem}.outputs.npz"}
+
+
+def _compile(name: str, model, folder: Path, **options) -> dict:
+    """The bundle of `model` for TARGET in folder/NAME.svod; a case without runs yet (or why it is skipped)."""
     import svodc
-    from tests.light_models import dummy_inputs, random_weight_variant
 
-    model = random_weight_variant(name)
-    feeds = dummy_inputs(model)
-    try:
-        from tests.onnx_util import reference
-    except ImportError as e:
-        return {"model": name, "status": "skipped", "reason": f"no reference: {e} (onnxruntime is needed)"}
-    want = dict(zip([o.name for o in model.graph.output], reference(model, feeds), strict=True))
-    return _compile(svodc, model, name, feeds, want, folder)
-
-
-def _shared_case(folder_in: Path, folder: Path) -> dict:
-    import svodc
-
-    with np.load(folder_in / "inputs.npz") as z:
-        feeds = {k: z[k] for k in z.files}
-    with np.load(folder_in / "outputs.npz") as z:
-        want = {k: z[k] for k in z.files}
-    shapes = {k: tuple(v.shape) for k, v in feeds.items()}
-    return _compile(svodc, str(folder_in / "model.onnx"), folder_in.name, feeds, want, folder, input_shapes=shapes)
-
-
-def _compile(svodc, model, name: str, feeds: dict, want: dict, folder: Path, **options) -> dict:
-    case = {"model": name}
     t0 = time.perf_counter()
     try:
         bundle = svodc.compile(model, target=TARGET, test_vectors=False, **options)
     except svodc.errors.SvodcError as e:
-        return {**case, "status": "skipped", "reason": f"svodc cannot compile it yet: {e}"[:500]}
-    case["compile_s"] = round(time.perf_counter() - t0, 2)
+        return {"model": name, "status": "skipped", "reason": f"svodc cannot compile it yet: {e}"[:500]}
     (folder / f"{name}.svod").write_bytes(bundle)
-    np.savez(folder / f"{name}.inputs.npz", **feeds)
-    np.savez(folder / f"{name}.outputs.npz", **want)
-    return {**case, "status": "compiled", "bundle_mb": round(len(bundle) / 1e6, 1)}
+    return {"model": name, "status": "compiled", "bundle": f"{name}.svod", "bundle_mb": round(len(bundle) / 1e6, 1),
+            "compile_s": round(time.perf_counter() - t0, 2), "runs": []}
 
 
-def prepare(folder: Path, models_dir: Path | None, light: bool, workers: int) -> list[dict]:
+def _light_case(name: str, folder: Path) -> dict:
+    from tests.light_models import dummy_inputs, random_weight_variant
+    from tests.onnx_util import reference  # onnxruntime on the CPU
+
+    model = random_weight_variant(name)
+    feeds = dummy_inputs(model)
+    case = _compile(name, model, folder)
+    if case["status"] == "compiled":
+        want = dict(zip([o.name for o in model.graph.output], reference(model, feeds), strict=True))
+        case["runs"].append(_save_run(folder, f"{name}.b1", feeds, want))
+    return case
+
+
+def _shared_case(name: str, models_dir: Path, folder: Path) -> dict:
+    src = models_dir / name
+    with np.load(src / "inputs.npz") as z:
+        feeds = {k: z[k] for k in z.files}
+    with np.load(src / "outputs.npz") as z:
+        want = {k: z[k] for k in z.files}
+    case = _compile(name, str(src / "model.onnx"), folder, input_shapes={k: v.shape for k, v in feeds.items()})
+    if case["status"] == "compiled":
+        case["runs"].append(_save_run(folder, f"{name}.b{next(iter(feeds.values())).shape[0]}", feeds, want))
+    return case
+
+
+def _dynamic_case(models_dir: Path, folder: Path) -> dict:
+    import onnx
+
+    from tests.onnx_util import reference
+
+    name, model_name, dims, sizes = DYNAMIC
+    path = models_dir / model_name / "model.onnx"
+    case = _compile(name, str(path), folder, dims=dims)
+    if case["status"] == "compiled":
+        model, rng = onnx.load(str(path)), np.random.default_rng(0)
+        for n in sizes:
+            feeds = {"input": rng.standard_normal((n, 3, 224, 224)).astype(np.float32)}
+            want = dict(zip([o.name for o in model.graph.output], reference(model, feeds), strict=True))
+            case["runs"].append(_save_run(folder, f"{name}.b{n}", feeds, want))
+    return case
+
+
+def all_cases() -> list[str]:
+    from tests.light_models import LIGHT_MODELS
+
+    return [*LIGHT_MODELS, *SHARED, DYNAMIC[0]]
+
+
+def prepare(folder: Path, models_dir: Path, only: list[str], workers: int) -> list[dict]:
+    from tests.light_models import LIGHT_MODELS
+
     folder.mkdir(parents=True, exist_ok=True)
     cases = []
     with ProcessPoolExecutor(max_workers=workers) as pool:
         futures = []
-        if light:
-            from tests.light_models import LIGHT_MODELS
-
-            futures += [pool.submit(_light_case, n, folder) for n in LIGHT_MODELS]
-        gpt2 = models_dir / "gpt2_small_random" if models_dir else None
-        if gpt2 is not None and (gpt2 / "model.onnx").exists():
-            futures.append(pool.submit(_shared_case, gpt2, folder))
-        else:
-            cases.append({"model": "gpt2_small_random", "status": "skipped",
-                          "reason": f"not found under {models_dir} (pass --models DIR)"})
+        for name in only:
+            if name in LIGHT_MODELS:
+                futures.append(pool.submit(_light_case, name, folder))
+            elif not (models_dir / (DYNAMIC[1] if name == DYNAMIC[0] else name) / "model.onnx").exists():
+                cases.append({"model": name, "status": "skipped", "reason": f"not under {models_dir} (--models)"})
+            elif name == DYNAMIC[0]:
+                futures.append(pool.submit(_dynamic_case, models_dir, folder))
+            else:
+                futures.append(pool.submit(_shared_case, name, models_dir, folder))
         for f in futures:
             case = f.result()
-            print(f"  compiled {case['model']}: {case.get('status')} {case.get('compile_s', '')}", flush=True)
+            print(f"  {case['model']}: {case['status']} {case.get('compile_s', case.get('reason', ''))}", flush=True)
             cases.append(case)
     return cases
+
+
+def dry_check(folder: Path, case: dict) -> dict:
+    """What can be checked without a GPU: the bundle parses, has its sm_90 variant and a launch per kernel
+    statement, and every run's inputs have the shapes the bundle accepts."""
+    from svodrt.bundle import parse_bundle
+
+    b = parse_bundle((folder / case["bundle"]).read_bytes())
+    v = next(v for v in b.variants if v.kind == "cuda")
+    assert v.cpu == TARGET and v.launches, (case["model"], v.describe())
+    for run in case["runs"]:
+        with np.load(folder / run["inputs"]) as z:
+            for t in b.inputs:
+                shape, bounded = z[t.name].shape, {axis: (d.lo * k, d.hi * k) for axis, d, k in t.dims}
+                assert len(shape) == len(t.shape) and all(
+                    bounded[i][0] <= n <= bounded[i][1] if i in bounded else n == t.shape[i]
+                    for i, n in enumerate(shape)), (case["model"], run["label"], t.name, shape, str(t))
+    return {**case, "launches": len(v.launches), "dims": [d.name for d in b.dims]}
 
 
 def _median_ms(fn, repeat: int) -> float:
@@ -110,72 +173,138 @@ def _median_ms(fn, repeat: int) -> float:
     return round(1e3 * float(np.median(times)), 3)
 
 
+def _errors(got: dict, want: dict) -> dict:
+    out = {}
+    for name, w in want.items():
+        tol = RTOL * float(np.abs(w).max()) + 1e-5
+        err = float(np.abs(got[name].astype(np.float64) - w).max()) if w.size else 0.0
+        out[name] = {"max_error": err, "tolerance": tol, "ok": bool(err <= tol and np.isfinite(err))}
+    return out
+
+
 def run_case(folder: Path, case: dict, device: str, repeat: int) -> dict:
     import svodrt
 
-    name = case["model"]
-    with np.load(folder / f"{name}.inputs.npz") as z:
-        feeds = {k: z[k] for k in z.files}
-    with np.load(folder / f"{name}.outputs.npz") as z:
-        want = {k: z[k] for k in z.files}
-    path = folder / f"{name}.svod"
+    runs = []
+    for r in case["runs"]:
+        with np.load(folder / r["inputs"]) as z:
+            feeds = {k: z[k] for k in z.files}
+        with np.load(folder / r["outputs"]) as z:
+            want = {k: z[k] for k in z.files}
+        runs.append((r, feeds, want))
+    path = folder / case["bundle"]
     for graph in (True, False):
         key = "graph" if graph else "direct"
         try:
             t0 = time.perf_counter()
-            m = svodrt.load(path, device=device, graph=graph)
-            case[f"load_ms_{key}"] = round(1e3 * (time.perf_counter() - t0), 2)
-            t0 = time.perf_counter()
-            got = m.run(feeds)
-            case[f"first_run_ms_{key}"] = round(1e3 * (time.perf_counter() - t0), 3)
-            case[f"median_ms_{key}"] = _median_ms(lambda m=m: m.run(feeds), repeat)
-            case["code"] = f"{m.variant.describe()} ({m.code_kind}) on {m.device.name}"
-            m.close()
+            with svodrt.load(path, device=device, graph=graph) as m:
+                case[f"load_ms_{key}"] = round(1e3 * (time.perf_counter() - t0), 2)
+                case["code"] = f"{m.variant.describe()} ({m.code_kind}) on {m.device.name}"
+                for r, feeds, want in runs:
+                    t0 = time.perf_counter()
+                    got = m.run(feeds)
+                    r[f"first_run_ms_{key}"] = round(1e3 * (time.perf_counter() - t0), 3)
+                    r[f"median_ms_{key}"] = _median_ms(lambda m=m, feeds=feeds: m.run(feeds), repeat)
+                    r[f"errors_{key}"] = _errors(got, want)
         except svodrt.SvodError as e:
-            case.update(status="FAIL", reason=f"{key}: {e}"[:800])
-            return case
-        errors = {}
-        for out, w in want.items():
-            g = got[out]
-            tol = RTOL * float(np.abs(w).max()) + 1e-5
-            err = float(np.abs(g.astype(np.float64) - w).max()) if w.size else 0.0
-            errors[out] = {"max_error": err, "tolerance": tol, "ok": bool(err <= tol and np.isfinite(err))}
-        case[f"errors_{key}"] = errors
-    ok = all(e["ok"] for key in ("graph", "direct") for e in case[f"errors_{key}"].values())
-    case["status"] = "ok" if ok else "FAIL"
-    return case
+            return {**case, "status": "FAIL", "reason": f"{key}: {e}"[:800]}
+    first = case["runs"][0]
+    cold = subprocess.run([sys.executable, "-c", COLD_START, str(path), str(folder / first["inputs"]), device],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              [str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    case["cold_start_ms"] = float(cold.stdout.split()[-1]) if cold.returncode == 0 else f"failed: {cold.stderr[-300:]}"
+    ok = all(e["ok"] for r in case["runs"] for key in ("graph", "direct") for e in r[f"errors_{key}"].values())
+    return {**case, "status": "ok" if ok else "FAIL"}
+
+
+def ratios(results: list[dict], torch_rows: list[dict]) -> list[dict]:
+    """svod (graph launches) / PyTorch median latency where svod ran the same case at the same batch."""
+    svod = {}
+    for c in results:
+        for r in c.get("runs", []):
+            if "median_ms_graph" in r:
+                base = c["model"].removesuffix("_batch")
+                svod[(base, int(r["label"][1:]))] = r["median_ms_graph"]
+    out = []
+    for t in torch_rows:
+        s = svod.get((t["case"], t["batch"]))
+        if s is None:
+            continue
+        row = {"case": t["case"], "batch": t["batch"], "svod_ms": s, "svod_over_eager": round(s / t["eager_ms"], 2)}
+        if isinstance(t.get("compiled_ms"), float):
+            row["svod_over_compiled"] = round(s / t["compiled_ms"], 2)
+        out.append(row)
+    return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("gpu_check_out"), help="where gpu_check.json goes")
-    p.add_argument("--models", type=Path, default=ROOT.parent / "shared" / "models",
-                   help="the shared models folder (gpt2_small_random)")
+    p.add_argument("--models", type=Path, default=ROOT.parent / "shared" / "models", help="the shared models")
+    p.add_argument("--only", help="comma-separated cases (default: all; see --list)")
+    p.add_argument("--list", action="store_true", help="print the cases and exit")
     p.add_argument("--prepare", type=Path, help="only compile into this folder (no GPU needed)")
     p.add_argument("--bundles", type=Path, help="only run the bundles a --prepare made (svodrt only)")
+    p.add_argument("--dry-run", action="store_true", help="prepare here, check the bundles, stop before the GPU")
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--repeat", type=int, default=20)
-    p.add_argument("--no-light", action="store_true", help="skip the light models")
+    p.add_argument("--budget-s", type=float, default=540.0, help="stop starting torch.compile runs after this")
+    p.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
+    p.add_argument("--no-torch-compile", action="store_true", help="PyTorch eager only")
     args = p.parse_args()
-    workers = max(1, min(9, (os.cpu_count() or 2) // 2))
+    deadline = time.monotonic() + args.budget_s
+    if args.list:
+        print("\n".join(all_cases()))
+        return
+    only = args.only.split(",") if args.only else all_cases()
+    unknown = sorted(set(only) - set(all_cases()))
+    if unknown:
+        sys.exit(f"gpu_check: unknown cases {unknown}; --list shows them")
+    workers = max(1, min(len(only), (os.cpu_count() or 2) // 2))
     if args.bundles:
         folder = args.bundles
         cases = json.loads((folder / "cases.json").read_text())
     else:
-        folder = args.prepare or Path("/tmp/svod_gpu_check")
-        cases = prepare(folder, args.models, not args.no_light, workers)
+        folder = args.prepare or (args.out / "bundles" if args.dry_run else Path("/tmp/svod_gpu_check"))
+        cases = prepare(folder, args.models, only, workers)
         (folder / "cases.json").write_text(json.dumps(cases, indent=1))
         if args.prepare:
             print(f"prepared {folder}")
             return
+    if args.dry_run:
+        from scripts.gpu_check_torch import ARCHS, available
+
+        checked = [dry_check(folder, c) if c["status"] == "compiled" else c for c in cases]
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "gpu_check_dry_run.json").write_text(json.dumps(checked, indent=1))
+        for c in checked:
+            print(f"  dry run {c['model']}: {c['status']} {c.get('launches', '')} launches {c.get('dims', '')}")
+        print(f"  torch comparison: {[c for c in only if c.removesuffix('_batch') in ARCHS]}: "
+              f"{available() or 'available'}")
+        print("dry run: stopped before the GPU calls")
+        return
     results = [run_case(folder, c, args.device, args.repeat) if c["status"] == "compiled" else c for c in cases]
+    torch_rows: list[dict] = []
+    if not args.no_torch:
+        from scripts.gpu_check_torch import ARCHS, available, bench
+
+        why = available()
+        names = sorted({c.removesuffix("_batch") for c in only} & set(ARCHS))
+        torch_rows = [{"status": "skipped", "reason": why}] if why else \
+            bench(names, args.repeat, deadline, not args.no_torch_compile)
+    report = {"svod": results, "torch": torch_rows, "ratios": ratios(results, [t for t in torch_rows if "case" in t])}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_check.json").write_text(json.dumps(results, indent=1))
-    print(f"{'model':22s} {'status':8s} {'load ms':>8s} {'graph ms':>9s} {'direct ms':>9s}  code")
-    for r in results:
-        print(f"{r['model']:22s} {r['status']:8s} {r.get('load_ms_graph', ''):>8} {r.get('median_ms_graph', ''):>9} "
-              f"{r.get('median_ms_direct', ''):>9}  {r.get('code', r.get('reason', ''))}")
-    sys.exit(1 if any(r["status"] == "FAIL" for r in results) else 0)
+    (args.out / "gpu_check.json").write_text(json.dumps(report, indent=1))
+    print(f"{'case':26s} {'status':8s} {'load ms':>8s} {'cold ms':>8s} {'run':>4s} {'graph ms':>9s} {'direct ms':>9s}")
+    for c in results:
+        for r in c.get("runs") or [{}]:
+            print(f"{c['model']:26s} {c['status']:8s} {c.get('load_ms_graph', ''):>8} {c.get('cold_start_ms', ''):>8} "
+                  f"{r.get('label', ''):>4} {r.get('median_ms_graph', ''):>9} {r.get('median_ms_direct', ''):>9}  "
+                  f"{c.get('code', c.get('reason', ''))}")
+    for r in report["ratios"]:
+        print(f"svod/torch {r['case']} batch {r['batch']}: eager x{r['svod_over_eager']}, "
+              f"compiled x{r.get('svod_over_compiled', '-')}")
+    sys.exit(1 if any(c["status"] == "FAIL" for c in results) else 0)
 
 
 if __name__ == "__main__":

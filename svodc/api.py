@@ -24,14 +24,15 @@ from svodc.bundle import check_bundle, write_bundle, write_bundle_to
 from svodc.codegen.compile import compile_program, worker_count
 from svodc.codegen.gpu_compile import compile_gpu_programs
 from svodc.codegen.worker import WorkerPool, borrow
-from svodc.errors import BundleError, OutputWriteError, TargetError
+from svodc.errors import BundleError, OutputWriteError, PrecisionError, TargetError
 from svodc.frontend.importer import ModelSource, import_model, load_model
 from svodc.gpu_target import GpuTarget, parse_targets
-from svodc.options import CompileOptions
-from svodc.passes.dynamic import DynamicShapeError
+from svodc.ir.dtypes import dtypes
+from svodc.options import PRECISIONS, CompileOptions
+from svodc.passes.dynamic import ComputedDim, DynamicShapeError
 from svodc.passes.pipeline import build_program
 from svodc.policy import OptimizationPolicy, check_policy_names, policy_for
-from svodc.testvec import build_test_vectors
+from svodc.testvec import build_test_vectors, precision_errors
 
 Progress = Callable[[str], None]
 KernelProgress = Callable[[int, int], None]  # (modules compiled, of how many), from compile threads
@@ -59,6 +60,36 @@ def recorded_options(target: str, options: CompileOptions) -> dict:
             **({"loop_bounds": dict(sorted(options.loop_bounds.items()))} if options.loop_bounds else {})}
 
 
+# A reduced-precision bundle's test vectors accept this many times the error measured against fp32 (the
+# GPU's kernels sum in another order than the interpreter; gfx11's WMMA also rounds the activations).
+PRECISION_MARGIN = 4.0
+
+
+def _check_precision(precision: str, targets: list) -> None:
+    if precision not in PRECISIONS:
+        raise PrecisionError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
+    cpus = [t.describe() for t in targets if not isinstance(t, GpuTarget)]
+    if precision != "fp32" and cpus:
+        raise PrecisionError(f"--precision {precision}: the CPU variants ({', '.join(cpus)}) take float32 GEMM weights "
+                             "only; compile them without --precision, or name only GPU targets")
+
+
+def _precision_report(graph, program, precision: str, vectors: list[dict], say: Progress) -> dict:
+    """The manifest options' record of a reduced precision: its max error against fp32 on the test vector's
+    input (None when the reference interpreter cannot run), which the vectors' tolerances then cover."""
+    errors = precision_errors(graph, program, getattr(dtypes, PRECISIONS[precision]))
+    if errors is None:
+        say(f"precision {precision}: the error against fp32 was not measured (the reference interpreter cannot "
+            "run this model)")
+        return {"precision": precision, "precision_max_error": None}
+    for v in vectors:  # the expected outputs are fp32's: the tolerance takes the reduced weights' error in
+        v["tolerance"] = [max(t, PRECISION_MARGIN * e) for t, e in zip(v["tolerance"], errors, strict=True)]
+    worst = max(errors, default=0.0)
+    say(f"precision {precision}: max error against fp32 {worst:.3g} on the test vector input (GEMM weights rounded "
+        f"to {PRECISIONS[precision]})")
+    return {"precision": precision, "precision_max_error": worst}
+
+
 class _Stages:
     """Reports each stage when it has finished, with its own duration: say("import 0.12 s")."""
 
@@ -82,6 +113,7 @@ def _compile_parts(model: ModelSource, target: str, options: CompileOptions | No
     say = progress or (lambda _msg: None)
     stages = _Stages(say)
     targets = parse_targets(target)
+    _check_precision(options.precision, targets)
     proto = load_model(model)
     base_dir = Path(model).parent if isinstance(model, (str, os.PathLike)) else None
     graph = import_model(proto, options, base_dir=base_dir)
@@ -90,13 +122,17 @@ def _compile_parts(model: ModelSource, target: str, options: CompileOptions | No
     stages.done(f"optimize ({len(program.kernels)} kernels)")
     vectors = build_test_vectors(graph, program, options.test_vectors, say)
     stages.done("test vectors" if vectors else None)
+    recorded = recorded_options(target, options)
+    if options.precision != "fp32":
+        recorded |= _precision_report(graph, program, options.precision, vectors, say)
     images = []
     gpus = [t for t in targets if isinstance(t, GpuTarget)]
     gpu_images = []
-    if gpus and program.dims:
-        names = ", ".join(t.describe() for t in gpus)
-        raise DynamicShapeError(f"bounded dims {[d.name for d in program.dims]}: GPU variants ({names}) take fixed "
-                                "dims only for now; fix them with --dim NAME=N")
+    computed = [d.name for d in program.dims if isinstance(d, ComputedDim)]
+    if gpus and computed:
+        raise DynamicShapeError(f"computed dims {computed} (sizes of convolutions, pools or pads over bounded image "
+                                f"dims): GPU variants ({', '.join(t.describe() for t in gpus)}) take input dims "
+                                "only for now; fix the image dims with --input-shape")
     with borrow(workers, worker_count(options)) as pool:
         for t in targets:
             if not isinstance(t, GpuTarget):
@@ -106,7 +142,7 @@ def _compile_parts(model: ModelSource, target: str, options: CompileOptions | No
             gpu_images = compile_gpu_programs(program, gpus, options, pool)
             stages.done(f"codegen {', '.join(t.describe() for t in gpus)}")
     named = {n for k in program.kernels for n in k.provenance}
-    extra = {"options": recorded_options(target, options),
+    extra = {"options": recorded,
              "node_ops": {n: t for n, t in sorted((graph.op_types or {}).items()) if n in named}}
     return program, images, _model_digest(model, proto), vectors, gpu_images, options.sign_key, extra
 

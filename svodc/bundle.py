@@ -22,7 +22,7 @@ from svodc.codegen.gpu_compile import GpuImage
 from svodc.codegen.link import CodeImage
 from svodc.errors import BundleError, TargetError
 from svodc.ir.dtypes import dtypes, to_storage
-from svodc.passes.dynamic import ComputedDim
+from svodc.passes.dynamic import ComputedDim, ValueDim
 from svodc.program import Buffer, BufferKind, Program
 from svodc.target import Target
 from svodrt import features as feature_table
@@ -65,7 +65,7 @@ def _dims_table(program: Program) -> list[dict]:
         for axis, ax in enumerate(b.dims):
             if ax is not None:
                 uses[ax.dim].append([b.name, axis])
-    return [{"name": d.name, "lo": d.lo, "hi": d.hi, "computed": True} if isinstance(d, ComputedDim) else
+    return [{"name": d.name, "lo": d.lo, "hi": d.hi, "computed": True} if isinstance(d, ComputedDim | ValueDim) else
             {"name": d.name, "lo": d.lo, "hi": d.hi, "inputs": uses[d.name]} for d in program.dims]
 
 
@@ -129,8 +129,8 @@ def _gpu_variant(program: Program, image: GpuImage, sections: list[tuple[dict, b
                      image.code))
     v = {"kind": t.kind, "arch": t.arch, "cpu": t.cpu, "features": [], "feature_bits": 0,
          "section": len(sections) - 1, "entry": 0, "kernels": [0] * len(program.kernels), "fixups": [],
-         "launches": [{"kernel": x.kernel, "symbol": x.symbol, "grid": [x.grid, 1, 1], "block": [x.block, 1, 1]}
-                      for x in image.launches]}
+         "launches": [{"kernel": x.kernel, "symbol": x.symbol, "grid": [x.grid, 1, 1], "block": [x.block, 1, 1],
+                       **({} if x.dims is None else {"dims": [slot for slot, _ in x.dims]})} for x in image.launches]}
     if image.cubin is not None:
         sections.append(({"name": f"gpu.{t.kind}.{t.cpu}.cubin", "kind": "code"}, image.cubin))
         v["cubin"] = len(sections) - 1

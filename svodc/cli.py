@@ -41,8 +41,8 @@ def _size(v: str, what: str) -> int | tuple[int, int]:
     if not sep:
         return _int(v, what)
     a, b = _int(lo, what), _int(hi, what)
-    if not 1 <= a <= b:
-        raise click.BadParameter(f"{v!r}: a range LO..HI needs 1 <= LO <= HI", param_hint=what)
+    if not 0 <= a <= b:  # LO 0: only for a run-time size (TENSOR:AXIS); an input dim needs LO >= 1
+        raise click.BadParameter(f"{v!r}: a range LO..HI needs 0 <= LO <= HI", param_hint=what)
     return (a, b)
 
 
@@ -94,7 +94,9 @@ def main(ctx: click.Context, debug: bool) -> None:
                    "ppc64le, s390x), a CPU continuing the previous ARCH, or a GPU (sm_80, sm_90, gfx942, gfx1100, "
                    "gfx1151, gfx1200). E.g. x86_64:x86-64-v3,x86-64,aarch64,sm_90.")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=N|LO..HI",
-              help="Fix a symbolic input dimension (N) or bound it (LO..HI: one bundle for every size in the range).")
+              help="Fix a symbolic input dimension (N) or bound it (LO..HI: one bundle for every size in the range); "
+                   "TENSOR:AXIS=LO..HI bounds a size a run-time input's value decides (a Range's length, OneHot's "
+                   "depth), checked per call.")
 @click.option("--input-shape", "shapes", multiple=True, metavar="NAME=DxDx...",
               help="An input's shape; each D is N or LO..HI (a bounded dim).")
 @click.option("--input-value", "values", multiple=True, metavar="NAME=FILE.npy",
@@ -112,11 +114,14 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--sign", "sign_key", type=click.Path(exists=True, dir_okay=False), metavar="KEY.pem",
               help="Sign the bundle with this Ed25519 private key (PEM; needs svod[sign]); load it with "
                    "`svodrt run --trust PUBKEY.pem`.")
+@click.option("--precision", type=click.Choice(["fp32", "f16", "bf16"]), default="fp32", show_default=True,
+              help="Store GEMM weights as float16/bfloat16 (GPU targets; float32 accumulation); prints the max "
+                   "error against fp32.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success.")
 @click.option("-v", "--verbose", is_flag=True, help="Print each stage as it finishes (default on a terminal).")
 def compile(model: str, output: str | None, target: str, dims: tuple[str, ...], shapes: tuple[str, ...],
             values: tuple[str, ...], loop_bounds: tuple[str, ...], weights: tuple[str, ...], opt_level: int, jobs: int,
-            test_vectors: bool | None, sign_key: str | None, quiet: bool, verbose: bool) -> None:
+            test_vectors: bool | None, sign_key: str | None, precision: str, quiet: bool, verbose: bool) -> None:
     """Compile MODEL (.onnx) into a .svod bundle."""
     from svodc.api import compile_to_file
     from svodc.options import CompileOptions
@@ -130,12 +135,13 @@ def compile(model: str, output: str | None, target: str, dims: tuple[str, ...], 
     bound_map = {n: _int(v, "--loop-bound") for n, v in _pairs(loop_bounds, "--loop-bound")}
     options = CompileOptions(dims=dim_map, input_shapes=shape_map, input_values=value_map, weights=tuple(weights),
                              loop_bounds=bound_map,
-                             opt_level=opt_level, jobs=jobs, test_vectors=test_vectors, sign_key=sign_key)
+                             opt_level=opt_level, jobs=jobs, test_vectors=test_vectors, sign_key=sign_key,
+                             precision=precision)
     t0 = time.perf_counter()
     show = not quiet and (verbose or sys.stderr.isatty())
 
     def progress(line: str) -> None:
-        if show or (not quiet and line.startswith("warning:")):
+        if show or (not quiet and line.startswith(("warning:", "precision "))):
             click.echo(f"  {line}", err=True)
 
     bar = _KernelBar() if not quiet and sys.stderr.isatty() else None

@@ -28,6 +28,9 @@ class UnsupportedNode:
     # Graph inputs whose values this node needs at compile time (fixing them with
     # CompileOptions.input_values / --input-value would make it compile).
     needs_values: tuple[str, ...] = ()
+    # Computed dims (TENSOR:AXIS) this node sizes by a run-time value that nothing bounds: bounding them
+    # (CompileOptions.dims / --dim NAME=0..HI) would make it compile with those values at run time.
+    needs_dims: tuple[str, ...] = ()
     shape_error: bool = False  # the node's input shapes do not fit it (e.g. after --input-shape)
 
     def __str__(self) -> str:
@@ -84,3 +87,7 @@ class TestVectorError(SvodcError):
 class WeightsError(SvodcError):
     """Weights from outside the model (a safetensors file, ONNX external data) cannot be read or do not
     fit the model: the message names the file and the tensor."""
+
+
+class PrecisionError(SvodcError):
+    """A --precision the compilation cannot honour (an unknown name, or a target that takes fp32 only)."""

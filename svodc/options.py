@@ -8,6 +8,10 @@ import numpy as np
 
 from svodc.policy import OptimizationPolicy
 
+# --precision: the element type GEMM weights are stored in (float32 accumulation; inputs and outputs keep the
+# model's dtypes). svodc/api.py measures the error against fp32 and records it in the manifest's options.
+PRECISIONS = {"fp32": "float32", "f16": "float16", "bf16": "bfloat16"}
+
 
 @dataclass(frozen=True)
 class CompileOptions:
@@ -48,3 +52,6 @@ class CompileOptions:
     # Sign the bundle with this Ed25519 private key (a PEM file; `--sign`): svodrt.load(trust=...) then
     # accepts it (docs/bundle-format.md "Trust model"). Needs the svod[sign] extra.
     sign_key: str | None = None
+    # Storage of GEMM weights (`--precision`, PRECISIONS): "fp32", or "f16" / "bf16" on GPU targets, whose GEMM
+    # kernels widen them to float32 as they load them (gfx11: WMMA on f16/bf16 operands, float32 accumulation).
+    precision: str = "fp32"

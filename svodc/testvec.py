@@ -24,9 +24,9 @@ from collections.abc import Callable
 import numpy as np
 
 from svodc.errors import TestVectorError
-from svodc.ir.dtypes import dtypes, to_storage
+from svodc.ir.dtypes import DType, dtypes, to_storage
 from svodc.ir.interpret import EvaluationTimeout, evaluate
-from svodc.ir.ops import Ops
+from svodc.ir.ops import ConstData, Ops
 from svodc.ir.uop import UOp, toposort
 from svodc.program import Buffer, ImportedGraph, Program
 from svodrt.format import FLOAT_FORMATS
@@ -144,3 +144,35 @@ def build_test_vectors(graph: ImportedGraph, program: Program, wanted: bool | No
         "outputs": [_le_bytes(o, b) for o, b in zip(outs, program.outputs, strict=True)],
         "tolerance": [_tolerance(b, o) for b, o in zip(program.outputs, outs, strict=True)],
     }]
+
+
+def _round_weights(roots: list[UOp], dt: DType) -> list[UOp]:
+    """The graph with its float32 weight matrices (rank >= 2: what GEMMs read) rounded to dt and back."""
+    new: dict[UOp, UOp] = {}
+    for n in toposort(roots):
+        if n.op is Ops.WEIGHT and n.dtype is dtypes.float32 and len(n.shape) >= 2:
+            new[n] = UOp(Ops.WEIGHT, n.dtype, (), ConstData(n.arg.array.astype(dt.np).astype(np.float32)))
+        else:
+            src = tuple(new[s] for s in n.src)
+            new[n] = n if src == n.src else n.replace(src=src)
+    return [new[r] for r in roots]
+
+
+def precision_errors(graph: ImportedGraph, program: Program, dt: DType) -> list[float] | None:
+    """Per float output, the largest |difference| between the model at fp32 and the model with its weight
+    matrices rounded to dt (--precision), on the test vector's input, by the reference interpreter (None
+    when it cannot run; 0.0 for outputs that are not floats)."""
+    rng = np.random.default_rng(SEED)
+    feeds = {b.name: reference_input(b, rng, len(graph.vocabulary)) for b in program.inputs}
+    roots = [o for _, o in graph.outputs]
+    if over_budget(roots) is not None:
+        return None
+    try:
+        with np.errstate(all="ignore"):
+            deadline = time.monotonic() + EVAL_SECONDS
+            want = evaluate(roots, feeds, deadline=deadline)
+            got = evaluate(_round_weights(roots, dt), feeds, deadline=deadline)
+    except Exception:  # as for the vectors: no number, and the caller says so
+        return None
+    return [float(np.max(np.abs(g.astype(np.float64) - w), initial=0.0)) if b.dtype.is_float else 0.0
+            for g, w, b in zip(got, want, program.outputs, strict=True)]

@@ -98,7 +98,8 @@ MAX_BLOCK = 1024  # threads per block
 
 def gpu_binding(variant: Mapping, cubin_sha256: bytes | None) -> bytes:
     """Binds the kind, launch list and cubin to the variant's binding: docs/bundle-format.md "GPU variants"."""
-    launches = [[x["kernel"], x["symbol"], list(x["grid"]), list(x["block"])] for x in variant["launches"]]
+    launches = [[x["kernel"], x["symbol"], list(x["grid"]), list(x["block"]), *([x["dims"]] if "dims" in x else [])]
+                for x in variant["launches"]]  # "dims" in a bundle with dims: older runtimes refuse it here
     return msgpack_sha256([bytes(variant["binding"]), variant["kind"], bytes(cubin_sha256 or b""), launches])
 
 

@@ -20,7 +20,7 @@ from svodrt.features import feature_names
 from svodrt.format import GPU_KINDS
 from svodrt.host import Host, detect_host
 from svodrt.memory import YIELD_FN, map_code
-from svodrt.runner import Runner, at_bound, check_dims_status, check_input, dim_values, real_output  # noqa: F401
+from svodrt.runner import Runner, check_dims_status, check_input, real_output  # noqa: F401 (check_input: API)
 from svodrt.trust import TrustSpec
 
 if TYPE_CHECKING:
@@ -142,13 +142,6 @@ class Model(Runner):
             return outs
         check_dims_status(dims, self.bundle.dims)
         return [real_output(t, o, dims, self._dim_slots) for t, o in zip(self.bundle.outputs, outs, strict=True)]
-
-    def _prepare(self, feeds: MappingT[str, object]) -> tuple[list[np.ndarray], object]:
-        """The checked inputs as the code reads them and the `dims` array (None: static; svodrt/runner.py)."""
-        arrays, ins = self.check_inputs(feeds), self.bundle.inputs
-        if not self.bundle.dims:
-            return arrays, None
-        return [at_bound(t, a) for t, a in zip(ins, arrays, strict=True)], dim_values(ins, arrays, self.bundle.dims)
 
     def profile(self, feeds: MappingT[str, object], repeat: int = 10) -> list[tuple[str, float, tuple[str, ...]]]:
         """Time each kernel alone (single-threaded, its own entry point): [(kernel, median seconds,

@@ -80,6 +80,13 @@ class Runner:
             result.update((name, feeds[name]) for name, role in self._computed.items() if role in ("output", "both"))
         return result
 
+    def _prepare(self, feeds: MappingT[str, object]) -> tuple[list[np.ndarray], object]:
+        """The checked inputs as the code reads them and the `dims` array (None: static)."""
+        arrays, ins = self.check_inputs(feeds), self.bundle.inputs
+        if not self.bundle.dims:
+            return arrays, None
+        return [at_bound(t, a) for t, a in zip(ins, arrays, strict=True)], dim_values(ins, arrays, self.bundle.dims)
+
     def edge_feeds(self, feeds: MappingT[str, object]) -> MappingT[str, object]:
         """feeds with the string program's results added (the code inputs it fills, the outputs run() returns)."""
         return feeds if self._program is None else self._program.complete(feeds)

@@ -105,8 +105,8 @@ def dim_table(m: Any) -> dict[str, Dim]:
     for i, d in enumerate(items(m, "dims", "manifest")):
         computed = "computed" in d and field(d, "computed", bool, f"dims[{i}]")
         dim = Dim(name(d, "name", f"dims[{i}]"), uint(d, "lo", f"dims[{i}]"), uint(d, "hi", f"dims[{i}]"), computed)
-        if not 1 <= dim.lo <= dim.hi or dim.name in out:
-            raise fail(f"dims[{i}]", f"{dim.name!r} {dim.lo}..{dim.hi} must be a new name with 1 <= lo <= hi")
+        if not int(not computed) <= dim.lo <= dim.hi or dim.name in out:  # a computed dim may be 0 (a count)
+            raise fail(f"dims[{i}]", f"{dim.name!r} {dim.lo}..{dim.hi}: a new name, 1 <= lo <= hi (computed: 0 <= lo)")
         out[dim.name] = dim
     return out
 
@@ -162,6 +162,7 @@ class Launch:
     symbol: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
+    dims: tuple[int, ...] = ()  # bounded dims (their indices) that scale the grid: abi.launch_blocks
 
 
 @dataclass(frozen=True)
@@ -373,22 +374,22 @@ def _variant(m: dict, i: int, sections: list[Section], n_kernels: int) -> Varian
         raise fail(f"{where}.binding", f"does not match {arch}:{cpu}'s code, entry points, features and "
                    "the plan they were compiled for: the manifest is damaged or was edited")
     kind = field(v, "kind", str, where) if "kind" in v else "cpu"
-    launches, cubin = _gpu(v, where, sections, n_kernels) if kind in fmt.GPU_KINDS else ((), None)
+    launches, cubin = _gpu(v, where, sections, n_kernels, m) if kind in fmt.GPU_KINDS else ((), None)
     return Variant(i, arch, cpu, tuple(feats), sec, entry, tuple(kernels), tuple(fixups), kind, launches, cubin)
 
 
-def _gpu(v: dict, where: str, sections: list[Section], n_kernels: int) -> tuple[tuple[Launch, ...], Section | None]:
+def _gpu(v: dict, where: str, sections: list[Section], n: int, m: dict) -> tuple[tuple[Launch, ...], Section | None]:
     """A GPU variant's launch list and cubin section, bound to the rest by `gpu_binding`."""
     launches = []
     for j, x in enumerate(items(v, "launches", where)):
         w = f"{where}.launches[{j}]"
         kernel = uint(x, "kernel", w)
         grid, block = uints(x, "grid", w, fmt.MAX_GRID), uints(x, "block", w, fmt.MAX_BLOCK)
-        if kernel >= n_kernels or len(grid) != 3 or len(block) != 3 or 0 in grid or math.prod(block) > fmt.MAX_BLOCK \
-                or 0 in block:
-            raise fail(w, f"kernel {kernel} of {n_kernels}, grid {grid}, block {block}: expected a kernel index, "
+        if kernel >= n or len(grid) != 3 or len(block) != 3 or 0 in (*grid, *block) or math.prod(block) > fmt.MAX_BLOCK:
+            raise fail(w, f"kernel {kernel} of {n}, grid {grid}, block {block}: expected a kernel index, "
                        f"3 positive grid sizes and 3 positive block sizes of at most {fmt.MAX_BLOCK} threads in all")
-        launches.append(Launch(kernel, name(x, "symbol", w), tuple(grid), tuple(block)))  # type: ignore[arg-type]
+        dims = uints(x, "dims", w, len(m.get("dims", ())) - 1) if "dims" in x else ()
+        launches.append(Launch(kernel, name(x, "symbol", w), tuple(grid), tuple(block), tuple(dims)))  # type: ignore
     cubin = None
     if "cubin" in v:
         ci = uint(v, "cubin", where, len(sections))

@@ -5,6 +5,7 @@ targets"). The two APIs mirror each other: one table names each operation in bot
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import threading
 from collections.abc import Mapping as MappingT
@@ -12,10 +13,12 @@ from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint, c_uint64, c_ulong
 
 import numpy as np
 
+from svodrt.abi import DIM_SIZE
 from svodrt.bundle import Program, Section, Variant
 from svodrt.errors import DeviceError, ModelClosedError, UnsupportedHostError
-from svodrt.runner import Runner
+from svodrt.runner import Runner, real_output
 from svodrt.trust import TrustSpec
+from svodrt_gpu.abi import launch_blocks
 
 LIBRARIES = {"cuda": ("libcuda.so.1", "libcuda.so"),
              "hip": ("libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6", "/opt/rocm/lib/libamdhip64.so")}
@@ -208,9 +211,10 @@ class GpuModel(Runner):
         self.variant, self.code_kind = self._choose(program, index)
         host_weights, weights_address = program.weights()
         self._stream = d.handle("stream", 0)
-        for nbytes in (b.weights_size, b.arena_size, *(t.nbytes for t in (*b.inputs, *b.outputs))):
+        io_sizes = (t.nbytes for t in (*b.inputs, *b.outputs))
+        for nbytes in (b.weights_size, b.arena_size, DIM_SIZE * len(b.dims), *io_sizes):
             self._buffers.append(d.alloc(nbytes))  # one at a time: close() frees them if one fails
-        weights, arena, *io = self._buffers
+        weights, arena, self._dims, *io = self._buffers
         if b.weights_size:
             d.call("h2d", weights, weights_address, b.weights_size, self._stream)
         base = {"weight": weights, "scratch": arena}
@@ -221,20 +225,24 @@ class GpuModel(Runner):
             return base[kind] + pos if kind in base else io[where[kind] + pos]
 
         self._io = io
-        self._launches = []
+        self._launches, self._scales = [], []
         for x in self.variant.launches:
-            ptrs = [address(p) for p in b.kernels[x.kernel].params]
+            ptrs = [address(p) for p in b.kernels[x.kernel].params] + ([self._dims] if b.dims else [])
             values = (ctypes.c_uint64 * len(ptrs))(*ptrs)
             args = (ctypes.c_void_p * len(ptrs))(*(ctypes.addressof(values) + 8 * i for i in range(len(ptrs))))
             fn = d.handle("function", self._module, x.symbol.encode())
             self._launches.append((fn, *x.grid, *x.block, 0, self._stream, args, None, values))
+            self._scales.append((x.dims, math.prod(b.dims[i].hi for i in x.dims)))
         d.call("sync", self._stream)  # the upload is done: host_weights may go
         del host_weights
-        if graph and self._launches:
+        if graph and self._launches and not b.dims:  # a graph fixes the grids, which bounded dims scale
             self._capture()
 
-    def _launch_all(self) -> None:
-        for launch in self._launches:
+    def _launch_all(self, dims: ctypes.Array | None = None) -> None:
+        for launch, (slots, bounds) in zip(self._launches, self._scales, strict=True):
+            if slots and dims is not None:
+                blocks = launch_blocks(launch[1], math.prod(dims[i] for i in slots), bounds)
+                launch = (launch[0], blocks, *launch[2:])
             self.device.call("launch", *launch[:-1])
 
     def _capture(self) -> None:
@@ -254,7 +262,7 @@ class GpuModel(Runner):
     def run(self, feeds: MappingT[str, object]) -> dict[str, np.ndarray]:
         """{input name: array} -> {output name: array}, like Model.run. Safe from many threads (they take turns)."""
         feeds = self.edge_feeds(feeds)
-        arrays = self.check_inputs(feeds)
+        arrays, dims = self._prepare(feeds)  # dims: bounded dims' values, inputs in the bounds' layout
         outs = [np.empty(shape, dtype) for shape, dtype in self._output_specs]
         d, s = self.device, self._stream
         with self._lock:
@@ -264,14 +272,18 @@ class GpuModel(Runner):
             for buf, a in zip(self._io[:len(arrays)], arrays, strict=True):
                 if a.nbytes:
                     d.call("h2d", buf, a.ctypes.data, a.nbytes, s)
+            if dims is not None:
+                d.call("h2d", self._dims, ctypes.addressof(dims), DIM_SIZE * len(self.bundle.dims), s)
             if self._exec is not None:
                 d.call("graph_launch", self._exec, s)
             else:
-                self._launch_all()
+                self._launch_all(dims)
             for buf, o in zip(self._io[len(arrays):], outs, strict=True):
                 if o.nbytes:
                     d.call("d2h", o.ctypes.data, buf, o.nbytes, s)
             d.call("sync", s)
+        if dims is not None:
+            outs = [real_output(t, o, dims, self._dim_slots) for t, o in zip(self.bundle.outputs, outs, strict=True)]
         return self._results(outs, feeds)
 
     def close(self) -> None:

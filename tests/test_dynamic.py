@@ -208,14 +208,23 @@ def test_cli_takes_ranges_and_fixed_sizes(tmp_path):
     with svodrt.load(out, threads=1) as m:
         assert str(m.inputs[0]) == "x: float32[3, 5]" and not m.bundle.dims
     r = run("svodc", "compile", str(path), "-o", str(out), "--dim", "N=4..2")
-    assert r.returncode != 0 and "a range LO..HI needs 1 <= LO <= HI" in r.stderr
+    assert r.returncode != 0 and "a range LO..HI needs 0 <= LO <= HI" in r.stderr
     r = run("svodc", "compile", str(path), "-o", str(tmp_path / "none.svod"))
     assert r.returncode == 1 and "--dim N=1..64" in r.stderr and "--input-shape x=1..64x1..64" in r.stderr
 
 
-def test_gpu_targets_refuse_bounded_dims_for_now(cnn):
-    with pytest.raises(DynamicShapeError, match="GPU variants"):
-        svodc.compile(_cnn(), target="host,sm_90", dims={"N": (1, 9)})
+def test_gpu_targets_compile_bounded_dims(cnn):
+    """Every GPU kernel then takes `dims`, and the launches that scale with N list it (the stand-in driver and
+    the RDNA3 emulator run such bundles: tests/test_gpu_runtime.py, tests/test_gpu_rdna3.py)."""
+    from svodrt.bundle import parse_bundle
+
+    bundle = parse_bundle(svodc.compile(_cnn(), target="host,sm_90,sm_80,gfx942,gfx1100", dims={"N": (1, 9)}))
+    gpus = [v for v in bundle.variants if v.kind != "cpu"]
+    assert [v.cpu for v in gpus] == ["sm_90", "sm_80", "gfx942", "gfx1100"]
+    for v in gpus:
+        assert any(x.dims == (0,) for x in v.launches) and all(x.dims in ((), (0,)) for x in v.launches)
+    with pytest.raises(DynamicShapeError, match=r"computed dims \['H\+2', .*GPU variants \(cuda:sm_90\) take input dims"):
+        svodc.compile(_image_net(), target="sm_90", input_shapes={"x": (1, 3, (3, 21), (4, 30))})
 
 
 FORMAT_1_4_COMMIT = "581609a"  # main just before format 1.5: its svodrt is a format 1.4 runtime
@@ -315,6 +324,16 @@ def test_a_format_1_6_runtime_refuses_a_bundle_with_computed_dims(image_net, tmp
 
     out = old_runtime_load(FORMAT_1_6_COMMIT, 6, image_net[1], tmp_path)
     assert "manifest field dims: a dim sizes no input: no call could give its value" in out
+
+
+def test_a_format_1_6_runtime_refuses_gpu_variants_with_bounded_dims(tmp_path):
+    """docs/bundle-format.md, 1.8: the launches' `dims` are in the GPU binding, so a 1.6 runtime (whose GPU
+    executor would launch the kernels without their `dims` argument) refuses the bundle before mapping it."""
+    from tests.bundle_tools import old_runtime_load
+
+    out = old_runtime_load(FORMAT_1_6_COMMIT, 6, svodc.compile(_cnn(), target="host,sm_90", dims={"N": (1, 9)}),
+                           tmp_path)
+    assert "gpu_binding" in out and "does not match the variant's launch list" in out
 
 
 def _fpn():

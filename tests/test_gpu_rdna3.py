@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import svodrt
 from svodc.codegen.gpu_compile import compile_gpu_programs
 from svodc.codegen.gpu_wmma import SYMBOL, WmmaGemm, compile_wmma_gemm
 from svodc.errors import CodegenError
@@ -23,7 +24,7 @@ from svodc.options import CompileOptions
 from tests.gpu.harness import assert_close, gpu_bundle, lower
 from tests.gpu.rdna3.decode import UnknownInstruction, decode
 from tests.gpu.rdna3.objdump import find_objdump, mismatches
-from tests.gpu.rdna3.on_stub import run_in_emulator
+from tests.gpu.rdna3.on_stub import RDNA3Launcher, run_in_emulator
 from tests.gpu.rdna3.runner import CodeObject, Emulator
 from tests.gpu.rdna3.wave import Memory, MemoryFault
 from tests.light_models import dummy_inputs, random_weight_variant
@@ -65,6 +66,45 @@ def test_small_model_runs_in_the_emulator(emulated_hip, small_gfx1100):
     one_at_a_time = run_in_emulator(emulated_hip, bundle, image.code, feeds, lockstep=False)
     for name, value in got.items():
         np.testing.assert_array_equal(value, one_at_a_time[name])
+
+
+def test_a_bounded_batch_runs_in_the_emulator_at_two_sizes(emulated_hip):
+    """One gfx1100 bundle with N in 1..4 (tests/test_dynamic.py's model: a conv GEMM over a run-time batch,
+    pooling, a Gemm, Softmax): its machine code reads N from `dims` and runs at N=1 and N=3."""
+    import svodc
+    from tests.test_dynamic import _cnn, _feeds
+
+    model, options = _cnn(), CompileOptions(dims={"N": (1, 4)})
+    image = _gfx1100(lower(model, options), options)
+    bundle = svodc.compile(model, target="gfx1100", options=options)
+    for n in (1, 3):
+        feeds = _feeds(n)
+        got = run_in_emulator(emulated_hip, bundle, image.code, feeds)
+        assert_close(got, reference(model, feeds))
+        assert got["z"].shape == (n, 10)
+
+
+@pytest.mark.parametrize(("precision", "instruction", "tolerance"), [("f16", "v_wmma_f32_16x16x16_f16", 2e-3),
+                                                                    ("bf16", "v_wmma_f32_16x16x16_bf16", 2e-2)])
+def test_reduced_precision_gemms_run_on_the_matrix_units(emulated_hip, small_model, precision, instruction,
+                                                          tolerance):
+    """--precision on gfx1100: the model's GEMMs run on WMMA (weights stored in that type, activations
+    rounded to it, float32 accumulation); against onnxruntime's fp32 within the stated tolerance (softmax
+    outputs; f16 keeps 11 significant bits, bf16 8)."""
+    model, feeds = small_model
+    options = CompileOptions(precision=precision)
+    program = lower(model, options)
+    image = _gfx1100(program, options)
+    launcher = RDNA3Launcher(emulated_hip, image.code)
+    emulated_hip.set_launcher(launcher)
+    with svodrt.load(gpu_bundle(program, [image]), device="hip:0", graph=False) as m:
+        got = m.run(feeds)
+    assert not launcher.errors, launcher.errors[0]
+    ran = {ins.name for k in launcher.emulator.code.kernels.values() for _, ins, _ in k.decoded.values()}
+    assert instruction in ran
+    for (name, g), w in zip(got.items(), reference(model, feeds), strict=True):
+        err = float(np.abs(g - w).max())
+        assert 0.0 < err <= tolerance, (name, err)
 
 
 @OBJDUMP

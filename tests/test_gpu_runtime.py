@@ -291,3 +291,40 @@ def test_cli_finds_the_driver_by_its_library_name(stub_library, small_gpu, tmp_p
     if out.returncode == 0:
         pytest.skip("this machine has a HIP driver")
     assert out.stderr.strip().startswith("svodrt: error: no HIP driver: libamdhip64.so"), out.stderr
+
+
+@pytest.fixture(scope="module")
+def bounded_gpu(llvm_workers):
+    """A model with a bounded batch (tests/test_dynamic.py's: a conv GEMM with a run-time batch, pooling,
+    a small Gemm, Softmax; two inputs sharing N) for sm_90 and gfx942, and its kernels' emulation."""
+    from svodc.options import CompileOptions
+    from tests.test_dynamic import _cnn
+
+    model, options = _cnn(), CompileOptions(dims={"N": (1, 9)})
+    return model, svodc.compile(model, target="sm_90,gfx942", options=options), emulate(model, options, workers=llvm_workers)
+
+
+@pytest.mark.parametrize("device", ["cuda:0", "hip:0"])
+def test_one_gpu_bundle_runs_two_batch_sizes(stub, bounded_gpu, device):
+    """Against onnxruntime at N=2 and N=9 (the bound), one load; the launches that scale with N run fewer
+    blocks at N=2 (the emulation checks each launch's block count against its dims)."""
+    from tests.test_dynamic import _feeds
+
+    model, bundle, emu = bounded_gpu
+    emu.errors.clear()
+    stub.set_launcher(emu.launcher(stub))
+    blocks = {}
+    with svodrt.load(bundle, device=device) as m:
+        assert [str(t) for t in m.inputs] == ["x: float32[N=1..9, 3, 16, 16]", "b: float32[N=1..9, 10]"]
+        for n in (2, 9):
+            feeds = _feeds(n)
+            stub.clear()
+            got = m.run(feeds)
+            want = reference(model, feeds)
+            assert [g.shape for g in got.values()] == [w.shape for w in want]
+            assert_close(got, want)
+            blocks[n] = [int(line.split()[3]) for line in stub.log() if line.startswith("launch")]
+    assert not emu.errors, emu.errors
+    assert len(blocks[2]) == len(blocks[9]) and all(a <= b for a, b in zip(blocks[2], blocks[9], strict=True))
+    assert sum(blocks[2]) < sum(blocks[9])
+    assert stub.live_allocations() == 0

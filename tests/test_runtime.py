@@ -186,8 +186,9 @@ def test_code_fixups_are_relocated_checked_and_the_image_made_read_execute():
 RUNTIME_BUDGET = 2_000  # lines in svodrt/*.py (`wc -l`): ../shared/DESIGN.md, issue 11's acceptance
 # The count today: 1,989 after issue 11 moved the GPU executor to svodrt_gpu/, + 32 for format 1.7's computed
 # dims, + 90 for format 1.8's string program, - 103 moving the string program to svodrt_strings/, - 13 paid back by
-# 1.7's code: within the budget. A change that adds lines raises this by what it adds (and says so).
-RUNTIME_LINES_NOW = 1_995
+# 1.7's code, + 2 for GPU launches with bounded dims: within the budget. A change that adds lines raises this by
+# what it adds (and says so).
+RUNTIME_LINES_NOW = 1_997
 
 
 def _runtime_lines() -> int:

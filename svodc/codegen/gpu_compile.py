@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 from svodc.codegen.compile import LLVMJob, prepare_kernel, run_jobs
 from svodc.codegen.elf import read_object
-from svodc.codegen.gpu_emit import GpuEmitter, Launch, map_launch
+from svodc.codegen.gpu_emit import GpuEmitter, Launch, map_launch, scaling_dims
 from svodc.codegen.gpu_gemm import gemm_launch
 from svodc.codegen.gpu_tools import assemble_ptx, check_amd_code_object, link_amd_code_object
+from svodc.codegen.gpu_wmma import WMMA_ARCHS
 from svodc.codegen.link import CodeImage, link
 from svodc.codegen.llvm_ir import FN_ATTRS
 from svodc.codegen.worker import WorkerPool, borrow
@@ -48,31 +49,35 @@ class Statement:
     nparams: int
 
 
-def _store_total(stmt: UOp) -> int:
-    return math.prod(int(r.src[0].arg) for r in output_ranges(stmt))
+def _map_launch(ki: int, symbol: str, stmt: UOp, serial: bool, with_dims: bool) -> Launch | None:
+    extents = [r.src[0] for r in output_ranges(stmt)]
+    return map_launch(ki, symbol, math.prod(int(e.vmax) for e in extents), serial,
+                      scaling_dims(extents) if with_dims else None)
 
 
 def plan_statements(program: Program, check_ir: bool = False) -> list[Statement]:
     """Every statement of every kernel (after the target-level rewrites) with its launch, in execution
-    order. Symbols are ours (`svod_k<kernel>_<statement>`): PTX allows no '.' in names."""
+    order. Symbols are ours (`svod_k<kernel>_<statement>`): PTX allows no '.' in names. With bounded
+    dims, every kernel takes `dims` after its buffers (Launch.dims)."""
     out = []
+    with_dims = bool(program.dims)
     for ki, kernel in enumerate(program.kernels):
         k = prepare_kernel(kernel, check_ir=check_ir)
         serial = getattr(k.ast.arg, "serial", False)
         for si, stmt in enumerate(k.ast.src):
             symbol = f"svod_k{ki}_{si}"
-            launch = gemm_launch(ki, symbol, stmt.arg) if stmt.op is Ops.GEMM else \
-                map_launch(ki, symbol, _store_total(stmt), serial)
+            launch = gemm_launch(ki, symbol, stmt.arg, with_dims) if stmt.op is Ops.GEMM else \
+                _map_launch(ki, symbol, stmt, serial, with_dims)
             if launch is not None:
                 out.append(Statement(launch, stmt, len(kernel.params)))
     return out
 
 
-def gpu_module(statements: list[Statement], backend: str, triple: str) -> str:
+def gpu_module(statements: list[Statement], backend: str, triple: str, wmma: bool = False) -> str:
     bodies, declares, globals_, metadata = [], set(), [], []
     md_ids = itertools.count(1)  # !0 is the module flag
     for s in statements:
-        em = GpuEmitter(s.launch.symbol, s.stmt, s.launch, backend, md_ids)
+        em = GpuEmitter(s.launch.symbol, s.stmt, s.launch, backend, md_ids, wmma)
         bodies.append(em.render(s.nparams))
         declares |= em.uses_intrinsics
         globals_ += em.globals
@@ -102,7 +107,8 @@ def compile_gpu_programs(program: Program, targets: list[GpuTarget], options: Co
     jobs = []
     for t in targets:
         backend = "nvptx" if t.kind == "cuda" else "amdgcn"
-        jobs.append(LLVMJob(f"kernels for {t.describe()}", gpu_module(statements, backend, t.triple), t.triple, t.cpu,
+        module = gpu_module(statements, backend, t.triple, t.cpu in WMMA_ARCHS)
+        jobs.append(LLVMJob(f"kernels for {t.describe()}", module, t.triple, t.cpu,
                             t.llvm_features, options.opt_level, "small", False, set_datalayout=True,
                             emit="assembly" if t.kind == "cuda" else "object"))
     with borrow(workers, options.jobs or len(jobs)) as pool:
@@ -114,7 +120,8 @@ def compile_gpu_programs(program: Program, targets: list[GpuTarget], options: Co
             images.append(GpuImage(t, asm.encode() + b"\0", assemble_ptx(asm, t.cpu, what), launches))
         else:
             so = link_amd_code_object(obj, what)
-            check_amd_code_object(so, t.cpu, {s.launch.symbol: s.nparams for s in statements})
+            check_amd_code_object(so, t.cpu, {s.launch.symbol: s.nparams + (s.launch.dims is not None)
+                                              for s in statements})
             images.append(GpuImage(t, so, None, launches))
     return images
 

@@ -3,7 +3,9 @@
 Every statement of a kernel (a STORE, or a GEMM node) becomes one GPU kernel and one launch: kernel
 boundaries are the only grid-wide barriers, so statements never race (the pieces of a split STORE
 are independent anyway). Grid and block sizes are fixed at compile time and recorded in the launch
-list; the code uses them as constants.
+list; the code uses them as constants. With bounded dims every kernel also takes the device address
+of `dims` (svodrt/abi.py) after its buffers: loop bounds come from it, and a launch that scales with
+dims runs `launch_blocks` blocks, which the code computes the same way (its stride over the work).
 
 Mapping of a STORE ("map" kernel): its output ranges (outermost first) are flattened into one
 linear index g in [0, N); thread t of block b starts at g = b*BLOCK + t and strides by the whole
@@ -42,29 +44,36 @@ MAX_GRID = 4096  # blocks of a map kernel at most (the grid-stride loop covers t
 class Launch:
     kernel: int  # index of the Program kernel this statement belongs to (its params are the arguments)
     symbol: str
-    grid: int  # blocks (1-D)
+    grid: int  # blocks (1-D), at the dims' upper bounds
     block: int  # threads per block (1-D)
+    # None: the bundle has no bounded dims. Else the kernel takes `dims` after its buffers, and these
+    # (dims slot, upper bound) scale its grid at run time (svodrt_gpu.abi.launch_blocks).
+    dims: tuple[tuple[int, int], ...] | None = None
 
 
-def _const_end(r: UOp) -> int:
-    end = r.src[0]
-    assert end.op is Ops.CONST, "GPU kernels need static loop bounds (format 1 has no symbolic dimensions)"
-    return int(end.arg)
+def scaling_dims(extents: list[UOp]) -> tuple[tuple[int, int], ...]:
+    """(slot, bound) of the bounded dims in loop extents, once per extent that has them (each extent is
+    a dim's value times a constant: passes/dynamic.py)."""
+    out = []
+    for e in extents:
+        out += sorted({(n.arg.slot, n.arg.hi) for n in e.toposort() if n.op is Ops.DEFINE_VAR})
+    return tuple(out)
 
 
 def store_ranges(em_free: frozenset[UOp]) -> list[UOp]:
     return sorted(em_free, key=lambda r: r.arg.id)
 
 
-def map_launch(kernel: int, symbol: str, total: int, serial: bool = False) -> Launch | None:
-    """The launch of a map kernel over `total` elements (None: nothing to compute). serial: one thread
-    does every element in index order (kernels whose stores must happen in order: a scatter's
-    read-modify-write at run-time positions that may repeat)."""
+def map_launch(kernel: int, symbol: str, total: int, serial: bool = False,
+               dims: tuple[tuple[int, int], ...] | None = None) -> Launch | None:
+    """The launch of a map kernel over `total` elements at the bounds (None: nothing to compute). serial:
+    one thread does every element in index order (kernels whose stores must happen in order: a scatter's
+    read-modify-write at run-time positions that may repeat). dims: see Launch."""
     if total == 0:
         return None
     if serial:
-        return Launch(kernel, symbol, 1, 1)
-    return Launch(kernel, symbol, min(-(-total // MAP_BLOCK), MAX_GRID), MAP_BLOCK)
+        return Launch(kernel, symbol, 1, 1, None if dims is None else ())
+    return Launch(kernel, symbol, min(-(-total // MAP_BLOCK), MAX_GRID), MAP_BLOCK, dims)
 
 
 def loop_range(uid: int, end: int) -> UOp:
@@ -77,7 +86,8 @@ def loop_range(uid: int, end: int) -> UOp:
 class GpuEmitter(KernelEmitter):
     """Emits one statement as one GPU kernel function for `backend`."""
 
-    def __init__(self, symbol: str, stmt: UOp, launch: Launch, backend: str, md_ids: Iterator[int]):
+    def __init__(self, symbol: str, stmt: UOp, launch: Launch, backend: str, md_ids: Iterator[int],
+                 wmma: bool = False):
         super().__init__(symbol, stmt, None)  # type: ignore[arg-type]  (the CPU target is not used)
         assert backend in BACKENDS
         self.backend = backend
@@ -91,8 +101,52 @@ class GpuEmitter(KernelEmitter):
         self.bid_r = loop_range(-2, launch.grid)
         self.tid_r = loop_range(-3, launch.block)
         self.emulated = backend == "emulate"
+        self.wmma = wmma  # gfx11 matrix units, for GEMMs with float16/bfloat16 weights (gpu_wmma.py)
 
     # ------------------------------------------------------------------ ids, phases, memory
+    def extent(self, r: UOp) -> str:
+        """A loop's trip count: a constant, or computed from `dims` once per kernel call."""
+        end = r.src[0]
+        return str(int(end.arg)) if end.op is Ops.CONST else self.value(end)
+
+    def product(self, factors: list[str]) -> str:
+        """The product of i64 values (constants folded), in the function's first scope."""
+        const = math.prod(int(f) for f in factors if f.lstrip("-").isdigit())
+        out = str(const)
+        for f in factors:
+            if not f.lstrip("-").isdigit():
+                out = f if out == "1" else self.emit_line(self.stack[0], f"mul nuw nsw i64 {out}, {f}")
+        return out
+
+    def split_flat(self, scope, value: str, ends: list[str]) -> list[str]:
+        """A flat index below the product of `ends` (outermost first) as coordinates, innermost first. The
+        outermost is what remains after the inner ones: no division by it, which is a run-time size when a
+        bounded dim leads (a division by a run-time value is a long instruction sequence on a GPU)."""
+        out: list[str] = []
+        for i, end in enumerate(reversed(ends)):
+            if end == "1":
+                out.append("0")
+            elif i == len(ends) - 1:
+                out.append(value)
+            else:
+                out.append(self.emit_line(scope, f"urem i64 {value}, {end}"))
+                value = self.emit_line(scope, f"udiv i64 {value}, {end}")
+        return out
+
+    def grid_value(self) -> str:
+        """Blocks of this launch at run time: svodrt_gpu.abi.launch_blocks over the launch's dims, as the runtime
+        computes it (the grid at the bounds when none scale it)."""
+        scale = self.launch.dims or ()
+        if not scale:
+            return str(self.launch.grid)
+        top = self.stack[0]
+        if ("grid",) not in top.cache:
+            bounds = math.prod(hi for _, hi in scale)
+            v = self.product([str(self.launch.grid), *(self.dim_value(slot) for slot, _ in scale)])
+            v = self.emit_line(top, f"add nuw nsw i64 {v}, {bounds - 1}")
+            top.cache[("grid",)] = self.emit_line(top, f"udiv i64 {v}, {bounds}")
+        return top.cache[("grid",)]
+
     def _special(self, nv: str, amd: str) -> str:
         name = nv if self.backend == "nvptx" else amd
         self.uses_intrinsics.add(f"declare i32 @{name}()")
@@ -103,7 +157,7 @@ class GpuEmitter(KernelEmitter):
     def blocks(self) -> Iterator[None]:
         """The body of one block: a loop over blocks in the emulation, the block id on a GPU."""
         if self.emulated:
-            self.open_loop(self.bid_r, "0", str(self.launch.grid))
+            self.open_loop(self.bid_r, "0", self.grid_value())
         else:
             self.bind_range(self.bid_r, self._special("llvm.nvvm.read.ptx.sreg.ctaid.x", "llvm.amdgcn.workgroup.id.x"))
             self.bind_range(self.tid_r, self._special("llvm.nvvm.read.ptx.sreg.tid.x", "llvm.amdgcn.workitem.id.x"))
@@ -169,24 +223,19 @@ class GpuEmitter(KernelEmitter):
     # ------------------------------------------------------------------ statements
     def emit_map(self, store: UOp) -> None:
         ranges = store_ranges(self.free[store])
-        total = math.prod(_const_end(r) for r in ranges)
-        grid, block = self.launch.grid, self.launch.block
+        ends = [self.extent(r) for r in ranges]
+        total = self.product(ends)
+        at_bound = math.prod(int(r.src[0].vmax) for r in ranges)
+        block = self.launch.block
+        stride = self.product([self.grid_value(), str(block)])
         with self.blocks(), self.threads():
             line = self.emit_line
             b = self.value(self.bid_r)
             t = self.value(self.tid_r)
             base = line(self.stack[-1], f"mul nuw nsw i64 {b}, {block}")
             g0 = line(self.stack[-1], f"add nuw nsw i64 {base}, {t}")
-            self.open_loop(loop_range(-4, total), g0, str(total), str(grid * block))
-            rest = self.stack[-1].ivar
-            values: list[str] = []
-            for r in reversed(ranges):
-                end = _const_end(r)
-                if end == 1:
-                    values.append("0")
-                    continue
-                values.append(line(self.stack[-1], f"urem i64 {rest}, {end}"))
-                rest = line(self.stack[-1], f"udiv i64 {rest}, {end}")
+            self.open_loop(loop_range(-4, at_bound), g0, total, stride)
+            values = self.split_flat(self.stack[-1], self.stack[-1].ivar, ends)
             for r, v in zip(ranges, reversed(values), strict=True):
                 self.bind_range(r, v)
             self.emit_statement(store)
@@ -201,18 +250,19 @@ class GpuEmitter(KernelEmitter):
             emit_gpu_gemm(self, self.ast)
         else:
             self.emit_map(self.ast)
+        names = [f"p{i}" for i in range(nparams)] + (["dims"] if self.launch.dims is not None else [])
         if self.backend == "emulate":
             head = f"define void @{self.name}(ptr %args) #0 {{"
             prologue = []
-            for i in range(nparams):
+            for i, p in enumerate(names):
                 prologue += [f"  %a{i}.p = getelementptr inbounds ptr, ptr %args, i64 {i}",
-                             f"  %a{i} = load ptr, ptr %a{i}.p", f"  %p{i} = load ptr, ptr %a{i}"]
+                             f"  %a{i} = load ptr, ptr %a{i}.p", f"  %{p} = load ptr, ptr %a{i}"]
         elif self.backend == "amdgcn":
-            params = ", ".join(f"ptr addrspace(1) noalias %g{i}" for i in range(nparams))
+            params = ", ".join(f"ptr addrspace(1) noalias %g{i}" for i in range(len(names)))
             head = f"define amdgpu_kernel void @{self.name}({params}) #0 {{"
-            prologue = [f"  %p{i} = addrspacecast ptr addrspace(1) %g{i} to ptr" for i in range(nparams)]
+            prologue = [f"  %{p} = addrspacecast ptr addrspace(1) %g{i} to ptr" for i, p in enumerate(names)]
         else:
-            params = ", ".join(f"ptr noalias %p{i}" for i in range(nparams))
+            params = ", ".join(f"ptr noalias %{p}" for p in names)
             head = f"define ptx_kernel void @{self.name}({params}) #0 {{"
             prologue = []
         body = [head, "entry:", *prologue, *[f"  {a}" for a in self.allocas], *self.stack[0].lines, "  ret void", "}"]

@@ -1,6 +1,6 @@
-"""GPU code for GEMM nodes: a shared-memory tiled kernel (the first correct version; the matrix units
--- MFMA, WMMA, mma.sync -- are not used by it; gpu_wmma.py is a first float16 WMMA kernel for gfx11,
-not yet wired into model compilation).
+"""GPU code for GEMM nodes: a shared-memory tiled kernel (the first correct version) on the vector ALUs;
+on gfx11 with float16/bfloat16 weights (--precision) its inner products run on the matrix units instead
+(gpu_wmma.accumulate_wmma; MFMA and mma.sync are not used).
 
 C[b, m, n] = sum_k A[b, m, k] * B[b, k, n]. One block of THREADS = 16 x 16 threads computes a
 BM x BN = 64 x 64 tile of C; thread (ty, tx) = (t / 16, t % 16) owns the 4 x 4 elements
@@ -13,6 +13,10 @@ protects the tiles from the next step's loads. Last, every thread stores its ele
 the epilogue STORE on each of them (the epilogue reads C only at the element it writes, see
 passes/lower_gemm.py), bound to that element's (batch, m, n).
 
+Bounded dims (GemmArg.batch_var, m_var, n_var, k_var): the sizes come from `dims`, the block count
+scales with them (Launch.dims), and each block strides over the run-time tiles (any block count is
+then correct); staging, the k steps and the stores are bounded by the run-time sizes.
+
 Operand addressing follows GemmOperand: strided views, or constants packed in panels at compile
 time (svodc/gemm_plan.py: A_PANEL rows of A, B_PANEL columns of B and of a transposed GEMM's A). The
 panel layout was chosen for the CPU micro-kernels; the GPU kernel just indexes it. Tile sizes and
@@ -21,11 +25,14 @@ the block count come from the same plan.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from svodc.codegen.gpu_emit import GpuEmitter, Launch, loop_range
+from svodc.codegen.gpu_wmma import accumulate_wmma, wmma_position
 from svodc.codegen.llvm_gemm import operand_offset
 from svodc.gemm_plan import B_PANEL, GPU_BM, GPU_BN, GPU_TK, a_panel, gpu_plan
-from svodc.ir.dtypes import dtypes
-from svodc.ir.ops import GemmArg, GemmOperand
+from svodc.ir.dtypes import DType, dtypes
+from svodc.ir.ops import GemmArg, GemmOperand, VarArg
 from svodc.ir.uop import UOp
 
 BM, BN, TK = GPU_BM, GPU_BN, GPU_TK
@@ -37,9 +44,38 @@ RM, RN = BM // SIDE, BN // SIDE
 KK_UNROLL = 2
 
 
-def gemm_launch(kernel: int, symbol: str, arg: GemmArg) -> Launch | None:
+def gemm_launch(kernel: int, symbol: str, arg: GemmArg, with_dims: bool = False) -> Launch | None:
     blocks = gpu_plan(arg).blocks
-    return Launch(kernel, symbol, blocks, THREADS) if blocks else None
+    dims = tuple((v.slot, v.hi) for v in (arg.batch_var, arg.m_var, arg.n_var) if v is not None)
+    return Launch(kernel, symbol, blocks, THREADS, dims if with_dims else None) if blocks else None
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """A GEMM's m, n, k and batch sizes as i64 values: constants, or read from `dims` (bounded dims)."""
+
+    m: str
+    n: str
+    k: str
+    batch: tuple[str, ...]
+
+    @staticmethod
+    def of(em: GpuEmitter, arg: GemmArg) -> Sizes:
+        def size(var: VarArg | None, static: int) -> str:
+            return str(static) if var is None else em.dim_value(var.slot)
+        batch = (size(arg.batch_var, arg.batch[0]), *map(str, arg.batch[1:])) if arg.batch else ()
+        return Sizes(size(arg.m_var, arg.m), size(arg.n_var, arg.n), size(arg.k_var, arg.k), batch)
+
+
+def _ceil_div(em: GpuEmitter, v: str, d: int) -> str:
+    if v.isdigit():
+        return str(-(-int(v) // d))
+    top = em.stack[0]
+    return em.emit_line(top, f"udiv i64 {em.emit_line(top, f'add nuw nsw i64 {v}, {d - 1}')}, {d}")
+
+
+def _minus_one(em: GpuEmitter, v: str) -> str:
+    return str(int(v) - 1) if v.isdigit() else em.emit_line(em.stack[0], f"sub nsw i64 {v}, 1")
 
 
 def _strided(em: GpuEmitter, op: GemmOperand, base: str, row: str, col: str) -> str:
@@ -60,13 +96,41 @@ def _panel(em: GpuEmitter, base: str, lane: str, kk: str, panel: int, k: int) ->
     return line(sc, f"add nsw i64 {base}, {line(sc, f'add nuw nsw i64 {po}, {inner}')}")
 
 
-def _stage(em: GpuEmitter, arg: GemmArg, which: str, param: str, base: str, tile: str, tile_t: str,
-           r0: str, c0: str) -> None:
+F16_TO_F32_SCALE = "0x46F0000000000000"  # 2^112: a float16's bits << 13 as a float32, times this, is its value
+
+
+def load_float(em: GpuEmitter, param: str, off: str, elem: DType) -> str:
+    """Element `off` of an operand as a float32 value: float32, or float16 / bfloat16 weights (--precision)
+    widened exactly. float16 on the x86 emulation by integer code (LLVM would call a runtime helper there)."""
+    line, sc = em.emit_line, em.stack[-1]
+    if elem is dtypes.float32:
+        return line(sc, f"load float, ptr {line(sc, f'getelementptr inbounds float, ptr {param}, i64 {off}', 'ptr')}")
+    h = line(sc, f"load i16, ptr {line(sc, f'getelementptr inbounds i16, ptr {param}, i64 {off}', 'ptr')}, align 2")
+    if elem is dtypes.bfloat16:  # the high half of a float32
+        wide = line(sc, f"zext i16 {h} to i32")
+        return line(sc, f"bitcast i32 {line(sc, f'shl i32 {wide}, 16')} to float")
+    assert elem is dtypes.float16, elem
+    if not em.emulated:
+        return line(sc, f"fpext half {line(sc, f'bitcast i16 {h} to half')} to float")
+    x = line(sc, f"zext i16 {h} to i32")
+    mag = line(sc, f"and i32 {x}, 32767")
+    shifted = line(sc, f"shl i32 {mag}, 13")
+    scaled = line(sc, f"fmul float {line(sc, f'bitcast i32 {shifted} to float')}, {F16_TO_F32_SCALE}")
+    special = line(sc, f"or i32 {shifted}, 2139095040")  # exponent 31 (inf, NaN) -> 255
+    bits = line(sc, f"select i1 {line(sc, f'icmp uge i32 {mag}, 31744')}, i32 {special}, "
+                    f"i32 {line(sc, f'bitcast float {scaled} to i32')}")
+    sign = line(sc, f"shl i32 {line(sc, f'and i32 {x}, 32768')}, 16")
+    return line(sc, f"bitcast i32 {line(sc, f'or i32 {bits}, {sign}')} to float")
+
+
+def _stage(em: GpuEmitter, arg: GemmArg, size: Sizes, which: str, param: str, elem: DType, base: str, tile: str,
+           tile_t: str, r0: str, c0: str) -> None:
     """Every thread copies its share of one operand tile into shared memory (zero outside the operand).
     A tile: BM rows (m) x TK columns (k); B tile: TK rows (k) x BN columns (n); both row-major."""
-    line, sc = em.emit_line, em.stack[-1]
     rows, cols = (BM, TK) if which == "a" else (TK, BN)
-    limit_r, limit_c = (arg.m, arg.k) if which == "a" else (arg.k, arg.n)
+    limit_r, limit_c = (size.m, size.k) if which == "a" else (size.k, size.n)
+    last_r, last_c = _minus_one(em, limit_r), _minus_one(em, limit_c)
+    line, sc = em.emit_line, em.stack[-1]
     t = em.value(em.tid_r)
     for e in range(rows * cols // THREADS):
         idx = line(sc, f"add nuw nsw i64 {t}, {e * THREADS}")
@@ -74,16 +138,15 @@ def _stage(em: GpuEmitter, arg: GemmArg, which: str, param: str, base: str, tile
         c = line(sc, f"add nuw nsw i64 {c0}, {line(sc, f'urem i64 {idx}, {cols}')}")
         ok_r = line(sc, f"icmp ult i64 {r}, {limit_r}")
         ok_c = line(sc, f"icmp ult i64 {c}, {limit_c}")
-        rc = line(sc, f"select i1 {ok_r}, i64 {r}, i64 {limit_r - 1}")  # clamped: the load is always in bounds
-        cc = line(sc, f"select i1 {ok_c}, i64 {c}, i64 {limit_c - 1}")
+        rc = line(sc, f"select i1 {ok_r}, i64 {r}, i64 {last_r}")  # clamped: the load is always in bounds
+        cc = line(sc, f"select i1 {ok_c}, i64 {c}, i64 {last_c}")
         if which == "a" and arg.a.packed:  # A (m, k); a transposed GEMM packs A like B (B_PANEL rows)
             off = _panel(em, base, rc, cc, a_panel(arg), arg.k)
         elif which == "b" and arg.b.packed:  # B (k, n)
             off = _panel(em, base, cc, rc, B_PANEL, arg.k)
         else:
             off = _strided(em, arg.a if which == "a" else arg.b, base, rc, cc)
-        p = line(sc, f"getelementptr inbounds float, ptr {param}, i64 {off}", "ptr")
-        v = line(sc, f"load float, ptr {p}, align 4")
+        v = load_float(em, param, off, elem)
         ok = line(sc, f"and i1 {ok_r}, {ok_c}")
         v = line(sc, f"select i1 {ok}, float {v}, float 0.0")
         sp = line(sc, f"getelementptr inbounds float, {tile_t} {tile}, i64 {idx}", "ptr")
@@ -125,13 +188,22 @@ def _accumulate(em: GpuEmitter, a_tile: str, a_t: str, b_tile: str, b_t: str, ac
     em.close_loop()
 
 
-def _store(em: GpuEmitter, arg: GemmArg, pc: str, c_base: str, m0: str, n0: str, batch: list[str], acc: str,
-           epilogue: UOp | None, ranges: tuple[UOp, ...]) -> None:
+def _tiled_position(em: GpuEmitter, c: str) -> tuple[str, str]:
+    """(row, column) in the block's tile of accumulator c of this thread: (ty + 16 i, tx + 16 j)."""
+    line, sc = em.emit_line, em.stack[-1]
+    ty, tx = _thread_yx(em)
+    i = line(sc, f"mul nuw nsw i64 {line(sc, f'udiv i64 {c}, {RN}')}, {SIDE}")
+    j = line(sc, f"mul nuw nsw i64 {line(sc, f'urem i64 {c}, {RN}')}, {SIDE}")
+    return line(sc, f"add nuw nsw i64 {ty}, {i}"), line(sc, f"add nuw nsw i64 {tx}, {j}")
+
+
+def _store(em: GpuEmitter, arg: GemmArg, size: Sizes, pc: str, c_base: str, m0: str, n0: str, batch: list[str],
+           acc: str, epilogue: UOp | None, ranges: tuple[UOp, ...], wmma: bool) -> None:
     """Every thread writes its elements of C that lie inside C, each followed by the epilogue. A loop
     over the thread's RM x RN elements, so the epilogue's code exists once (not RM x RN times); the
-    element's value is picked from the accumulators (registers) by a chain of selects."""
+    element's value is picked from the accumulators (registers) by a chain of selects. wmma: the
+    accumulators are in the matrix units' layout (gpu_wmma.wmma_position)."""
     line = em.emit_line
-    ty, tx = _thread_yx(em)
     values = [line(em.stack[-1], f"load float, {em.PRIVATE_PTR} {em.private_slot(acc, RM * RN, c)}, align 4")
               for c in range(RM * RN)]
     em.open_loop(loop_range(-7, RM * RN), "0", str(RM * RN), loop_md=em.unroll(1))
@@ -140,11 +212,10 @@ def _store(em: GpuEmitter, arg: GemmArg, pc: str, c_base: str, m0: str, n0: str,
     v = values[0]
     for e in range(1, RM * RN):
         v = line(sc, f"select i1 {line(sc, f'icmp eq i64 {c}, {e}')}, float {values[e]}, float {v}")
-    i = line(sc, f"mul nuw nsw i64 {line(sc, f'udiv i64 {c}, {RN}')}, {SIDE}")
-    j = line(sc, f"mul nuw nsw i64 {line(sc, f'urem i64 {c}, {RN}')}, {SIDE}")
-    m = line(sc, f"add nuw nsw i64 {m0}, {line(sc, f'add nuw nsw i64 {ty}, {i}')}")
-    n = line(sc, f"add nuw nsw i64 {n0}, {line(sc, f'add nuw nsw i64 {tx}, {j}')}")
-    inside = line(sc, f"and i1 {line(sc, f'icmp ult i64 {m}, {arg.m}')}, {line(sc, f'icmp ult i64 {n}, {arg.n}')}")
+    row, col = (wmma_position if wmma else _tiled_position)(em, c)
+    m = line(sc, f"add nuw nsw i64 {m0}, {row}")
+    n = line(sc, f"add nuw nsw i64 {n0}, {col}")
+    inside = line(sc, f"and i1 {line(sc, f'icmp ult i64 {m}, {size.m}')}, {line(sc, f'icmp ult i64 {n}, {size.n}')}")
     k = em.fresh_label()
     sc.lines += [f"  br i1 {inside}, label %E{k}.in, label %E{k}.out", f"E{k}.in:"]
     off = _strided(em, arg.c, c_base, m, n)
@@ -164,7 +235,12 @@ def _store(em: GpuEmitter, arg: GemmArg, pc: str, c_base: str, m0: str, n0: str,
 
 def emit_gpu_gemm(em: GpuEmitter, node: UOp) -> None:
     arg: GemmArg = node.arg
-    assert all(x.dtype.base is dtypes.float32 for x in node.src[:3]), "GEMM kernels are float32"
+    elem_a, elem_b, elem_c = (x.dtype.base for x in node.src[:3])
+    assert elem_c is dtypes.float32 and {elem_a, elem_b} <= {dtypes.float32, dtypes.float16, dtypes.bfloat16}, \
+        "GEMM kernels compute in float32 (packed constants may be float16/bfloat16: --precision)"
+    # gfx11 with float16/bfloat16 weights (--precision): the matrix units, the other operand rounded to that type
+    reduced = {elem_a, elem_b} - {dtypes.float32}
+    wmma = next(iter(reduced)) if em.wmma and len(reduced) == 1 else None
     pa, pb, pc = (em.value(x) for x in node.src[:3])
     epilogue = node.src[3] if len(node.src) > 3 else None
     ranges = node.src[4:]
@@ -173,9 +249,16 @@ def emit_gpu_gemm(em: GpuEmitter, node: UOp) -> None:
     a_tile, a_t = em.shared("As", BM * TK)
     b_tile, b_t = em.shared("Bs", TK * BN)
     acc = em.private_array(RM * RN)
+    size = Sizes.of(em, arg)
+    steps = _ceil_div(em, size.k, TK)
+    loop_sizes = (_ceil_div(em, size.n, BN), _ceil_div(em, size.m, BM), *reversed(size.batch))
     with em.blocks():
+        tile = em.value(em.bid_r)
+        if arg.runtime:  # the block strides over the run-time tiles
+            em.open_loop(loop_range(-8, plan.blocks), tile, em.product(list(loop_sizes)), em.grid_value())
+            tile = em.stack[-1].ivar
         sc = em.stack[-1]
-        tn, tm, *batch = em.split_index(sc, em.value(em.bid_r), plan.loop_sizes)
+        tn, tm, *batch = em.split_flat(sc, tile, list(reversed(loop_sizes)))
         batch.reverse()
         m0 = line(sc, f"mul nuw nsw i64 {tm}, {BM}")
         n0 = line(sc, f"mul nuw nsw i64 {tn}, {BN}")
@@ -184,15 +267,20 @@ def emit_gpu_gemm(em: GpuEmitter, node: UOp) -> None:
         with em.threads():
             for i in range(RM * RN):
                 em.stack[-1].lines.append(f"  store float 0.0, {pt} {em.private_slot(acc, RM * RN, i)}, align 4")
-        em.open_loop(loop_range(-5, plan.steps), "0", str(plan.steps))
+        em.open_loop(loop_range(-5, plan.steps), "0", steps)
         k0 = line(em.stack[-1], f"mul nuw nsw i64 {em.stack[-1].ivar}, {TK}")
         with em.threads():
-            _stage(em, arg, "a", pa, a_base, a_tile, a_t, m0, k0)
-            _stage(em, arg, "b", pb, b_base, b_tile, b_t, k0, n0)
+            _stage(em, arg, size, "a", pa, elem_a, a_base, a_tile, a_t, m0, k0)
+            _stage(em, arg, size, "b", pb, elem_b, b_base, b_tile, b_t, k0, n0)
         em.barrier()
         with em.threads():
-            _accumulate(em, a_tile, a_t, b_tile, b_t, acc)
+            if wmma is not None:
+                accumulate_wmma(em, a_tile, a_t, b_tile, b_t, acc, wmma)
+            else:
+                _accumulate(em, a_tile, a_t, b_tile, b_t, acc)
         em.barrier()  # the next step overwrites the tiles
         em.close_loop()
         with em.threads():
-            _store(em, arg, pc, c_base, m0, n0, batch, acc, epilogue, ranges)
+            _store(em, arg, size, pc, c_base, m0, n0, batch, acc, epilogue, ranges, wmma is not None)
+        if arg.runtime:
+            em.close_loop()

@@ -1,7 +1,12 @@
-"""A float16 GEMM kernel on RDNA3's matrix units (WMMA, gfx11): C (f32) = A (f16) x B (f16), float32
-accumulation, for M, N, K multiples of 16. Not yet used by model compilation (the GEMM kernels of
-gpu_gemm.py are float32 and run on the vector ALUs); it is the first matrix-unit path, checked by
-executing its gfx1100 machine code in the RDNA3 emulator (tests/gpu/rdna3/) against NumPy.
+"""RDNA3's matrix units (WMMA, gfx11): a standalone float16 GEMM kernel, C (f32) = A (f16) x B (f16) for M, N,
+K multiples of 16, and the inner step of model GEMM kernels (gpu_gemm.py) on gfx11 when their weights are
+float16 or bfloat16 (--precision): `accumulate_wmma` replaces the vector-ALU products of one staged k step.
+Both are checked by executing their gfx1100 machine code in the RDNA3 emulator (tests/gpu/rdna3/).
+
+In a model GEMM the block's 64 x 64 tile is 4 x 4 sub-tiles of 16 x 16; wave w (of 8, wave32) owns
+sub-tiles 2w and 2w + 1, its lanes' 16 accumulators being the two 8-VGPR results (wmma_position maps
+them back to C). The activation operand is rounded to the weights' type as it is read from shared
+memory (float16: fptrunc; bfloat16: round to nearest even); the weights are exact in it.
 
 One wave32 workgroup computes one 16 x 16 tile of C with `v_wmma_f32_16x16x16_f16` per 16 steps of
 k. Operand layout of that instruction in wave32 (AMD's RDNA3 ISA manual, "Wave Matrix Multiply
@@ -15,10 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from svodc.codegen.compile import LLVMJob, run_jobs
+from svodc.codegen.gpu_emit import GpuEmitter
 from svodc.codegen.gpu_tools import check_amd_code_object, link_amd_code_object
 from svodc.codegen.worker import WorkerPool
 from svodc.errors import CodegenError
 from svodc.gpu_target import GpuTarget
+from svodc.ir.dtypes import DType, dtypes
 
 TILE = 16
 WAVE = 32
@@ -118,3 +125,75 @@ def compile_wmma_gemm(g: WmmaGemm, target: GpuTarget, workers: WorkerPool, opt_l
     so = link_amd_code_object(obj, job.name)
     check_amd_code_object(so, target.cpu, {SYMBOL: 3})
     return so
+
+
+# the model GEMM tile (gpu_gemm.py: 64 x 64, k steps of 16) in WMMA sub-tiles
+SUBTILES_PER_SIDE = 4
+SUBTILES_PER_WAVE = 2
+INTRINSIC = {"float16": ("half", "llvm.amdgcn.wmma.f32.16x16x16.f16"),
+             "bfloat16": ("i16", "llvm.amdgcn.wmma.f32.16x16x16.bf16")}
+
+
+def _round_to(em: GpuEmitter, x: str, elem: DType) -> str:
+    line, sc = em.emit_line, em.stack[-1]
+    if elem is dtypes.float16:
+        return line(sc, f"fptrunc float {x} to half")
+    b = line(sc, f"bitcast float {x} to i32")  # bfloat16: round to nearest even (finite values)
+    odd = line(sc, f"and i32 {line(sc, f'lshr i32 {b}, 16')}, 1")
+    up = line(sc, f"add i32 {line(sc, f'add i32 {b}, 32767')}, {odd}")
+    return line(sc, f"trunc i32 {line(sc, f'lshr i32 {up}, 16')} to i16")
+
+
+def _i64(em: GpuEmitter, op: str, a: str, b: str | int) -> str:
+    return em.emit_line(em.stack[-1], f"{op} i64 {a}, {b}")
+
+
+def _subtile(em: GpuEmitter, q: str | int) -> tuple[str, str, str]:
+    """(first row, first column) in the block's tile of this wave's sub-tile q, and the lane (0-31)."""
+    t = em.value(em.tid_r)
+    s = _i64(em, "add nuw nsw", _i64(em, "mul nuw nsw", _i64(em, "udiv", t, WAVE), SUBTILES_PER_WAVE), q)
+    row = _i64(em, "mul nuw nsw", _i64(em, "udiv", s, SUBTILES_PER_SIDE), TILE)
+    col = _i64(em, "mul nuw nsw", _i64(em, "urem", s, SUBTILES_PER_SIDE), TILE)
+    return row, col, _i64(em, "urem", t, WAVE)
+
+
+def accumulate_wmma(em: GpuEmitter, a_tile: str, a_t: str, b_tile: str, b_t: str, acc: str, elem: DType) -> None:
+    """acc += this wave's two sub-tiles of A (64 x 16, row-major in shared memory) x B (16 x 64) for one
+    k step of 16, on the matrix units. Runs with every lane of the wave active (WMMA requires it)."""
+    line, sc = em.emit_line, em.stack[-1]
+    scalar, intrinsic = INTRINSIC[elem.name]
+    vec = f"<{TILE} x {scalar}>"
+    em.uses_intrinsics.add(f"declare <8 x float> @{intrinsic}({vec}, {vec}, <8 x float>)")
+    pt = em.PRIVATE_PTR
+    for q in range(SUBTILES_PER_WAVE):
+        row0, col0, lane = _subtile(em, q)
+        l16 = _i64(em, "urem", lane, TILE)
+        a_row = _i64(em, "mul nuw nsw", _i64(em, "add nuw nsw", row0, l16), TILE)
+        b_col = _i64(em, "add nuw nsw", col0, l16)
+        av = bv = "poison"
+        for e in range(TILE):  # lane: row l16 of the A sub-tile and column l16 of the B sub-tile, k = e
+            ia, ib = _i64(em, "add nuw nsw", a_row, e), _i64(em, "add nuw nsw", b_col, e * SUBTILES_PER_SIDE * TILE)
+            pa = line(sc, f"getelementptr inbounds float, {a_t} {a_tile}, i64 {ia}", "ptr")
+            pb = line(sc, f"getelementptr inbounds float, {b_t} {b_tile}, i64 {ib}", "ptr")
+            xa = _round_to(em, line(sc, f"load float, {a_t} {pa}, align 4"), elem)
+            xb = _round_to(em, line(sc, f"load float, {b_t} {pb}, align 4"), elem)
+            av = line(sc, f"insertelement {vec} {av}, {scalar} {xa}, i32 {e}")
+            bv = line(sc, f"insertelement {vec} {bv}, {scalar} {xb}, i32 {e}")
+        slots = [em.private_slot(acc, 2 * 8, 8 * q + v) for v in range(8)]
+        cv = "poison"
+        for v, slot in enumerate(slots):
+            x = line(sc, f"load float, {pt} {slot}, align 4")
+            cv = line(sc, f"insertelement <8 x float> {cv}, float {x}, i32 {v}")
+        d = line(sc, f"call <8 x float> @{intrinsic}({vec} {av}, {vec} {bv}, <8 x float> {cv})")
+        for v, slot in enumerate(slots):
+            x = line(sc, f"extractelement <8 x float> {d}, i32 {v}")
+            sc.lines.append(f"  store float {x}, {pt} {slot}, align 4")
+
+
+def wmma_position(em: GpuEmitter, c: str) -> tuple[str, str]:
+    """(row, column) in the block's tile of accumulator c (0-15) after accumulate_wmma: VGPR v = c % 8 of
+    sub-tile c // 8 holds element [2 v + lane // 16][lane % 16]."""
+    row0, col0, lane = _subtile(em, _i64(em, "udiv", c, 8))
+    v2 = _i64(em, "mul nuw nsw", _i64(em, "urem", c, 8), 2)
+    row = _i64(em, "add nuw nsw", row0, _i64(em, "add nuw nsw", v2, _i64(em, "udiv", lane, TILE)))
+    return row, _i64(em, "add nuw nsw", col0, _i64(em, "urem", lane, TILE))

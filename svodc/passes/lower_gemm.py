@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from svodc.gemm_plan import A_PANEL, B_PANEL
-from svodc.ir.dtypes import dtypes
+from svodc.ir.dtypes import DType, dtypes
 from svodc.ir.interpret import evaluate
 from svodc.ir.ops import (
     ConstData,
@@ -73,6 +73,7 @@ def find_matmul(root: UOp, is_buffer: Callable[[UOp], bool]) -> UOp | None:
 
 class GemmLowerer(KernelLowerer):
     transposed = False
+    weight_dtype = dtypes.float32  # of the packed constants
 
     def operand(self, x: UOp, role: str) -> tuple[UOp, GemmOperand]:
         nb = x.ndim - 2
@@ -112,7 +113,8 @@ class GemmLowerer(KernelLowerer):
         for i in reversed(live):
             strides[i] = s
             s *= batch[i]
-        weight = UOp(Ops.WEIGHT, dtypes.float32, (), ConstData(panels.astype(np.float32)))
+        wd = self.weight_dtype
+        weight = UOp(Ops.WEIGHT, wd, (), ConstData(panels.astype(np.float32).astype(wd.np)))
         return self.param(self.buffers.weight(weight)), GemmOperand(tuple(strides), 0, 0, 0, packed=True)
 
     def lower_gemm(self, root: UOp, mm: UOp) -> UOp:
@@ -172,8 +174,10 @@ def _simplify(x: UOp) -> UOp:
 
 
 def lower_gemm_kernel(name: str, root: UOp, mm: UOp, out: Buffer, buffers: Buffers, policy: OptimizationPolicy,
-                      dyn: DynamicAxes | None = None) -> tuple[UOp, list[Buffer]]:
+                      dyn: DynamicAxes | None = None, weights: DType = dtypes.float32) -> tuple[UOp, list[Buffer]]:
+    """weights: the type the packed constant operands are stored in (CompileOptions.precision)."""
     lowerer = GemmLowerer(name, out, buffers, policy, dyn)
+    lowerer.weight_dtype = weights
     gemm = lowerer.lower_gemm(root, mm)
     sink = UOp(Ops.SINK, dtypes.void, (gemm,), KernelArg(name))
     return graph_rewrite(sink, pm_symbolic), lowerer.params

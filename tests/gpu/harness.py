@@ -93,12 +93,23 @@ class Emulation:
         self.mapping = map_code(data, tuple(self.image.fixups), hashlib.sha256(data).digest(), "emulated kernels")
         self.by_symbol = {x.symbol: x for x in self.launches}
 
+    def blocks(self, x, params) -> int:
+        """The blocks launch x must run: its grid, scaled by the dims it lists (read from the `dims` argument)."""
+        from svodrt.abi import DIM_SIZE
+        from svodrt_gpu.abi import launch_blocks
+
+        if not x.dims:
+            return x.grid
+        dims = ctypes.c_uint64.from_address(params[len(self.program.kernels[x.kernel].params)]).value
+        values = [ctypes.c_int64.from_address(dims + DIM_SIZE * slot).value for slot, _ in x.dims]
+        return launch_blocks(x.grid, int(np.prod(values)), int(np.prod([hi for _, hi in x.dims])))
+
     def launcher(self, driver: StubDriver):
         def launch(symbol: bytes, gx, gy, gz, bx, by, bz, params) -> None:
             name = symbol.decode()
             self.launched.append(name)
             x = self.by_symbol.get(name)
-            if x is None or (gx, gy, gz, bx, by, bz) != (x.grid, 1, 1, x.block, 1, 1):
+            if x is None or (gx, gy, gz, bx, by, bz) != (self.blocks(x, params), 1, 1, x.block, 1, 1):
                 self.errors.append(f"{name}: grid {gx, gy, gz} block {bx, by, bz} is not the launch {x}")
                 return
             for i, buf in enumerate(self.program.kernels[x.kernel].params):

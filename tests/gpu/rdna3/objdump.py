@@ -17,6 +17,13 @@ from tests.gpu.rdna3.runner import CodeObject
 
 _LINE = re.compile(r"\s+(\S+)(.*?)\s*// ([0-9A-F]+):((?: [0-9A-F]{8})+)")
 _SKIP = {"s_code_end"}  # padding after the last kernel, never executed
+# llvm-objdump 19 lists the true16 form of these VOP1 instructions writing a VGPR's high half (vdst bit 7,
+# which LLVM 20 emits when it packs two halves) as `.long`: that one form is not cross-checked.
+_TRUE16_HI_VOP1 = {"v_cvt_f16_f32"}
+
+
+def _undecodable_by_oracle(name: str, ins) -> bool:
+    return name == ".long" and ins.enc == "VOP1" and ins.name in _TRUE16_HI_VOP1 and ins.f["vdst"] >> 7 == 1
 
 
 def find_objdump() -> str | None:
@@ -56,7 +63,7 @@ def mismatches(elf: bytes) -> list[str]:
         except UnknownInstruction as e:
             out.append(f"{name} at {address:#x}: {e}")
             continue
-        if (ins.name, ins.size) != (name, size):
+        if (ins.name, ins.size) != (name, size) and not _undecodable_by_oracle(name, ins):
             out.append(f"{address:#x}: llvm-objdump says {name} ({size} bytes), decoded {ins.name} ({ins.size})")
     return out
 

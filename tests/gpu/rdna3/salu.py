@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from tests.gpu.rdna3.decode import Instr
-from tests.gpu.rdna3.wave import EXEC, MASK32, NULL, Waves
+from tests.gpu.rdna3.wave import EXEC, MASK32, NULL, VCC, Waves
 
 U64 = np.uint64
 M32 = U64(MASK32)
@@ -42,8 +42,12 @@ def _sop2(w: Waves, ins: Instr) -> None:
         r = a >> (b & U64(31))
     elif name == "s_ashr_i32":
         r = (_signed(a) >> (b & U64(31)).astype(np.int64)).astype(U64) & M32
+    elif name == "s_lshr_b64":
+        r = a >> (b & U64(63))
     elif name == "s_and_b32":
         r = a & b
+    elif name == "s_and_not1_b32":
+        r = a & ~b & M32
     elif name in ("s_or_b32", "s_or_b64"):
         r = a | b
     elif name == "s_bfe_u32":
@@ -107,7 +111,9 @@ def _sopp(w: Waves, ins: Instr) -> None:
     if name == "s_branch":
         w.pc = target
         return
-    taken = {"s_cbranch_scc0": w.scc == 0, "s_cbranch_scc1": w.scc == 1, "s_cbranch_execz": w.s[EXEC] == 0}[name]
+    taken = {"s_cbranch_scc0": w.scc == 0, "s_cbranch_scc1": w.scc == 1, "s_cbranch_execz": w.s[EXEC] == 0,
+             "s_cbranch_execnz": w.s[EXEC] != 0, "s_cbranch_vccnz": w.s[VCC] != 0,
+             "s_cbranch_vccz": w.s[VCC] == 0}[name]
     if taken.all():
         w.pc = target
     elif taken.any():

@@ -82,6 +82,8 @@ OPS: dict[str, tuple[tuple[int, ...], object, str]] = {
     "v_mov_b16": ((16,), lambda a: a, "v16"),
     "v_readfirstlane_b32": ((32,), lambda a: a, "s"),
     "v_cvt_i32_f32": ((32,), _cvt_i32, "v"),
+    "v_cvt_f32_f16": ((16,), lambda a: bits(a.astype(np.uint16).view(np.float16).astype(F32)), "v"),
+    "v_cvt_f16_f32": ((32,), lambda a: f(a).astype(np.float16).view(np.uint16).astype(U32), "v16"),
     "v_rcp_f32": ((32,), lambda a: bits(F32(1) / f(a)), "v"),
     "v_sqrt_f32": ((32,), lambda a: bits(np.sqrt(f(a))), "v"),
     "v_add_f32": ((32, 32), lambda a, b: bits(f(a) + f(b)), "v"),
@@ -117,6 +119,7 @@ OPS: dict[str, tuple[tuple[int, ...], object, str]] = {
     "v_lshl_add_u32": ((32, 32, 32), lambda a, b, c: (a << (b & U32(31))) + c, "v"),
     "v_lshl_or_b32": ((32, 32, 32), lambda a, b, c: (a << (b & U32(31))) | c, "v"),
     "v_and_or_b32": ((32, 32, 32), lambda a, b, c: (a & b) | c, "v"),
+    "v_add3_u32": ((32, 32, 32), lambda a, b, c: a + b + c, "v"),
     "v_lshlrev_b64": ((32, 64), lambda a, b: b << (a & U32(63)).astype(U64), "v64"),
     "v_lshrrev_b64": ((32, 64), lambda a, b: b >> (a & U32(63)).astype(U64), "v64"),
     "v_add_nc_u16": ((16, 16), lambda a, b: a + b, "v16"),
@@ -138,7 +141,8 @@ for _rel, _fn in _CMP.items():
     for _t, _w in (("u16", 16), ("u32", 32), ("u64", 64)):
         OPS[f"v_cmp_{_rel}_{_t}"] = ((_w, _w), _fn, "cmp")
         OPS[f"v_cmpx_{_rel}_{_t}"] = ((_w, _w), _fn, "cmp")
-    OPS[f"v_cmp_{_rel}_i64"] = ((64, 64), lambda a, b, fn=_fn: fn(a.view(np.int64), b.view(np.int64)), "cmp")
+    for _op in ("v_cmp", "v_cmpx"):
+        OPS[f"{_op}_{_rel}_i64"] = ((64, 64), lambda a, b, fn=_fn: fn(a.view(np.int64), b.view(np.int64)), "cmp")
 FLOAT_MODS = {n for n in OPS if "_f32" in n} | {"v_cndmask_b32"}
 
 
@@ -194,6 +198,12 @@ def _carry_ops(w: Waves, ins: Instr) -> None:
     elif name == "v_add_co_ci_u32":
         a, b = _sources(w, ins, (32, 32))
         r = a.astype(U64) + b + _mask_operand(w, ins).astype(U64)
+    elif name in ("v_sub_co_u32", "v_sub_co_ci_u32"):  # the carry out is the borrow
+        a, b = _sources(w, ins, (32, 32))
+        sub = b.astype(U64) + (_mask_operand(w, ins).astype(U64) if name == "v_sub_co_ci_u32" else U64(0))
+        w.vwrite(fl["vdst"], ((a.astype(U64) - sub) & U64(MASK32)).astype(U32))
+        _write_mask(w, ins, sub > a, "sdst")
+        return
     elif name == "v_mad_u64_u32":
         a, b, c = _sources(w, ins, (32, 32, 64))
         prod = a.astype(U64) * b

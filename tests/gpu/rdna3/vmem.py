@@ -33,6 +33,8 @@ def execute_global(w: Waves, ins: Instr) -> None:
         data = w.memory.gather(addr, 4 * n, ins.where()).view(U32).reshape(-1, n)
         for i in range(n):
             w.v[fl["vdst"] + i][m] = data[:, i]
+    elif name == "global_load_u16":  # zero-extended into the whole VGPR
+        w.v[fl["vdst"]][m] = w.memory.gather(addr, 2, ins.where()).view("<u2")[:, 0].astype(U32)
     elif name == "global_load_d16_u8":  # the byte, zero-extended, into the low half; the high half kept
         data = w.memory.gather(addr, 1, ins.where())[:, 0].astype(U32)
         w.v[fl["vdst"]][m] = (w.v[fl["vdst"]][m] & U32(0xFFFF0000)) | data
@@ -62,6 +64,13 @@ def execute_ds(w: Waves, ins: Instr) -> None:
     if name == "ds_store_2addr_stride64_b32":
         for off, src in ((fl["offset0"], fl["data0"]), (fl["offset1"], fl["data1"])):
             w.lds[_lds_index(w, ins, addr + U32(off * 256), base, 4)] = w.v[src][m].view(np.uint8).reshape(-1, 4)
+        return
+    if name in ("ds_load_b32", "ds_load_b128"):  # one address, a 16-bit offset
+        n = 1 if name == "ds_load_b32" else 4
+        off = fl["offset0"] | (fl["offset1"] << 8)
+        data = w.lds[_lds_index(w, ins, addr + U32(off), base, 4 * n)].view(U32).reshape(-1, n)
+        for i in range(n):
+            w.v[fl["vdst"] + i][m] = data[:, i]
         return
     size, stride = (4, 4) if name == "ds_load_2addr_b32" else (8, 512)
     for k, off in enumerate((fl["offset0"], fl["offset1"])):
