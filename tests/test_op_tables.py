@@ -36,6 +36,7 @@ from svodc.ir.spec import _SPEC, verify
 from svodc.ir.uop import UOp
 from svodc.options import CompileOptions
 from svodc.passes.pipeline import build_program
+from svodc.policy import gemm_blocking
 from svodc.program import ImportedGraph
 from svodc.target import parse_target
 
@@ -135,5 +136,5 @@ def test_op_goes_through_every_table(op):
         graph = ImportedGraph(inputs, [("y", root)], Provenance(), "test")
         program = build_program(graph, CompileOptions(check_ir=True))
         for kernel in program.kernels:
-            text, _, _ = render_body(prepare_kernel(kernel, target, check_ir=True), target)
+            text, _, _ = render_body(prepare_kernel(kernel, target, check_ir=True), target, gemm_blocking(target))
             assert f"define internal void @{kernel.name}.body(" in text
