@@ -45,10 +45,10 @@ def stub_library(tmp_path_factory):
 @pytest.fixture
 def stub(stub_library, monkeypatch):
     """svodrt opens the stand-in driver instead of libcuda.so.1 / libamdhip64.so."""
-    import svodrt_gpu.model
+    import svodrt_gpu.device
 
     path = str(stub_library.path)
-    monkeypatch.setattr(svodrt_gpu.model, "LIBRARIES", {"cuda": (path,), "hip": (path,)})
+    monkeypatch.setattr(svodrt_gpu.device, "LIBRARIES", {"cuda": (path,), "hip": (path,)})
     for var in ("SVOD_STUB_CC", "SVOD_STUB_MACH", "SVOD_STUB_DEVICES", "SVOD_STUB_FAIL"):
         monkeypatch.delenv(var, raising=False)
     stub_library.clear()

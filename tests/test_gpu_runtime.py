@@ -9,7 +9,7 @@ import pytest
 
 import svodc
 import svodrt
-import svodrt_gpu.model
+import svodrt_gpu.device
 from svodrt.errors import BundleFormatError, DeviceError, UnsupportedHostError
 from tests.gpu.harness import assert_close, emulate
 from tests.onnx_util import reference
@@ -121,7 +121,7 @@ def test_driver_library_missing(small_gpu, device):
     import ctypes
 
     kind = device.split(":")[0]
-    for name in svodrt_gpu.model.LIBRARIES[kind]:
+    for name in svodrt_gpu.device.LIBRARIES[kind]:
         try:
             ctypes.CDLL(name)
             pytest.skip(f"this machine has the {kind} driver library {name}")
