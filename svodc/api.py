@@ -6,6 +6,7 @@ frontend (ONNX -> UOp graph) -> passes (-> Program) -> codegen (-> code image pe
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import hashlib
 import mmap
@@ -104,6 +105,11 @@ class _Stages:
         self.t = now
 
 
+def _timed(fn: Callable, *args) -> tuple:
+    t0 = time.perf_counter()
+    return fn(*args), time.perf_counter() - t0
+
+
 def _compile_parts(model: ModelSource, target: str, options: CompileOptions | None, progress: Progress | None,
                    kernels_done: KernelProgress | None = None, workers: WorkerPool | None = None, **kw) -> tuple:
     """Everything a bundle is written from: (program, CPU images, model digest, test vectors, GPU images,
@@ -118,29 +124,38 @@ def _compile_parts(model: ModelSource, target: str, options: CompileOptions | No
     base_dir = Path(model).parent if isinstance(model, (str, os.PathLike)) else None
     graph = import_model(proto, options, base_dir=base_dir)
     stages.done("import")
-    program = build_program(graph, options, _bundle_policy(targets, options))
-    stages.done(f"optimize ({len(program.kernels)} kernels)")
-    vectors = build_test_vectors(graph, program, options.test_vectors, say)
-    stages.done("test vectors" if vectors else None)
+    with borrow(workers, worker_count(options)) as pool:
+        pool.prestart()
+        program = build_program(graph, options, _bundle_policy(targets, options))
+        stages.done(f"optimize ({len(program.kernels)} kernels)")
+        gpus = [t for t in targets if isinstance(t, GpuTarget)]
+        computed_dims = [d.name for d in program.dims if isinstance(d, ComputedDim)]
+        if gpus and computed_dims:
+            raise DynamicShapeError(f"computed dims {computed_dims} (sizes of convolutions, pools or pads over "
+                                    f"bounded image dims): GPU variants ({', '.join(t.describe() for t in gpus)}) "
+                                    "take input dims only for now; fix the image dims with --input-shape")
+        # The reference outputs (numpy, mostly outside the GIL) are computed while LLVM runs in the workers;
+        # the stages are still reported in the order a sequential compile has them (vectors, then codegen).
+        notes: list[str] = []
+        codegen_lines: list[str] = []
+        codegen_stages = _Stages(codegen_lines.append)
+        with concurrent.futures.ThreadPoolExecutor(1) as side:
+            pending = side.submit(_timed, build_test_vectors, graph, program, options.test_vectors, notes.append)
+            images = []
+            gpu_images = []
+            for t in targets:
+                if not isinstance(t, GpuTarget):
+                    images.append((t, compile_program(program, t, options, kernels_done, pool)))
+                    codegen_stages.done(f"codegen {t.describe()}")
+            if gpus:
+                gpu_images = compile_gpu_programs(program, gpus, options, pool)
+                codegen_stages.done(f"codegen {', '.join(t.describe() for t in gpus)}")
+            vectors, seconds = pending.result()
+    for line in [*notes, *([f"test vectors {seconds:.2f} s"] if vectors else []), *codegen_lines]:
+        say(line)
     recorded = recorded_options(target, options)
     if options.precision != "fp32":
         recorded |= _precision_report(graph, program, options.precision, vectors, say)
-    images = []
-    gpus = [t for t in targets if isinstance(t, GpuTarget)]
-    gpu_images = []
-    computed = [d.name for d in program.dims if isinstance(d, ComputedDim)]
-    if gpus and computed:
-        raise DynamicShapeError(f"computed dims {computed} (sizes of convolutions, pools or pads over bounded image "
-                                f"dims): GPU variants ({', '.join(t.describe() for t in gpus)}) take input dims "
-                                "only for now; fix the image dims with --input-shape")
-    with borrow(workers, worker_count(options)) as pool:
-        for t in targets:
-            if not isinstance(t, GpuTarget):
-                images.append((t, compile_program(program, t, options, kernels_done, pool)))
-                stages.done(f"codegen {t.describe()}")
-        if gpus:
-            gpu_images = compile_gpu_programs(program, gpus, options, pool)
-            stages.done(f"codegen {', '.join(t.describe() for t in gpus)}")
     named = {n for k in program.kernels for n in k.provenance}
     extra = {"options": recorded,
              "node_ops": {n: t for n, t in sorted((graph.op_types or {}).items()) if n in named}}

@@ -9,9 +9,10 @@ of the caller and never multiprocessing's spawn (which re-runs the caller's main
 A WorkerPool is a context manager owned by its caller: `svodc.compile` opens one per call and uses
 it for every variant of the bundle; a caller that compiles many models (the conformance suite, a
 test session) opens one and passes it to each call, so they do not pay for interpreter and LLVM
-start-up each time. Workers start on first use, up to the pool's size; leaving the `with` block
-stops them. A worker that dies is replaced, and the job it was running fails with a CodegenError
-that names it.
+start-up each time. Workers start on first use, up to the pool's size, or all at once on `prestart`
+(svodc.compile calls it once the model is imported, so their interpreter and LLVM start-up overlaps
+the Python passes); leaving the `with` block stops them. A worker that dies is replaced, and the job
+it was running fails with a CodegenError that names it.
 """
 
 from __future__ import annotations
@@ -94,6 +95,13 @@ class WorkerPool:
                 return _Worker()
         return self._idle.get()
 
+    def prestart(self) -> None:
+        """Start the missing workers now (without waiting for them); they wait idle for jobs."""
+        with self._lock:
+            while self._count < self.size:
+                self._count += 1
+                self._idle.put(_Worker())
+
     def run(self, jobs: list[Any], on_crash, on_done=None) -> list[Any]:
         """Run jobs on the pool; results in job order. on_crash(job, message) -> exception to raise;
         on_done(done, total) after each job, called by one thread at a time."""
@@ -159,8 +167,10 @@ def borrow(workers: WorkerPool | None, size: int) -> contextlib.AbstractContextM
 
 
 def main() -> None:
-    from svodc.codegen.compile import compile_llvm
+    from svodc.codegen.compile import _llvm_init, compile_llvm
     from svodc.errors import SvodcError
+
+    _llvm_init()  # before the first job arrives: a prestarted worker is ready when it does
 
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but protocol frames on the real stdout
