@@ -26,14 +26,17 @@ def _job(name: str) -> LLVMJob:
                    t.codemodel, False, abiname=t.abiname)
 
 
-def test_a_prestarted_pool_runs_jobs_on_the_workers_it_started_and_no_more():
+def test_a_prestarted_pool_runs_jobs_costliest_first_on_the_workers_it_started_and_no_more():
     with WorkerPool(2) as pool:
         pool.prestart()
         started = {w.proc.pid for w in list(pool._idle.queue)}
         assert len(started) == 2
         pool.prestart()  # already full: starts nothing
-        replies = pool.run([_job(f"f{i}") for i in range(5)], lambda job, msg: RuntimeError(msg))
-        assert [r[0] for r in replies] == ["ok"] * 5 and all(r[1] for r in replies)
+        # started in the order of cost (here the reverse), answered in the order of the jobs
+        replies = pool.run([_job(f"f{i}") for i in range(5)], lambda job, msg: RuntimeError(msg),
+                           cost=lambda job: int(job.name[1:]))
+        assert [r[0] for r in replies] == ["ok"] * 5
+        assert all(f"f{i}".encode() in r[1] and f"f{(i + 1) % 5}".encode() not in r[1] for i, r in enumerate(replies))
         assert {w.proc.pid for w in list(pool._idle.queue)} == started
 
 

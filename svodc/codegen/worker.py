@@ -102,15 +102,17 @@ class WorkerPool:
                 self._count += 1
                 self._idle.put(_Worker())
 
-    def run(self, jobs: list[Any], on_crash, on_done=None) -> list[Any]:
+    def run(self, jobs: list[Any], on_crash, on_done=None, cost=None) -> list[Any]:
         """Run jobs on the pool; results in job order. on_crash(job, message) -> exception to raise;
-        on_done(done, total) after each job, called by one thread at a time."""
+        on_done(done, total) after each job, called by one thread at a time. cost(job): an estimate of
+        its time; the costliest start first, so the workers do not wait at the end on one big job
+        started last (the order of the results, and so the bytes, never depend on it)."""
         results: list[Any] = [None] * len(jobs)
         done = [0]
         done_lock = threading.Lock()
         errors: list[BaseException] = []
         todo: queue.Queue[int] = queue.Queue()
-        for i in range(len(jobs)):
+        for i in sorted(range(len(jobs)), key=lambda i: -cost(jobs[i])) if cost else range(len(jobs)):
             todo.put(i)
 
         def drain() -> None:
