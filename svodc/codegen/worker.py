@@ -66,9 +66,14 @@ class _Worker:
         lines = self.stderr.read().decode(errors="replace").strip().splitlines()
         return lines[-1] if lines else "no message"
 
+    def hang_up(self) -> None:
+        """Close its stdin: the worker exits (close() then waits for it)."""
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+
     def close(self) -> None:
         try:
-            self.proc.stdin.close()
+            self.hang_up()
             self.proc.wait(timeout=5)
         except Exception:
             self.proc.kill()
@@ -147,12 +152,18 @@ class WorkerPool:
         return results
 
     def close(self) -> None:
-        """Stop the idle workers (all of them once no run() is in progress)."""
+        """Stop the idle workers (all of them once no run() is in progress): all are told first, so
+        they exit at the same time, then each is waited for."""
+        stopping = []
         while True:
             try:
-                self._idle.get_nowait().close()
+                stopping.append(self._idle.get_nowait())
             except queue.Empty:
                 break
+        for w in stopping:
+            w.hang_up()
+        for w in stopping:
+            w.close()
             with self._lock:
                 self._count -= 1
 
@@ -180,7 +191,10 @@ def main() -> None:
         try:
             job = _recv(inp)
         except EOFError:
-            return
+            # every reply is flushed: skip the interpreter's teardown (LLVM's and numpy's), which the
+            # compiler would wait for
+            sys.stderr.flush()
+            os._exit(0)
         try:
             obj, asm = compile_llvm(job)
             _send(out, ("ok", obj, asm))
