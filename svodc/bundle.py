@@ -22,7 +22,7 @@ from svodc.codegen.gpu_compile import GpuImage
 from svodc.codegen.link import CodeImage
 from svodc.errors import BundleError, TargetError
 from svodc.ir.dtypes import dtypes, to_storage
-from svodc.passes.dynamic import ComputedDim
+from svodc.passes.dynamic import ComputedDim, ValueDim
 from svodc.program import Buffer, BufferKind, Program
 from svodc.target import Target
 from svodrt import features as feature_table
@@ -65,7 +65,7 @@ def _dims_table(program: Program) -> list[dict]:
         for axis, ax in enumerate(b.dims):
             if ax is not None:
                 uses[ax.dim].append([b.name, axis])
-    return [{"name": d.name, "lo": d.lo, "hi": d.hi, "computed": True} if isinstance(d, ComputedDim) else
+    return [{"name": d.name, "lo": d.lo, "hi": d.hi, "computed": True} if isinstance(d, ComputedDim | ValueDim) else
             {"name": d.name, "lo": d.lo, "hi": d.hi, "inputs": uses[d.name]} for d in program.dims]
 
 

@@ -41,8 +41,8 @@ def _size(v: str, what: str) -> int | tuple[int, int]:
     if not sep:
         return _int(v, what)
     a, b = _int(lo, what), _int(hi, what)
-    if not 1 <= a <= b:
-        raise click.BadParameter(f"{v!r}: a range LO..HI needs 1 <= LO <= HI", param_hint=what)
+    if not 0 <= a <= b:  # LO 0: only for a run-time size (TENSOR:AXIS); an input dim needs LO >= 1
+        raise click.BadParameter(f"{v!r}: a range LO..HI needs 0 <= LO <= HI", param_hint=what)
     return (a, b)
 
 
@@ -94,7 +94,9 @@ def main(ctx: click.Context, debug: bool) -> None:
                    "ppc64le, s390x), a CPU continuing the previous ARCH, or a GPU (sm_80, sm_90, gfx942, gfx1100, "
                    "gfx1151, gfx1200). E.g. x86_64:x86-64-v3,x86-64,aarch64,sm_90.")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=N|LO..HI",
-              help="Fix a symbolic input dimension (N) or bound it (LO..HI: one bundle for every size in the range).")
+              help="Fix a symbolic input dimension (N) or bound it (LO..HI: one bundle for every size in the range); "
+                   "TENSOR:AXIS=LO..HI bounds a size a run-time input's value decides (a Range's length, OneHot's "
+                   "depth), checked per call.")
 @click.option("--input-shape", "shapes", multiple=True, metavar="NAME=DxDx...",
               help="An input's shape; each D is N or LO..HI (a bounded dim).")
 @click.option("--input-value", "values", multiple=True, metavar="NAME=FILE.npy",

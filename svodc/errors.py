@@ -28,6 +28,9 @@ class UnsupportedNode:
     # Graph inputs whose values this node needs at compile time (fixing them with
     # CompileOptions.input_values / --input-value would make it compile).
     needs_values: tuple[str, ...] = ()
+    # Computed dims (TENSOR:AXIS) this node sizes by a run-time value that nothing bounds: bounding them
+    # (CompileOptions.dims / --dim NAME=0..HI) would make it compile with those values at run time.
+    needs_dims: tuple[str, ...] = ()
     shape_error: bool = False  # the node's input shapes do not fit it (e.g. after --input-shape)
 
     def __str__(self) -> str:

@@ -105,8 +105,8 @@ def dim_table(m: Any) -> dict[str, Dim]:
     for i, d in enumerate(items(m, "dims", "manifest")):
         computed = "computed" in d and field(d, "computed", bool, f"dims[{i}]")
         dim = Dim(name(d, "name", f"dims[{i}]"), uint(d, "lo", f"dims[{i}]"), uint(d, "hi", f"dims[{i}]"), computed)
-        if not 1 <= dim.lo <= dim.hi or dim.name in out:
-            raise fail(f"dims[{i}]", f"{dim.name!r} {dim.lo}..{dim.hi} must be a new name with 1 <= lo <= hi")
+        if not int(not computed) <= dim.lo <= dim.hi or dim.name in out:  # a computed dim may be 0 (a count)
+            raise fail(f"dims[{i}]", f"{dim.name!r} {dim.lo}..{dim.hi}: a new name, 1 <= lo <= hi (computed: 0 <= lo)")
         out[dim.name] = dim
     return out
 

@@ -72,11 +72,12 @@ def test_compile_inspect_run_info(tmp_path):
 
 
 def test_input_value_fixes_a_shape_input(tmp_path):
-    model = make_model([helper.make_node("Reshape", ["x", "shape"], ["y"])],
-                       {"x": (np.float32, [2, 6]), "shape": (np.int64, [2])}, ["y"])
+    """Resize's scales decide its output shape and are not taken at run time (a Reshape's shape is)."""
+    model = make_model([helper.make_node("Resize", ["x", "", "shape"], ["y"])],
+                       {"x": (np.float32, [2, 6]), "shape": (np.float32, [2])}, ["y"], opset=13)
     path = tmp_path / "m.onnx"
     path.write_bytes(model.SerializeToString())
-    np.save(tmp_path / "shape.npy", np.array([4, 3], np.int64))
+    np.save(tmp_path / "shape.npy", np.array([2, 0.5], np.float32))
     r = run("svodc", "compile", str(path), "-o", str(tmp_path / "m.svod"), "-q")
     assert r.returncode != 0 and "--input-value" in r.stderr
     r = run("svodc", "compile", str(path), "-o", str(tmp_path / "m.svod"), "-q",
@@ -85,4 +86,4 @@ def test_input_value_fixes_a_shape_input(tmp_path):
     import svodrt
 
     with svodrt.load(tmp_path / "m.svod") as m:
-        assert [t.name for t in m.inputs] == ["x"] and m.outputs[0].shape == (4, 3)
+        assert [t.name for t in m.inputs] == ["x"] and m.outputs[0].shape == (4, 3)  # [2, 6] scaled by [2, 0.5]

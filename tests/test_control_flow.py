@@ -96,16 +96,19 @@ def test_ops_without_a_handler_expand_through_their_function_body():
 
 
 def test_shape_inputs_can_be_fixed_at_compile_time():
-    model = make_model([helper.make_node("Reshape", ["x", "shape"], ["y"])],
-                       {"x": (np.float32, [2, 6]), "shape": (np.int64, [2])}, ["y"])
+    """Resize's scales are not taken at run time (a Reshape's shape is: tests/test_runtime_sizes.py)."""
+    model = make_model([helper.make_node("Resize", ["x", "", "shape"], ["y"])],
+                       {"x": (np.float32, [2, 6]), "shape": (np.float32, [2])}, ["y"], opset=13)
     with pytest.raises(UnsupportedModelError) as e:
         import_model(model)
     assert e.value.nodes[0].needs_values == ("shape",) and "--input-value" in str(e.value)
-    bundle = svodc.compile(model, options=CompileOptions(input_values={"shape": np.array([3, 4], np.int64)}))
+    scales = np.array([1.5, 2], np.float32)
+    bundle = svodc.compile(model, options=CompileOptions(input_values={"shape": scales}))
     with svodrt.load(bundle) as m:
         assert [t.name for t in m.inputs] == ["x"]
         x = R.standard_normal((2, 6)).astype(np.float32)
-        np.testing.assert_array_equal(m.run({"x": x})["y"], x.reshape(3, 4))
+        want = reference(model, {"x": x, "shape": scales})[0]
+        np.testing.assert_array_equal(m.run({"x": x})["y"], want)
 
 
 def test_sequences_at_the_graph_boundary_are_flattened():

@@ -208,7 +208,7 @@ def test_cli_takes_ranges_and_fixed_sizes(tmp_path):
     with svodrt.load(out, threads=1) as m:
         assert str(m.inputs[0]) == "x: float32[3, 5]" and not m.bundle.dims
     r = run("svodc", "compile", str(path), "-o", str(out), "--dim", "N=4..2")
-    assert r.returncode != 0 and "a range LO..HI needs 1 <= LO <= HI" in r.stderr
+    assert r.returncode != 0 and "a range LO..HI needs 0 <= LO <= HI" in r.stderr
     r = run("svodc", "compile", str(path), "-o", str(tmp_path / "none.svod"))
     assert r.returncode == 1 and "--dim N=1..64" in r.stderr and "--input-shape x=1..64x1..64" in r.stderr
 

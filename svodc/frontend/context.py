@@ -40,6 +40,15 @@ class NeedsConstant(Unsupported):
         self.inputs = inputs
 
 
+class NeedsBound(NeedsConstant):
+    """An output size that run-time inputs decide and nothing bounds: bounding the computed dims
+    (`--dim TENSOR:AXIS=0..HI`) makes the node compile; fixing the inputs' values does too."""
+
+    def __init__(self, message: str, inputs: tuple[str, ...], dims: tuple[str, ...]):
+        super().__init__(message, inputs)
+        self.dims = dims
+
+
 def is_constant(x: UOp) -> bool:
     return all(n.op is not Ops.INPUT for n in toposort([x]))
 
@@ -53,7 +62,8 @@ class NodeContext:
     def __init__(self, node: onnx.NodeProto, inputs: list[Value | None], version: int, opset: int,
                  subgraph_runner: SubgraphRunner | None = None, vocabulary: Vocabulary | None = None,
                  bounded_axes: Callable[[UOp], tuple[str | None, ...]] | None = None,
-                 loop_bounds: dict[str, int] | None = None):
+                 loop_bounds: dict[str, int] | None = None,
+                 dim_bounds: dict[str, object] | None = None):
         self.node = node
         self.inputs = inputs
         self.version = version  # the op's schema since_version this node uses
@@ -63,6 +73,7 @@ class NodeContext:
         self._vocabulary = vocabulary
         self._bounded_axes = bounded_axes
         self.loop_bounds = loop_bounds or {}  # CompileOptions.loop_bounds, by node name
+        self.dim_bounds = dim_bounds or {}  # CompileOptions.dims: bounds of value-sized dims (TENSOR:AXIS) too
 
     def bounded(self, x: UOp) -> tuple[str | None, ...]:
         """Per axis of x the bounded input dim its size follows (it varies per call; frontend/dims.py), or None."""

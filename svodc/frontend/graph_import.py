@@ -74,8 +74,10 @@ def _with(label: UnsupportedNode, reason: str, needs: tuple[str, ...] = ()) -> U
 
 class GraphImporter:
     def __init__(self, prov: Provenance, weight_of_initializer, vocabulary: Vocabulary, bounded_axes=None,
-                 loop_bounds: dict[str, int] | None = None):
+                 loop_bounds: dict[str, int] | None = None,
+                 dim_bounds: dict[str, object] | None = None):
         self.prov = prov
+        self.dim_bounds = dim_bounds or {}  # CompileOptions.dims, for value-sized dims (frontend/runtime_dims.py)
         self.bounded_axes = bounded_axes  # UOp -> which axes a bounded dim sizes (frontend/dims.py), or None
         self.loop_bounds = loop_bounds or {}  # CompileOptions.loop_bounds
         self.weight_of_initializer = weight_of_initializer  # onnx.TensorProto -> UOp
@@ -146,7 +148,7 @@ class GraphImporter:
             problems.append(_with(label, why))
             return self._poison(node, scope)
         ctx = NodeContext(node, srcs, version, opset, subgraph_runner, self.vocabulary, self.bounded_axes,
-                          self.loop_bounds)
+                          self.loop_bounds, self.dim_bounds)
         try:
             result = handler.fn(ctx)
             outs = [result] if isinstance(result, UOp | SequenceValue | OptionalValue | ZipMapValue | EdgeStrings) \
@@ -160,7 +162,7 @@ class GraphImporter:
             problems.extend(e.problems)
             return self._poison(node, scope)
         except NeedsConstant as e:
-            problems.append(_with(label, str(e), e.inputs))
+            problems.append(dataclasses.replace(_with(label, str(e), e.inputs), needs_dims=getattr(e, "dims", ())))
             return self._poison(node, scope)
         except (Unsupported, UnsupportedDType, ShapeError) as e:
             problems.append(dataclasses.replace(_with(label, str(e)), shape_error=isinstance(e, ShapeError)))
@@ -190,8 +192,10 @@ class GraphImporter:
             self.import_node(n, scope, opsets, inner)
         if inner:
             needs = tuple(dict.fromkeys(n for p in inner for n in p.needs_values))
+            dims = tuple(dict.fromkeys(n for p in inner for n in p.needs_dims))
             why = "; ".join(f"{p.op_type}: {p.reason}" for p in inner)
-            problems.append(_with(label, f"no handler, and its ONNX function body does not compile: {why}", needs))
+            problems.append(dataclasses.replace(_with(label, f"no handler, and its ONNX function body does not "
+                                                             f"compile: {why}", needs), needs_dims=dims))
             return self._poison(node, scope)
         self.expanded.add(node.op_type if not label.domain else f"{label.domain}.{node.op_type}")
 

@@ -30,14 +30,14 @@ from svodc.frontend.boundary import graph_input, graph_output
 from svodc.frontend.dims import DimTable, bounded_axes, check_bounded
 from svodc.frontend.dtypes import UnsupportedDType, onnx_to_dtype
 from svodc.frontend.graph_import import POISON, GraphImporter, Scope
-from svodc.frontend.option_check import check_options, describe_inputs, fixes_unknown_dims
+from svodc.frontend.option_check import check_options, check_value_dims_used, describe_inputs, fixes_unknown_dims
 from svodc.frontend.strings import Vocabulary
 from svodc.frontend.values import EdgeStrings, ZipMapValue
 from svodc.frontend.weights import ExternalData, weight_files
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import ConstData, Ops
 from svodc.ir.provenance import Provenance
-from svodc.ir.uop import UOp
+from svodc.ir.uop import UOp, toposort
 from svodc.options import CompileOptions
 from svodc.program import ImportedGraph
 
@@ -123,7 +123,8 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
         inputs += bundle_inputs
 
     importer = GraphImporter(prov, lambda init: _weight(init, external, vocabulary), vocabulary,
-                             bounded_axes(dim_table) if dim_table.dims else None, options.loop_bounds)
+                             bounded_axes(dim_table) if dim_table.dims else None, options.loop_bounds,
+                             options.dims)
     problems += importer.import_graph_nodes(graph, scope, opsets)
     outputs, zipmaps, edge = [], [], []
     for vi in graph.output:
@@ -146,6 +147,8 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
                               f"them against the model's inputs {inputs}")
     if problems:
         raise UnsupportedModelError(problems)
+    sized = {d[0] for n in toposort([o for _, o in outputs]) if n.op is Ops.SIZED for d in n.arg.dims if d}
+    check_value_dims_used(options, sized, set(dim_table.dims))
     producer = f"{model.producer_name} {model.producer_version}".strip()
     return ImportedGraph(inputs, outputs, prov, producer, frozenset(importer.expanded), vocabulary.strings,
                          tuple(zipmaps), tuple(edge), importer.op_types, tuple(dim_table.dims.values()),

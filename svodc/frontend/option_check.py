@@ -34,11 +34,31 @@ def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def is_value_dim_name(name: str) -> bool:
+    """TENSOR:AXIS, the name of a size a run-time value decides (frontend/runtime_dims.py)."""
+    tensor, sep, axis = name.rpartition(":")
+    return bool(sep and tensor and axis.isdigit())
+
+
+def check_value_dims_used(options: CompileOptions, sized: set[str], dim_names: set[str]) -> None:
+    """A bound given for TENSOR:AXIS that no run-time size of the model has is a misspelling."""
+    unused = sorted(n for n in options.dims if n not in dim_names and is_value_dim_name(n) and n not in sized)
+    if unused:
+        raise InputShapeError(f"--dim {unused[0]}: no size of that name is decided at run time in this model (those "
+                              f"that are: {sorted(sized) or 'none'}; input dims: {sorted(dim_names) or 'none'})")
+
+
 def check_options(graph: onnx.GraphProto, options: CompileOptions, initializers: set[str]) -> None:
     inputs = {vi.name: vi for vi in graph.input if vi.name not in initializers}
     listing = describe_inputs(graph, initializers)
     dim_names = sorted({d for vi in inputs.values() for d in (_declared(vi) or []) if isinstance(d, str)})
     for name, value in options.dims.items():
+        if name not in dim_names and is_value_dim_name(name):  # a bound for a run-time size (runtime_dims.py)
+            lo, hi = (0, value) if _is_int(value) else tuple(value) if isinstance(value, tuple | list) else (-1, -1)
+            if not (_is_int(lo) and _is_int(hi) and 0 <= lo <= hi):
+                raise InputShapeError(f"dims[{name!r}] = {value!r}: the bound of a run-time size is HI or (LO, HI) "
+                                      f"with 0 <= LO <= HI, e.g. --dim {name}=0..64")
+            continue
         if (not _is_int(value) and not isinstance(value, tuple | list)) or (_is_int(value) and value < 0):
             raise InputShapeError(f"dims[{name!r}] = {value!r} ({type(value).__name__}): a dim must be an int >= 0 "
                                   f"or a range (lo, hi), e.g. dims={{{name!r}: 1}} or dims={{{name!r}: (1, 64)}}")

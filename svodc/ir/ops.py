@@ -103,6 +103,7 @@ class Ops(Enum):
     # the end) and clamped into the axis, so no index value can read or write outside a buffer.
     GATHER = auto()  # arg GatherArg; src (x, idx): out[p] = x[p with p[axis] = idx[p]], out.shape = idx.shape
     SCATTER = auto()  # arg ScatterArg; src (x, idx, upd): out = x, then out[p with p[axis] = idx[p]] (op)= upd[p]
+    SIZED = auto()  # arg SizedArg; src (x, value, ...): x, with axes sized at run time by values (value dims)
 
     # --- symbolic
     DEFINE_VAR = auto()  # arg VarArg: a named dimension with bounds
@@ -225,6 +226,15 @@ class ScatterArg:
 
     axis: int
     reduce: Ops | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SizedArg:
+    """SIZED: x computed at its bound, whose axis a has the run-time size of value dim dims[a] (None: the
+    bound's size); src[1 + k] is the k-th named dim's value, an int64 scalar, or -1 where the values
+    deciding it are invalid (passes/dynamic.py ValueDim; the code writes it into the `dims` array)."""
+
+    dims: tuple[tuple[str, int, int] | None, ...]  # per axis (name, lo, hi) or None
 
 
 @dataclass(frozen=True, slots=True)

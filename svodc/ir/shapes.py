@@ -115,6 +115,8 @@ def infer_shape(n: UOp) -> tuple:
         idx = n.src[1].shape
         _check_indexed(op, src, idx, arg.axis, broadcast=True)
         return idx
+    if op is Ops.SIZED:
+        return src
     if op is Ops.SCATTER:
         idx, upd = n.src[1].shape, n.src[2].shape
         if idx != upd:

@@ -31,6 +31,7 @@ _SPEC: dict[Ops, tuple[type | tuple[type, ...] | None, int | None]] = {
     Ops.MATMUL: (None, 2),
     Ops.GATHER: (ops.GatherArg, 2),
     Ops.SCATTER: (ops.ScatterArg, 3),
+    Ops.SIZED: (ops.SizedArg, None),
     Ops.DEFINE_VAR: (ops.VarArg, 0),
     Ops.PARAM: (ops.ParamArg, 0),
     Ops.RANGE: (ops.RangeArg, 1),
@@ -69,6 +70,9 @@ def check_node(n: UOp) -> None:
         raise SpecError(f"{n.op.name} indices must be integers, not {n.src[1].dtype}")
     if n.op in (Ops.GATHER, Ops.SCATTER) and n.src[0].dtype != n.dtype:
         raise SpecError(f"{n.op.name} produces the dtype of its source")
+    if n.op is Ops.SIZED and (len(n.src) != 1 + sum(d is not None for d in n.arg.dims) or len(n.arg.dims) !=
+                              len(n.src[0].shape) or any(v.dtype is not dtypes.int64 or v.shape for v in n.src[1:])):
+        raise SpecError("SIZED takes (x, one int64 scalar per named axis of x)")
     if n.op is Ops.SCATTER and (n.src[2].dtype != n.dtype or n.arg.reduce not in (None, *REDUCE_OPS)):
         raise SpecError("SCATTER updates have the source's dtype; reduce is None or ADD/MUL/MAX/MIN")
 

@@ -77,6 +77,17 @@ class ComputedDim:
 
 
 @dataclass(frozen=True)
+class ValueDim:
+    """A dim a run-time value decides (a Reshape's shape, NonZero's count: Ops.SIZED), in [lo, hi] (lo may
+    be 0). The kernel that computes the value writes it into the `dims` array (clamped, with the status
+    words for a value outside the range or invalid: passes/value_dims.py); the runtime cuts outputs by it."""
+
+    name: str
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True)
 class SymAxis:
     """An axis of run-time size value(dim) * factor (its compile-time size is hi * factor)."""
 
@@ -91,7 +102,7 @@ class DynamicAxes:
     """Memoized per node. `dims` in the order of the entry's `dims` array; `input_axes` from the frontend."""
 
     def __init__(self, dims: tuple[DimSpec, ...], input_axes: dict[str, dict[int, str]], prov: Provenance | None):
-        self.dims: dict[str, DimSpec | ComputedDim] = {d.name: d for d in dims}  # input dims, then computed
+        self.dims: dict[str, DimSpec | ComputedDim | ValueDim] = {d.name: d for d in dims}  # input, then computed
         self.slots = {d.name: i for i, d in enumerate(dims)}
         self._computed: dict[tuple, str] = {}  # (src, mul, add, div, off) -> its dim's name
         self._inputs = input_axes
@@ -150,6 +161,11 @@ class DynamicAxes:
             return tuple(SymAxis(named[i]) if i in named else None for i in range(nd))
         if op in (Ops.WEIGHT, Ops.CONST) or nd == 0:
             return (None,) * nd
+        if op is Ops.SIZED:  # value dims where named, else what x has (a bounded input dim stays itself)
+            for d in arg.dims:
+                if d is not None:
+                    self.add_value_dim(ValueDim(*d))
+            return tuple(a if d is None else SymAxis(d[0]) for a, d in zip(self._memo[n.src[0]], arg.dims, strict=True))
         src = [self._memo[s] for s in n.src]
         if op in ALU:
             if op in (Ops.MUL, Ops.DIV) and any(s in self._sums for s in n.src) and any(is_constant(s) for s in n.src):
@@ -304,6 +320,11 @@ class DynamicAxes:
             "no size in its range works"
         return DynamicShapeError(f"{self._where(n)}: at dim {root.name!r} = {root.lo} (its lower bound) "
                                  f"its output size {d.name} is {value(root.lo)}, below 1; {fix}")
+
+    def add_value_dim(self, d: ValueDim) -> None:
+        if d.name not in self.dims:
+            self.slots[d.name] = len(self.dims)
+            self.dims[d.name] = d
 
     def computed(self) -> list[ComputedDim]:
         return [d for d in self.dims.values() if isinstance(d, ComputedDim)]

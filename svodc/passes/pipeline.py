@@ -7,6 +7,7 @@ SVOD_DEBUG >= 2 the graph after each pass is printed, with CompileOptions.check_
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 
@@ -18,6 +19,7 @@ from svodc.ir.rewrite import debug_level, graph_rewrite
 from svodc.ir.spec import verify
 from svodc.ir.uop import UOp, pretty
 from svodc.options import PRECISIONS, CompileOptions
+from svodc.passes import value_dims
 from svodc.passes.branches import ALWAYS, Guard, find_branch_selects
 from svodc.passes.buffers import Buffers
 from svodc.passes.contraction import conv_to_row_matmuls, pm_conv_to_matmul, pm_fold_into_conv
@@ -114,12 +116,20 @@ def _provenance(root: UOp, realized: set[UOp], prov: Provenance) -> list[str]:
 def build_program(graph: ImportedGraph, options: CompileOptions, policy: OptimizationPolicy = DEFAULT_POLICY
                   ) -> Program:
     """The program for the variants that share `policy` (svodc/policy.py)."""
-    dyn = DynamicAxes(graph.dims, graph.input_dims, graph.provenance) if graph.dims else None
+    sized = value_dims.register([o for _, o in graph.outputs], None)
+    dyn = DynamicAxes(graph.dims, graph.input_dims, graph.provenance) if graph.dims or sized else None
+    if sized:
+        value_dims.register([o for _, o in graph.outputs], dyn)
     sink = optimize(graph, options, policy, dyn)
+    values: list = []
+    if sized:  # sizes run-time values decide (Ops.SIZED): their scalars are planned as pseudo outputs
+        sink, values = value_dims.strip(sink, dyn)
     outputs = list(zip([name for name, _ in graph.outputs], sink.src, strict=True))
     out_axes = [dyn.axes(x) if dyn else () for _, x in outputs]  # also checks every node up front
     selects = find_branch_selects(sink.toposort(), graph.provenance, graph.op_types)
-    plans, realized = plan_kernels(outputs, policy, selects)
+    plans, realized = plan_kernels(outputs + [(value_dims.PREFIX + d.name, v) for d, v in values], policy, selects)
+    value_of = {value_dims.PREFIX + d.name: d for d, _ in values}
+    writers: dict[str, int] = {}  # value dim -> the kernel that computes it
 
     next_id = iter(range(1 << 30))
     inputs = [Buffer(next(next_id), BufferKind.INPUT, x.dtype, x.shape, name, slot=i,
@@ -133,7 +143,9 @@ def build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimiz
 
     kernels: list[Kernel] = []
     for plan in plans:
-        out = _plan_output(plan, out_by_name, scratch, next_id)
+        if plan.output in value_of:
+            writers[value_of[plan.output].name] = len(kernels)
+        out = _plan_output(plan, {} if plan.output in value_of else out_by_name, scratch, next_id)
         prov = _provenance(plan.root, realized, graph.provenance)
         name = _kernel_name(len(kernels), prov)
         copy_from = written[plan.root] if plan.copy else None
@@ -151,6 +163,13 @@ def build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimiz
         kernels.append(Kernel(name, ast, params, prov, kind, _kernel_guard(plan.guard, written)))
         _after_pass(f"lowering kernel {name}", ast, options)
 
+    status_slot = len(dyn.dims) if dyn else 0  # the status words follow the dims (svodrt/abi.py)
+    for d, _ in values:
+        k = kernels[writers[d.name]]
+        kernels[writers[d.name]] = dataclasses.replace(k, ast=value_dims.write_dims(k.ast, d, dyn, status_slot))
+    if values:
+        writers = value_dims.hoist(kernels, writers)
+        value_dims.check_order(kernels, writers, dyn)
     if dyn and dyn.computed():  # format 1.7: the computed dims, written before any kernel reads them
         kernels.insert(0, Kernel("k_dims", dims_kernel(dyn), [], [], "dims"))
     weight_list = list(buffers.weights.values())
@@ -172,7 +191,7 @@ def _kernel_guard(guard: Guard, written: dict[UOp, Buffer]) -> KernelGuard:
 
 
 def _plan_output(plan: KernelPlan, out_by_name: dict[str, Buffer], scratch: list[Buffer], ids) -> Buffer:
-    if plan.output is not None:
+    if plan.output in out_by_name:
         return out_by_name[plan.output]
     b = Buffer(next(ids), BufferKind.SCRATCH, plan.root.dtype, plan.root.shape, f"t{len(scratch)}")
     scratch.append(b)

@@ -38,7 +38,8 @@ def main() -> int:
     results = run_cases(cases, workers=args.workers, timeout=args.timeout, progress=progress)
     wall = time.perf_counter() - t0
     s = summarize(cases, results)
-    print(f"{s.passed}/{s.total} cases pass, {s.op_types_fully_passing}/{s.op_types} op types fully; "
+    print(f"{s.passed}/{s.total} cases pass ({s.runtime_inputs_passed} with inputs given at run time), "
+          f"{s.op_types_fully_passing}/{s.op_types} op types fully; "
           f"{dict(s.by_status)}; wall {wall:.0f} s")
     if not args.filter:
         Path(args.output).write_text(render(cases, results, wall, args.workers, onnx.__version__))

@@ -15,6 +15,7 @@ STATUS_ORDER = ("pass", "wrong", "unsupported", "error", "crash", "timeout", "ou
 class Summary:
     total: int
     passed: int
+    runtime_inputs_passed: int  # cases that pass with every present input given at run time (no --input-value)
     by_status: Counter
     op_types: int
     op_types_fully_passing: int
@@ -37,7 +38,7 @@ def summarize(cases: list[Case], results: list[Result]) -> Summary:
             expanded[op].append(c.name)
     by_status = Counter(r.status for r in results)
     full = sum(1 for p, t in per_op.values() if p == t)
-    return Summary(len(cases), by_status["pass"], by_status, len(per_op), full,
+    return Summary(len(cases), by_status["pass"], sum(r.runtime_inputs_pass for r in results), by_status, len(per_op), full,
                    {k: (p, t) for k, (p, t) in sorted(per_op.items())}, dict(sorted(expanded.items())))
 
 
@@ -53,12 +54,18 @@ def render(cases: list[Case], results: list[Result], wall_s: float, workers: int
         "floats, exact for integers and booleans, NaN positions must match).",
         "",
         f"- **{s.passed} of {s.total} cases pass**; {status_line}.",
+        f"- **{s.runtime_inputs_passed} of {s.total} cases pass with their inputs given at run time**: every "
+        "input the case feeds is a run-time input of the compiled model, no value fixed with `--input-value` "
+        "(only absent optionals and empty sequences, which carry nothing to feed, are compiled in); sizes nothing "
+        "bounds get the bound a user would give (`--dim TENSOR:AXIS=0..HI`, twice the expected size). The "
+        "passing cases that do not pass so are grouped below by op.",
         f"- **{s.op_types_fully_passing} of {s.op_types} op types** pass every case.",
         f"- Wall time {wall_s:.0f} s with {workers} worker processes.",
         f"- {sum(1 for r in results if r.status == 'pass' and r.fixed_inputs)} of the passing cases feed, as "
-        "graph inputs, values the compiler needs at compile time (a Reshape's shape, a Slice's starts, an axis, "
-        "a count; or an optional input that is absent): the harness compiles them with those inputs' values "
-        "fixed (`--input-value`), as a static compiler must; they are listed below with the inputs fixed.",
+        "graph inputs, values fixed at compile time (a Resize's scales, NonMaxSuppression's boxes, or values "
+        "that decide a size the run-time mode failed on; or an optional input that is absent): where the "
+        "run-time inputs mode does not pass, the harness compiles the case with those inputs' values fixed "
+        "(`--input-value`); they are listed below with the inputs fixed.",
         "",
         "Statuses: `wrong` ran but gave different values (the largest error is shown); `unsupported` the "
         "compiler refused a node (its reason is shown); `error` another compile or run error; `crash` the "
@@ -77,6 +84,7 @@ def render(cases: list[Case], results: list[Result], wall_s: float, workers: int
         if r.status != "pass":
             reason = r.reason.replace("|", "\\|")
             lines.append(f"| {c.name} | {op_label(c)} | {r.status} | {reason} |")
+    lines += _runtime_inputs_failures(cases, results)
     lines += ["", "## Passing cases with inputs fixed at compile time", "", "| case | inputs fixed |", "|---|---|"]
     lines += [f"| {r.name} | {', '.join(r.fixed_inputs)} |" for r in results if r.status == "pass" and r.fixed_inputs]
     lines += ["", "## Ops compiled through their ONNX function bodies", "",
@@ -88,3 +96,18 @@ def render(cases: list[Case], results: list[Result], wall_s: float, workers: int
     else:
         lines.append("None.")
     return "\n".join(lines) + "\n"
+
+
+def _runtime_inputs_failures(cases: list[Case], results: list[Result]) -> list[str]:
+    """The passing cases that need a value fixed at compile time, per op, with the first reason."""
+    by_op: dict[str, list[Result]] = defaultdict(list)
+    for c, r in zip(cases, results, strict=True):
+        if r.status == "pass" and r.runtime_inputs_failure:
+            by_op[op_label(c)].append(r)
+    lines = ["", "## Passing cases that need values fixed at compile time", "",
+             "Cases that pass only with some inputs' values fixed (`--input-value`), per op type, with the "
+             "reason the compiler gives when they are run-time inputs (the first case's).", "",
+             "| op type | cases | reason |", "|---|---|---|"]
+    for op, rs in sorted(by_op.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        lines.append(f"| {op} | {len(rs)} | {rs[0].runtime_inputs_failure.replace('|', chr(92) + '|')} |")
+    return lines

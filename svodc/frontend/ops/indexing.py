@@ -1,6 +1,6 @@
 """Indexing with run-time index values (Gather*, Scatter*, OneHot), arg-reductions, TopK, cumulative
-sums, and the ops whose output shape depends on data (NonZero, Compress, Unique: only with inputs
-known at compile time).
+sums (their axis may be a run-time input), and the ops whose output shape depends on data (NonZero,
+Compress, Unique: only with inputs known at compile time).
 
 Run-time indices become the IR's GATHER/SCATTER along one axis. Multi-component indices (GatherND,
 ScatterND) are linearized first: the indexed axes of the data are merged into one, and each index
@@ -17,6 +17,8 @@ import numpy as np
 from svodc.frontend.context import NodeContext, Unsupported, constant_value, is_constant
 from svodc.frontend.ops.shape_ops import weight
 from svodc.frontend.registry import onnx_op
+from svodc.frontend.runtime_dims import bounded_output, user_bound
+from svodc.frontend.runtime_values import axis_choice
 from svodc.ir import tensor as T
 from svodc.ir.dtypes import dtypes
 from svodc.ir.interpret import normalize_index
@@ -45,10 +47,11 @@ def gather_axis(x: UOp, idx: UOp, axis: int, sized: tuple[int, int] | None = Non
     return UOp(Ops.GATHER, x.dtype, (xr, ir), GatherArg(len(pre) + r - 1, sized and (len(pre), *sized)))
 
 
-def normalized(idx: UOp, size: int) -> UOp:
-    """idx + size where idx < 0 (as int64)."""
+def normalized(idx: UOp, size: int | UOp) -> UOp:
+    """idx + size where idx < 0 (as int64; size a compile-time int or a run-time int64 scalar)."""
     i = idx.cast(_I64)
-    return T.alu(Ops.WHERE, T.alu(Ops.CMPLT, i, T.const(0, _I64)), T.alu(Ops.ADD, i, T.const(size, _I64)), i)
+    n = T.const(size, _I64) if isinstance(size, int) else size
+    return T.alu(Ops.WHERE, T.alu(Ops.CMPLT, i, T.const(0, _I64)), T.alu(Ops.ADD, i, n), i)
 
 
 def linear_index(idx: UOp, dims: tuple[int, ...]) -> UOp:
@@ -146,11 +149,20 @@ def scatter_nd(ctx: NodeContext) -> UOp:
 @onnx_op("OneHot", 9, 11, 28)
 def one_hot(ctx: NodeContext) -> UOp:
     idx, values = ctx.input(0), ctx.input(2)
-    depth = int(np.asarray(ctx.const_input(1, "depth")).reshape(-1)[0])
     rank = idx.ndim + 1
     axis = T.norm_axis(ctx.attr("axis", -1), rank)
+    run_time = not is_constant(ctx.input(1))
+    if run_time:  # a run-time depth: the output at the bound the user gives for its axis
+        d = ctx.input(1)
+        d = UOp(Ops.TRUNC, d.dtype, (d,)) if d.dtype.is_float else d
+        depth_value = T.reshape(d, (T.numel(d),))
+        depth_value = T.reshape(T.shrink(depth_value, [(0, 1)]), ()).cast(_I64)
+        depth = user_bound(ctx, 0, axis, 1)
+    else:
+        depth = int(np.asarray(ctx.const_input(1, "depth")).reshape(-1)[0])
+        depth_value = T.const(depth, _I64)
     i = idx if not idx.dtype.is_float else UOp(Ops.TRUNC, idx.dtype, (idx,))
-    i = normalized(i.cast(_I64), depth) if ctx.version >= 11 else i.cast(_I64)
+    i = normalized(i.cast(_I64), depth_value if run_time else depth) if ctx.version >= 11 else i.cast(_I64)
     shape = idx.shape[:axis] + (1,) + idx.shape[axis:]
     iota_shape = [1] * rank
     iota_shape[axis] = depth
@@ -158,7 +170,11 @@ def one_hot(ctx: NodeContext) -> UOp:
     hit = T.alu(Ops.CMPEQ, T.reshape(i, shape), iota)
     off = T.reshape(T.shrink(T.reshape(values, (2,)), [(0, 1)]), ())
     on = T.reshape(T.shrink(T.reshape(values, (2,)), [(1, 2)]), ())
-    return T.alu(Ops.WHERE, hit, on, off)
+    out = T.alu(Ops.WHERE, hit, on, off)
+    if not run_time:
+        return out
+    dims = [(depth_value, 0, depth) if a == axis else d for a, d in enumerate(out.shape)]
+    return bounded_output(ctx, out, dims, T.alu(Ops.CMPLT, T.const(0, _I64), depth_value), 1)
 
 
 def iota_along(n: int, axis: int, ndim: int) -> UOp:
@@ -197,12 +213,25 @@ def top_k(ctx: NodeContext) -> list[UOp]:
     O(n^2) per row along the axis, in plain tensor ops. (NaN compares false with everything, so it
     keeps its position among equals; ONNX leaves NaN ordering unspecified.)"""
     x = ctx.input(0)
-    k = int(ctx.attr("k")) if ctx.version < 10 else int(np.asarray(ctx.const_input(1, "K")).reshape(-1)[0])
     axis = T.norm_axis(ctx.attr("axis", -1), x.ndim)
-    largest = bool(ctx.attr("largest", 1))
     n = x.shape[axis]
+    if ctx.version >= 10 and not is_constant(ctx.input(1)):
+        # K at run time: every element ranked (the first K of the full order are the top K), the outputs
+        # returned K long along the axis, K checked against [0, n]
+        k_value = T.reshape(ctx.input(1), ()).cast(_I64)
+        valid = T.alu(Ops.AND, T.alu(Ops.CMPLT, k_value, T.const(n + 1, _I64)),
+                      T.alu(Ops.CMPLT, T.const(-1, _I64), k_value))
+        dims = [k_value if a == axis else d for a, d in enumerate(x.shape)]
+        return [bounded_output(ctx, o, [(d, 0, n) if a == axis else d for a, d in enumerate(dims)], valid, 1, i)
+                for i, o in enumerate(_top_k(ctx, x, axis, n))]
+    k = int(ctx.attr("k")) if ctx.version < 10 else int(np.asarray(ctx.const_input(1, "K")).reshape(-1)[0])
     if not 0 <= k <= n:
         raise Unsupported(f"K={k} is outside [0, {n}]")
+    return _top_k(ctx, x, axis, k)
+
+
+def _top_k(ctx: NodeContext, x: UOp, axis: int, k: int) -> list[UOp]:
+    largest, n = bool(ctx.attr("largest", 1)), x.shape[axis]
     order = [a for a in range(x.ndim) if a != axis] + [axis]
     xt = T.permute(x, order)
     lead = xt.shape[:-1]
@@ -226,10 +255,13 @@ def top_k(ctx: NodeContext) -> list[UOp]:
 
 def _cumulative(op: Ops, identity: int):
     """CumSum/CumProd: along the axis, out[i] = x[0] op ... op x[i], as a window reduction over the
-    input padded with n-1 identities in front (exclusive: shifted by one; reverse: flipped)."""
+    input padded with n-1 identities in front (exclusive: shifted by one; reverse: flipped). The axis
+    may be a run-time input (runtime_values.axis_choice)."""
     def handler(ctx: NodeContext) -> UOp:
         x = ctx.input(0)
-        axis = T.norm_axis(int(np.asarray(ctx.const_input(1, "axis")).reshape(-1)[0]), x.ndim)
+        return axis_choice(ctx, 1, x.ndim, lambda axis: along(ctx, x, axis))
+
+    def along(ctx: NodeContext, x: UOp, axis: int) -> UOp:
         n = x.shape[axis]
         if n == 0:
             return x

@@ -12,9 +12,11 @@ import math
 import numpy as np
 
 from svodc.frontend.context import NodeContext, Unsupported, constant_value, is_constant
+from svodc.frontend.ops import pad_runtime, view_runtime
 from svodc.frontend.ops.indexing import gather_axis, iota_along
 from svodc.frontend.ops.shape_ops import weight
 from svodc.frontend.registry import onnx_op
+from svodc.frontend.runtime_dims import bounded_output, element, user_bound
 from svodc.ir import tensor as T
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import GatherArg, Ops
@@ -52,6 +54,8 @@ def slice_(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
     if ctx.version < 10:
         starts, ends, axes, steps = ctx.ints("starts"), ctx.ints("ends"), ctx.ints("axes"), None
+    elif any(v is not None and not is_constant(v) for v in ctx.inputs[1:5]):
+        return view_runtime.slice_at_run_time(ctx, x)
     else:
         starts, ends = _ints(ctx.const_input(1, "starts")), _ints(ctx.const_input(2, "ends"))
         axes, steps = _ints(ctx.optional_const_input(3, "axes")), _ints(ctx.optional_const_input(4, "steps"))
@@ -90,6 +94,8 @@ def pad(ctx: NodeContext) -> UOp:
     if ctx.version < 11:
         pads = ctx.ints("paddings" if ctx.version < 2 else "pads")
         axes = None
+    elif not all(v is None or is_constant(v) for v in ctx.inputs[1:4:2]):  # pads or axes at run time
+        return pad_runtime.pad_at_run_time(ctx, x, mode, _pad_value(ctx, x))
     else:
         pads = _ints(ctx.const_input(1, "pads"))
         axes = _ints(ctx.optional_const_input(3, "axes")) if ctx.version >= 18 else None
@@ -125,6 +131,8 @@ def split(ctx: NodeContext) -> list[UOp]:
     x = ctx.input(0)
     axis = T.norm_axis(ctx.attr("axis", 0), x.ndim)
     n, outs = x.shape[axis], ctx.num_outputs
+    if ctx.version >= 13 and (v := ctx.optional_input(1)) is not None and not is_constant(v):
+        return view_runtime.split_at_run_time(ctx, x, axis)
     if ctx.version >= 13:
         sizes = _ints(ctx.optional_const_input(1, "split"))
     elif ctx.version < 2 and ctx.optional_input(1) is not None:
@@ -158,6 +166,8 @@ def tile(ctx: NodeContext) -> UOp:
         tiles, axis = int(ctx.const_input(1, "tiles").reshape(-1)[0]), int(ctx.const_input(2, "axis").reshape(-1)[0])
         reps = [1] * x.ndim
         reps[axis] = tiles
+    elif not is_constant(ctx.input(1)):
+        return _tile_at_run_time(ctx, x, ctx.input(1))
     else:
         reps = _ints(ctx.const_input(1, "repeats"))
     if len(reps) != x.ndim:
@@ -166,6 +176,27 @@ def tile(ctx: NodeContext) -> UOp:
     big = tuple(v for r, d in zip(reps, x.shape, strict=True) for v in (r, d))
     out = T.expand(T.reshape(x, inter), big)
     return T.reshape(out, tuple(r * d for r, d in zip(reps, x.shape, strict=True)))
+
+
+def _tile_at_run_time(ctx: NodeContext, x: UOp, repeats: UOp) -> UOp:
+    """Axis a of the output is dim * repeats[a], within the bound the user gives; element o reads
+    x at o mod dim (a constant index vector at the bound)."""
+    if T.numel(repeats) != x.ndim:
+        raise Unsupported(f"repeats has {T.numel(repeats)} values for rank {x.ndim}")
+    dims, checks = [], []
+    for a, d in enumerate(x.shape):
+        if d == 0:
+            dims.append(0)
+            continue
+        hi = user_bound(ctx, 0, a, 1)
+        x = gather_axis(x, weight(np.arange(hi, dtype=np.int64) % d), a)
+        rep = element(repeats, a)
+        checks.append(T.alu(Ops.CMPLT, T.const(-1, dtypes.int64), rep))
+        dims.append((T.alu(Ops.MUL, rep, T.const(d, dtypes.int64)), 0, hi))
+    valid = T.const(True, dtypes.bool)
+    for c in checks:
+        valid = T.alu(Ops.AND, valid, c)
+    return bounded_output(ctx, x, dims, valid, 1)
 
 
 @onnx_op("DepthToSpace", 1, 11, 13, 28)
@@ -198,8 +229,10 @@ def space_to_depth(ctx: NodeContext) -> UOp:
 @onnx_op("CenterCropPad", 18)
 def center_crop_pad(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
-    target = _ints(ctx.const_input(1, "shape"))
     axes = _axes(ctx.ints("axes"), x.ndim, x.ndim)
+    if not is_constant(ctx.input(1)):
+        return pad_runtime.center_crop_pad_at_run_time(ctx, x, axes)
+    target = _ints(ctx.const_input(1, "shape"))
     if len(target) != len(axes):
         raise Unsupported(f"shape has {len(target)} values for {len(axes)} axes")
     crop = [(0, d) for d in x.shape]
@@ -256,6 +289,8 @@ def eye_like(ctx: NodeContext) -> UOp:
 
 @onnx_op("Range", 11, 27)
 def range_(ctx: NodeContext) -> UOp:
+    if any(not is_constant(ctx.input(i)) for i in range(3)):
+        return _range_at_run_time(ctx)
     start, limit, delta = (ctx.const_input(i, what).reshape(()) for i, what in
                            enumerate(("start", "limit", "delta")))
     if delta == 0:
@@ -266,6 +301,22 @@ def range_(ctx: NodeContext) -> UOp:
     else:  # start + i * delta in double, rounded once (stash_type only matters for a running sum)
         values = float(start) + np.arange(count, dtype=np.float64) * float(delta)
     return weight(np.asarray(values, dtype=start.dtype))
+
+
+def _range_at_run_time(ctx: NodeContext) -> UOp:
+    """max(ceil((limit - start) / delta), 0) values start + i * delta (in double for floats), at the
+    bound the user gives for the count."""
+    start, limit, delta = (T.reshape(ctx.input(i), ()) for i in range(3))
+    hi = user_bound(ctx, 0, 0, 1)
+    f64 = dtypes.float64
+    count = T.alu(Ops.DIV, T.alu(Ops.SUB, limit.cast(f64), start.cast(f64)), delta.cast(f64))
+    ceil = T.alu(Ops.NEG, UOp(Ops.FLOOR, f64, (T.alu(Ops.NEG, count),)))
+    n = T.alu(Ops.MAX, ceil, T.const(0.0, f64))
+    i = weight(np.arange(hi, dtype=np.int64))
+    calc = start.dtype if start.dtype.is_int else f64
+    values = T.alu(Ops.ADD, start.cast(calc), T.alu(Ops.MUL, i.cast(calc), delta.cast(calc))).cast(start.dtype)
+    valid = T.alu(Ops.CMPNE, delta, T.scalar_like(delta, 0))
+    return bounded_output(ctx, values, [(n.cast(dtypes.int64), 0, hi)], valid, 1)
 
 
 @onnx_op("Col2Im", 18)

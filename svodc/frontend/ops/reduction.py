@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
 from svodc.frontend.context import NodeContext, Unsupported
+from svodc.frontend.ops.reduce_runtime import reduce_at_run_time, runtime_axes
 from svodc.frontend.registry import onnx_op
 from svodc.ir import tensor as T
 from svodc.ir.dtypes import dtypes
@@ -22,7 +24,8 @@ def reduce_axes(ctx: NodeContext, x: UOp, axes_input_since: int) -> list[int]:
     """The axes to reduce: attribute before `axes_input_since`, optional input 1 after; none given
     means all axes, unless noop_with_empty_axes (then none: the op is the identity)."""
     if ctx.version >= axes_input_since:
-        a = ctx.optional_const_input(1, "axes")
+        # run-time axes of length 0 are known to be empty (their shape says so)
+        a = None if runtime_axes(ctx) is not None else ctx.optional_const_input(1, "axes")
         axes = None if a is None else [int(v) for v in np.asarray(a).reshape(-1)]
     else:
         axes = ctx.ints("axes")
@@ -31,65 +34,52 @@ def reduce_axes(ctx: NodeContext, x: UOp, axes_input_since: int) -> list[int]:
     return sorted({T.norm_axis(a, x.ndim) for a in axes})
 
 
-def _count(x: UOp, axes: list[int]) -> int:
-    return math.prod(x.shape[a] for a in axes)
+# A reduction over the node's axes with an associative op, its result kept at size 1 on those axes (or,
+# for run-time axes, broadcast back over them: reduce_runtime.py), and the number of elements reduced.
+Reducer = Callable[[UOp, Ops], UOp]
 
 
-def _sum(x: UOp, axes: list[int], keep: bool) -> UOp:
-    return T.reduce(x, Ops.ADD, axes, keep)
-
-
-def log_sum_exp(x: UOp, axes: list[int], keep: bool = True) -> UOp:
-    """log(sum(exp(x))) with the maximum taken out first, so large inputs do not overflow."""
-    if not x.dtype.is_float:
-        return unary(Ops.LOG, _sum(unary(Ops.EXP, x), axes, keep))
-    m = T.reduce(x, Ops.MAX, axes)
-    # an all -inf (or empty) slice: shift by 0 instead of -inf, so exp sees -inf, not NaN
-    finite_m = T.alu(Ops.WHERE, T.alu(Ops.CMPEQ, m, T.scalar_like(m, -math.inf)), T.scalar_like(m, 0), m)
-    total = _sum(unary(Ops.EXP, T.alu(Ops.SUB, x, finite_m)), axes, True)
-    out = T.alu(Ops.ADD, unary(Ops.LOG, total), finite_m)
-    return out if keep else T.reshape(out, tuple(s for i, s in enumerate(x.shape) if i not in axes))
-
-
-def _reducer(kind: str):
-    def reduce_fn(x: UOp, axes: list[int], keep: bool) -> UOp:
-        if kind == "Sum":
-            return _sum(x, axes, keep)
-        if kind == "Mean":
-            return T.alu(Ops.DIV, _sum(x, axes, keep), T.const(_count(x, axes) or math.nan, x.dtype))
-        if kind == "Max":
-            return T.reduce(x, Ops.MAX, axes, keep)
-        if kind == "Min":
-            return T.reduce(x, Ops.MIN, axes, keep)
-        if kind == "Prod":
-            return T.reduce(x, Ops.MUL, axes, keep)
-        if kind == "L1":
-            return _sum(unary(Ops.ABS, x), axes, keep)
-        if kind == "L2":
-            sq = _sum(T.alu(Ops.MUL, x, x), axes, keep)
-            return unary(Ops.SQRT, sq) if x.dtype.is_float else \
-                unary(Ops.SQRT, sq.cast(dtypes.float64)).cast(x.dtype)
+def reduce_kind(kind: str, x: UOp, red: Reducer, count: Callable[[], UOp]) -> UOp:
+    """Reduce{kind} of x as prologue, associative reduction, epilogue (keepdims layout)."""
+    if kind in ("Sum", "Max", "Min", "Prod"):
+        return red(x, {"Sum": Ops.ADD, "Max": Ops.MAX, "Min": Ops.MIN, "Prod": Ops.MUL}[kind])
+    if kind == "Mean":
+        return T.alu(Ops.DIV, red(x, Ops.ADD), count())
+    if kind == "L1":
+        return red(unary(Ops.ABS, x), Ops.ADD)
+    if kind in ("L2", "SumSquare"):
+        sq = red(T.alu(Ops.MUL, x, x), Ops.ADD)
         if kind == "SumSquare":
-            return _sum(T.alu(Ops.MUL, x, x), axes, keep)
-        if kind == "LogSum":
-            return unary(Ops.LOG, _sum(x, axes, keep))
-        if kind == "LogSumExp":
-            return log_sum_exp(x, axes, keep)
-        raise AssertionError(kind)
-    return reduce_fn
+            return sq
+        return unary(Ops.SQRT, sq) if x.dtype.is_float else unary(Ops.SQRT, sq.cast(dtypes.float64)).cast(x.dtype)
+    if kind == "LogSum":
+        return unary(Ops.LOG, red(x, Ops.ADD))
+    if kind == "LogSumExp":
+        if not x.dtype.is_float:
+            return unary(Ops.LOG, red(unary(Ops.EXP, x), Ops.ADD))
+        # log(sum(exp(x))) with the maximum taken out first, so large inputs do not overflow; an all -inf
+        # (or empty) slice shifts by 0 instead of -inf, so exp sees -inf, not NaN
+        m = red(x, Ops.MAX)
+        finite_m = T.alu(Ops.WHERE, T.alu(Ops.CMPEQ, m, T.scalar_like(m, -math.inf)), T.scalar_like(m, 0), m)
+        total = red(unary(Ops.EXP, T.alu(Ops.SUB, x, finite_m)), Ops.ADD)
+        return T.alu(Ops.ADD, unary(Ops.LOG, total), finite_m)
+    raise AssertionError(kind)
 
 
 def _reduce_handler(kind: str, axes_input_since: int):
-    fn = _reducer(kind)
-
     def handler(ctx: NodeContext) -> UOp:
         x = ctx.input(0)
         if kind in ("Mean", "LogSum", "LogSumExp", "L2") and x.dtype is dtypes.bool:
             raise Unsupported(f"Reduce{kind} of bool is not defined")
+        if ctx.version >= axes_input_since and (ax := runtime_axes(ctx)) is not None and T.numel(ax):
+            return reduce_at_run_time(ctx, x, kind, reduce_kind)
         axes = reduce_axes(ctx, x, axes_input_since)
         if not axes:
             return x
-        return fn(x, axes, bool(ctx.attr("keepdims", 1)))
+        count = math.prod(x.shape[a] for a in axes)
+        out = reduce_kind(kind, x, lambda t, op: T.reduce(t, op, axes), lambda: T.const(count or math.nan, x.dtype))
+        return out if ctx.attr("keepdims", 1) else T.reshape(out, tuple(s for i, s in enumerate(x.shape)
+                                                                          if i not in axes))
     return handler
 
 

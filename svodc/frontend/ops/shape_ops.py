@@ -6,9 +6,11 @@ from __future__ import annotations
 import numpy as np
 from onnx import numpy_helper
 
-from svodc.frontend.context import NodeContext, Unsupported
+from svodc.frontend.context import NodeContext, Unsupported, is_constant
 from svodc.frontend.dtypes import onnx_to_dtype
+from svodc.frontend.ops import view_runtime
 from svodc.frontend.registry import onnx_op
+from svodc.frontend.runtime_dims import bounded_output, element, user_bound
 from svodc.ir import tensor as T
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import ConstData, Ops
@@ -23,8 +25,10 @@ def weight(array: np.ndarray) -> UOp:
 @onnx_op("Reshape", 1, 5, 13, 14, 19, 21, 23, 24, 25, strings=True)
 def reshape(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
-    shape = ctx.ints("shape") if ctx.version < 5 else [int(v) for v in ctx.const_input(1, "shape")]
     allowzero = ctx.version >= 14 and ctx.attr("allowzero", 0)
+    if ctx.version >= 5 and not is_constant(ctx.input(1)):
+        return view_runtime.reshape_at_run_time(ctx, x, bool(allowzero))
+    shape = ctx.ints("shape") if ctx.version < 5 else [int(v) for v in ctx.const_input(1, "shape")]
     out = []
     for i, d in enumerate(shape):
         if d == 0 and not allowzero:
@@ -82,6 +86,8 @@ def _axes_arg(ctx: NodeContext, since_input: int) -> list[int] | None:
 @onnx_op("Unsqueeze", 1, 11, 13, 21, 23, 24, 25, strings=True)
 def unsqueeze(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
+    if ctx.version >= 13 and not is_constant(ctx.input(1)):
+        return view_runtime.unsqueeze_at_run_time(ctx, x, ctx.input(1))
     axes = _axes_arg(ctx, 13)
     if axes is None:
         raise Unsupported("axes are required")
@@ -96,6 +102,8 @@ def unsqueeze(ctx: NodeContext) -> UOp:
 @onnx_op("Squeeze", 1, 11, 13, 21, 23, 24, 25, strings=True)
 def squeeze(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
+    if ctx.version >= 13 and (a := ctx.optional_input(1)) is not None and not is_constant(a):
+        return view_runtime.squeeze_at_run_time(ctx, x, a)
     axes = _axes_arg(ctx, 13)
     if axes is None:
         axes = [i for i, d in enumerate(x.shape) if d == 1]
@@ -119,12 +127,17 @@ def size(ctx: NodeContext) -> UOp:
 
 @onnx_op("ConstantOfShape", 9, 20, 21, 23, 24, 25)
 def constant_of_shape(ctx: NodeContext) -> UOp:
-    dims = [int(v) for v in ctx.const_input(0, "shape").reshape(-1)]
     value = ctx.attr("value")
     if value is None:
         value = np.zeros(1, dtype=np.float32)
     value = np.asarray(value).reshape(-1)
     dtype = dtypes.from_numpy(value.dtype)
+    if not is_constant(ctx.input(0)):  # a run-time shape: at the bounds the user gives, one per axis
+        shape = ctx.input(0)
+        his = [user_bound(ctx, 0, j, 0) for j in range(T.numel(shape))]
+        dims = [(element(shape, j), 0, hi) for j, hi in enumerate(his)]
+        return bounded_output(ctx, T.const(value[0].item(), dtype, his), dims, None, 0)
+    dims = [int(v) for v in ctx.const_input(0, "shape").reshape(-1)]
     return T.const(value[0].item(), dtype, dims)
 
 
@@ -156,5 +169,31 @@ def constant(ctx: NodeContext) -> UOp:
 @onnx_op("Expand", 8, 13, strings=True)
 def expand(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
+    if not is_constant(ctx.input(1)):
+        return _expand_at_run_time(ctx, x, ctx.input(1))
     target = [int(v) for v in ctx.const_input(1, "shape").reshape(-1)]
     return T.broadcast_to(x, T.broadcast_shape(x.shape, target))
+
+
+def _expand_at_run_time(ctx: NodeContext, x: UOp, shape: UOp) -> UOp:
+    """Axis j of the output: x's dim where it is not 1 (the shape's value must be 1 or that dim), else
+    the shape's value, within the bound the user gives."""
+    k = T.numel(shape)
+    rank = max(x.ndim, k)
+    xd = (1,) * (rank - x.ndim) + x.shape
+    bound, dims, checks = [], [], []
+    for j in range(rank):
+        v = element(shape, j - (rank - k)) if j >= rank - k else None
+        if xd[j] != 1 or v is None:
+            bound.append(xd[j])
+            dims.append(xd[j])
+            if v is not None:
+                checks.append(T.alu(Ops.OR, T.alu(Ops.CMPEQ, v, T.const(1, dtypes.int64)),
+                                    T.alu(Ops.CMPEQ, v, T.const(xd[j], dtypes.int64))))
+            continue
+        bound.append(user_bound(ctx, 0, j, 1))
+        dims.append((v, 0, bound[-1]))
+    valid = T.const(True, dtypes.bool)
+    for c in checks:
+        valid = T.alu(Ops.AND, valid, c)
+    return bounded_output(ctx, T.broadcast_to(x, bound), dims, valid, 1)

@@ -3,7 +3,8 @@
 A DFT of length n along one axis is a product with constant cosine and sine matrices (computed at
 compile time in float64; the product runs in float64 too, so the result rounds like the
 reference's complex128 FFT). Zero padding to n drops matrix rows, truncation drops input elements.
-Windows and mel matrices depend only on compile-time values and fold to weights.
+Windows and mel matrices of a compile-time size fold to weights; a window's size may be a run-time
+input within a bound the user gives.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ import math
 
 import numpy as np
 
-from svodc.frontend.context import NodeContext, Unsupported
+from svodc.frontend.context import NodeContext, Unsupported, constant_value, is_constant
 from svodc.frontend.ops.linalg import matmul
 from svodc.frontend.registry import onnx_op
+from svodc.frontend.runtime_dims import bounded_output, user_bound
+from svodc.frontend.runtime_values import axis_choice
 from svodc.ir import tensor as T
 from svodc.ir.dtypes import DType, dtypes
 from svodc.ir.ops import ConstData, Ops
@@ -81,12 +84,12 @@ def dft(ctx: NodeContext) -> UOp:
     x = ctx.input(0)
     if not x.dtype.is_float:
         raise Unsupported(f"DFT of {x.dtype.name} is not supported")
-    if ctx.version >= 20:
-        a = _scalar(ctx, 2, "axis")
-        axis = -2 if a is None else int(a)
-    else:
-        axis = int(ctx.attr("axis", 1))
-    axis = T.norm_axis(axis, x.ndim)
+    if ctx.version >= 20 and ctx.optional_input(2) is not None:  # the axis may be a run-time input
+        return axis_choice(ctx, 2, x.ndim, lambda axis: _dft_along(ctx, x, axis), valid=x.ndim - 1)
+    return _dft_along(ctx, x, T.norm_axis(-2 if ctx.version >= 20 else int(ctx.attr("axis", 1)), x.ndim))
+
+
+def _dft_along(ctx: NodeContext, x: UOp, axis: int) -> UOp:
     if axis == x.ndim - 1:
         raise Unsupported("the DFT axis cannot be the last (real/imaginary) axis")
     inverse, onesided = bool(ctx.attr("inverse", 0)), bool(ctx.attr("onesided", 0))
@@ -143,23 +146,41 @@ def stft(ctx: NodeContext) -> UOp:
 
 def _window(kind: str):
     def handler(ctx: NodeContext) -> UOp:
-        size = _scalar(ctx, 0, "size")
-        if size is None:
-            raise Unsupported("size is required")
-        size = int(size)
         periodic = ctx.attr("periodic", 1)
-        big_n = size if periodic else size - 1
-        i = np.arange(size, dtype=np.float64)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            if kind == "Hann":
-                w = np.sin(i * np.pi / big_n) ** 2
-            elif kind == "Hamming":
-                alpha = 25.0 / 46.0
-                w = alpha - (1 - alpha) * np.cos(2 * np.pi * i / big_n)
-            else:
-                w = 0.42 - 0.5 * np.cos(2 * np.pi * i / big_n) + 0.08 * np.cos(4 * np.pi * i / big_n)
-        return weight(w, ctx.dtype_attr("output_datatype", 1))
+        out_dt = ctx.dtype_attr("output_datatype", 1)
+        f64 = dtypes.float64
+        known = is_constant(ctx.input(0))
+        # a run-time size: computed at the bound the user gives, returned `size` long
+        hi = int(_scalar(ctx, 0, "size")) if known else user_bound(ctx, 0, 0, 0)
+        size = T.reshape(ctx.input(0), ()).cast(f64)
+        big_n = size if periodic else T.alu(Ops.SUB, size, T.const(1.0, f64))
+        phase = T.alu(Ops.DIV, weight(np.arange(hi, dtype=np.float64) * np.pi, f64), big_n)  # pi * i / N
+        w = _window_formula(kind, phase).cast(out_dt)
+        if known:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return weight(constant_value(w), out_dt)
+        return bounded_output(ctx, w, [(T.reshape(ctx.input(0), ()).cast(dtypes.int64), 0, hi)], None, 0)
     return handler
+
+
+def _window_formula(kind: str, phase: UOp) -> UOp:
+    def cos(k: float) -> UOp:
+        return UOp(Ops.COS, phase.dtype, (T.alu(Ops.MUL, T.scalar_like(phase, k), phase),))
+
+    def lin(*terms: tuple[float, UOp | None]) -> UOp:  # sum of c * term (term None: the constant c)
+        out = T.scalar_like(phase, 0.0)
+        for c, t in terms:
+            ct = T.scalar_like(phase, c)
+            out = T.alu(Ops.ADD, out, ct if t is None else T.alu(Ops.MUL, ct, t))
+        return out
+
+    if kind == "Hann":
+        s = UOp(Ops.SIN, phase.dtype, (phase,))
+        return T.alu(Ops.MUL, s, s)
+    if kind == "Hamming":
+        alpha = 25.0 / 46.0
+        return lin((alpha, None), (-(1 - alpha), cos(2.0)))
+    return lin((0.42, None), (-0.5, cos(2.0)), (0.08, cos(4.0)))
 
 
 for _kind in ("Hann", "Hamming", "Blackman"):
