@@ -163,13 +163,14 @@ def _compile_parts(model: ModelSource, target: str, options: CompileOptions | No
 
 
 def _bundle_policy(targets: list, options: CompileOptions) -> OptimizationPolicy:
-    """The one optimisation policy of a bundle's variants. Format 1 holds one program (kernel list,
-    buffers, arena, weights) for all variants, so variants whose policies differ, and with them
-    possibly their programs, cannot share a bundle yet: that is an error naming them."""
+    """The one program part of the variants' optimisation policies (svodc/policy.py). Format 1 holds one
+    program (kernel list, buffers, arena, weights) for all variants, so variants whose program parts
+    differ cannot share a bundle yet: that is an error naming them. Their GEMM blocking may differ:
+    it only shapes each variant's own code (compile_program)."""
     check_policy_names(options.policies, targets)
     by_policy: dict[OptimizationPolicy, list[str]] = {}
     for t in targets:
-        by_policy.setdefault(policy_for(t, options.policies), []).append(t.describe())
+        by_policy.setdefault(policy_for(t, options.policies).program_part(), []).append(t.describe())
     if len(by_policy) > 1:
         groups = "; ".join(", ".join(names) for names in by_policy.values())
         raise TargetError(f"variants with different optimisation policies ({groups}) need different programs, and "

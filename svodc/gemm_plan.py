@@ -8,8 +8,10 @@ Read by lowering (passes/lower_gemm.py packs constant operands in panels), the C
   columns of B (also the A of a transposed GEMM, whose lanes run along m). Fixed for every target,
   so one weights section serves every CPU and GPU variant of a fat bundle.
 - CPU tiles: rows x lanes of C per micro-kernel call (rows on the scalar side, lanes on the vector
-  side), from the target's vector width and register count; the tiles of all batch indices form
-  one parallel loop, in the order `lanes_first` says.
+  side), from the variant's GEMM blocking (svodc/policy.py: its registers) and the target's vector
+  width; the tiles of all batch indices form one parallel loop, in the order `lanes_first` says:
+  lane tiles innermost when a k x lanes vector panel is small next to L1d (a tile is then mostly its
+  C stores, so sweeping the lanes of a row block writes C as `rows` contiguous streams).
 - GPU tiles: BM x BN of C per block, TK along k per shared-memory step.
 """
 
@@ -19,13 +21,11 @@ import math
 from dataclasses import dataclass
 
 from svodc.ir.ops import GemmArg
+from svodc.policy import GemmBlocking
 from svodc.target import Target
 
 A_PANEL = 8  # rows of A per panel: packed A is [ceil(M/8)][K][8]
 B_PANEL = 16  # columns of B per panel: packed B is [ceil(N/16)][K][16]
-# Bytes of a vector panel (k x lanes floats) up to which lane tiles go innermost: a tile is then
-# mostly its C stores, so sweeping the lanes of a row block writes C as `rows` contiguous streams.
-LANES_FASTEST_MAX_PANEL = 8 * 1024
 GPU_BM = GPU_BN = 64  # C tile per GPU block
 GPU_TK = 16  # k per shared-memory step
 
@@ -48,6 +48,13 @@ class CpuGemmPlan:
     lanes_total: int
     batch: tuple[int, ...]
     lanes_first: bool  # lane tiles innermost in the tile loop (else row tiles, reusing a vector panel)
+    k_block: int = 0  # k per block when the tile loop runs once per k block (0: one pass over all of k)
+    k_total: int = 0  # k (a constant where k_block is set)
+    copy_panel: bool = False  # the vector side's panel is copied contiguous once per lane tile (see cpu_plan)
+
+    @property
+    def k_blocks(self) -> int:
+        return ceil_div(self.k_total, self.k_block) if self.k_block else 1
 
     @property
     def row_tiles(self) -> int:
@@ -77,17 +84,53 @@ class CpuGemmPlan:
         return (inner, outer, *reversed(self.batch))
 
 
-def cpu_plan(arg: GemmArg, target: Target) -> CpuGemmPlan:
+def cpu_plan(arg: GemmArg, target: Target, blocking: GemmBlocking) -> CpuGemmPlan:
     vw = target.vector_bits // 32
     rows_total, lanes_total = (arg.n, arg.m) if arg.transposed else (arg.m, arg.n)
     if rows_total <= 2:  # matrix-vector-like: widen the tile so enough accumulators hide FMA latency
         rows, lanes = rows_total, max(min(8 * vw, 128), B_PANEL)
-    elif target.vector_regs >= 32:
-        rows, lanes = 8, 2 * vw  # 16 accumulators of 32 registers
     else:
-        rows, lanes = 4, 2 * vw  # 8 accumulators of 16 registers
-    lanes_first = arg.k * lanes * 4 <= LANES_FASTEST_MAX_PANEL
-    return CpuGemmPlan(rows, lanes, vw, rows_total, lanes_total, arg.batch, lanes_first)
+        rows, nvec = _register_tile(arg, rows_total, lanes_total, vw, blocking)
+        lanes = nvec * vw
+    lanes_first = arg.k * lanes * 4 <= blocking.lanes_first_max_panel
+    # k blocks: a vector panel (k x lanes) past twice the blocking's block bytes is cut into equal blocks
+    # (a multiple of the unroll each) and the part's tiles run once per block, so the block of each
+    # panel stays in L1 while the row tiles reuse it. Only for a constant k.
+    k_block = 0
+    if arg.k_var is None and not lanes_first and arg.k * lanes * 4 > 2 * blocking.k_block_bytes:
+        blocks = ceil_div(arg.k * lanes * 4, blocking.k_block_bytes)
+        k_block = ceil_div(ceil_div(arg.k, blocks), blocking.k_unroll) * blocking.k_unroll
+    # An unpacked B read in place strides k by a whole row of B (n floats): rows 4 KiB apart share L1
+    # sets, so a k x lanes panel does not stay in L1 however small. Where row tiles reuse it, the tile
+    # loop copies each (k block of a) panel to a contiguous buffer first.
+    copy_panel = (not arg.transposed and not arg.b.packed and not arg.runtime and not lanes_first
+                  and ceil_div(rows_total, rows) >= 4 and arg.b.row_stride != lanes)
+    return CpuGemmPlan(rows, lanes, vw, rows_total, lanes_total, arg.batch, lanes_first, k_block, arg.k, copy_panel)
+
+
+def _register_tile(arg: GemmArg, rows_total: int, lanes_total: int, vw: int, blocking: GemmBlocking
+                   ) -> tuple[int, int]:
+    """(rows, vectors) of the micro-tile: the most useful accumulators (rows x vectors, less the lanes and
+    rows the edge tiles waste) that fit the blocking's registers, then the fewest vector loads per k.
+    A tile must not cross a panel of a packed operand: its rows divide the scalar side's panel, its
+    lanes divide or are a multiple of B_PANEL on a packed vector side."""
+    scalar_panel = None if arg.transposed or not arg.a.packed else a_panel(arg)
+    vector_packed = arg.a.packed if arg.transposed else arg.b.packed
+    best, best_key = (1, 1), None
+    for rows in range(1, blocking.max_rows + 1):
+        if scalar_panel is not None and scalar_panel % rows:
+            continue
+        for nvec in range(1, blocking.accumulators // rows + 1):
+            lanes = nvec * vw
+            if vector_packed and lanes % B_PANEL and B_PANEL % lanes:
+                continue
+            if rows * nvec + nvec + 1 > blocking.vector_regs:
+                continue
+            used = rows_total * lanes_total / (ceil_div(rows_total, rows) * rows * ceil_div(lanes_total, lanes) * lanes)
+            key = (round(rows * nvec * used, 3), -nvec, rows)
+            if best_key is None or key > best_key:
+                best, best_key = (rows, nvec), key
+    return best
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,13 @@
 Every rewrite whose payoff depends on the machine is a named step that a policy switches on or off,
 and every threshold the passes use is a field; the passes read nothing else (no module constants).
 `policy_for` gives a variant its policy: the one CompileOptions.policies names for it, else its
-target's default. Today's defaults are the same for every target, so one program serves every
-variant of a fat bundle; a variant with another policy gets its own program (svodc/api.py).
+target's default.
+
+A policy has two parts. The steps and thresholds shape the program (kernels, buffers, packed weights),
+which a bundle holds once for all its variants: variants whose program parts differ cannot share a
+bundle (svodc/api.py). The CPU GEMM blocking (`GemmBlocking`) only shapes one variant's machine code,
+so each variant of a fat bundle gets its own from its target's facts (vector width, register count,
+L1 data cache), and variants that differ only there share the bundle.
 """
 
 from __future__ import annotations
@@ -14,6 +19,35 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from svodc.errors import TargetError
+from svodc.target import Target
+
+
+@dataclass(frozen=True)
+class GemmBlocking:
+    """How the CPU GEMM micro-kernels (codegen/llvm_gemm.py, tiles chosen in gemm_plan.py) use one
+    variant's registers and caches."""
+
+    accumulators: int  # vector accumulators a micro-tile may keep (rows x vectors of C)
+    vector_regs: int  # registers in all: accumulators + the vectors loaded per k + one broadcast must fit
+    max_rows: int  # tile rows (scalar-side streams read per k)
+    k_unroll: int  # k steps per iteration of the micro-kernel's loop (fewer loop instructions per FMA)
+    lanes_first_max_panel: int  # bytes of a k x lanes vector panel up to which lane tiles go innermost
+    k_block_bytes: int  # a vector panel over this is cut into k blocks of about this (codegen/llvm_gemm.py)
+
+
+def gemm_blocking(target: Target) -> GemmBlocking:
+    """A CPU target's blocking, from its facts (svodc/target.py).
+
+    Accumulators: at most 16 (8x2 vectors: enough independent FMA chains to cover two FMA pipes of
+    4-5 cycles latency; AVX-512 Zen 4, which runs a 512-bit FMA as two 256-bit halves, needs only
+    half as many, Zen 5 and Intel the 16), and at most the registers less four (for the loaded
+    vectors and a broadcast): 12 on AVX2 and rv64gc (16 registers). The lanes-first panel limit is a
+    quarter of L1d: the vector panel then stays in L1 while the lane tiles of a row block sweep it.
+    A k block's vector panel is half of L1d: it stays in L1 while the row tiles reuse it, next to the
+    scalar side's rows streaming through."""
+    regs = target.vector_regs
+    return GemmBlocking(accumulators=min(16, regs - 4), vector_regs=regs, max_rows=8, k_unroll=4,
+                        lanes_first_max_panel=target.l1d_bytes // 4, k_block_bytes=target.l1d_bytes // 2)
 
 
 @dataclass(frozen=True)
@@ -28,6 +62,8 @@ class OptimizationPolicy:
     max_fused_ops: int = 400  # a fused subgraph past this many ops is realized (bounds kernels, LLVM time)
     cheap_to_repeat: int = 16  # ops per element a reusing consumer may recompute instead of loading
     parallel_min: int = 32  # leading output axes collapse into one parallel loop of at least this many
+    # One variant's code only (not the program): None is the target's own, gemm_blocking(target).
+    cpu_gemm: GemmBlocking | None = None
 
     STEPS: ClassVar[tuple[str, ...]] = ("conv_to_matmul", "gemm", "gemm_transpose", "merge_inner_loops")
 
@@ -38,13 +74,23 @@ class OptimizationPolicy:
             raise ValueError(f"unknown optimisation step(s) {unknown}; the steps are {list(self.STEPS)}")
         return dataclasses.replace(self, **dict.fromkeys(steps, False))
 
+    def program_part(self) -> OptimizationPolicy:
+        """The part that shapes the program, which all variants of a bundle share."""
+        return dataclasses.replace(self, cpu_gemm=None)
+
+    def blocking(self, target: Target) -> GemmBlocking:
+        """The CPU GEMM blocking of `target`'s code under this policy."""
+        return self.cpu_gemm or gemm_blocking(target)
+
 
 DEFAULT_POLICY = OptimizationPolicy()
 
 
 def default_policy(target) -> OptimizationPolicy:
-    """A target's own policy (svodc/target.py Target or svodc/gpu_target.py GpuTarget). The same for
-    every target today; a machine that wants another tile size or rewrite returns it from here."""
+    """A target's own policy (svodc/target.py Target or svodc/gpu_target.py GpuTarget): the program part
+    is the same for every target today; a CPU target's GEMM blocking is its own (gemm_blocking)."""
+    if isinstance(target, Target):
+        return dataclasses.replace(DEFAULT_POLICY, cpu_gemm=gemm_blocking(target))
     return DEFAULT_POLICY
 
 

@@ -93,8 +93,20 @@ class Target:
             return 16
         return 64 if self.arch == "ppc64le" else 32
 
+    @property
+    def l1d_bytes(self) -> int:
+        """L1 data cache per core: the tuned CPU's where L1D_BYTES knows it, else the architecture's
+        common size (for blocking only: a wrong guess costs speed, never correctness)."""
+        return L1D_BYTES.get(self.tune_cpu, L1D_BYTES[self.arch])
+
     def describe(self) -> str:
         return f"{self.arch}:{self.cpu}"
+
+
+# L1 data cache bytes per core by tuned CPU name (Target.tune_cpu), and by architecture for the rest
+# (x86-64 and POWER cores: 32 KiB; Arm Neoverse: 64 KiB; z/Arch: 128 KiB).
+L1D_BYTES = {"x86_64": 32 << 10, "aarch64": 64 << 10, "riscv64": 32 << 10, "ppc64le": 32 << 10, "s390x": 128 << 10,
+             "icelake-server": 48 << 10, "sapphirerapids": 48 << 10, "cortex-a55": 32 << 10, "apple-m1": 128 << 10}
 
 
 def host_target() -> Target:

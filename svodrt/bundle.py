@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -16,7 +15,7 @@ from svodrt import schema as sc
 from svodrt.abi import BUFFER_ALIGN
 from svodrt.errors import BundleFormatError, BundleVersionError, RuntimeFailure
 from svodrt.features import BYTE_ORDER
-from svodrt.schema import KernelInfo, Section, TensorInfo, TestVector, Variant
+from svodrt.schema import Bundle, KernelInfo, Section, TensorInfo, TestVector, Variant
 from svodrt.trust import TrustSpec, check_signature, trusted_keys
 
 __all__ = ["Bundle", "KernelInfo", "Program", "Section", "Source", "TensorInfo", "TestVector", "Variant",
@@ -73,16 +72,6 @@ class Source:
 
 def as_source(data: bytes | memoryview | Source) -> Source:
     return data if isinstance(data, Source) else Source(data)
-
-
-@dataclass(frozen=True)
-class Bundle(sc.Plan):
-    """A verified bundle: the execution plan (svodrt/schema.py) and where it came from."""
-
-    header: fmt.Header
-    manifest: dict
-    sections: list[Section]
-    weights: Section
 
 
 _fail = BundleFormatError
@@ -223,15 +212,14 @@ def parse_bundle(data: bytes | memoryview | Source) -> Bundle:
         weights = [s for s in sections if s.kind == "weights"]
         if len(weights) != 1:
             raise _fail(f"manifest sections: expected one weights section, found {len(weights)}")
-        plan = sc.parse_plan(m, sections, weights[0])
-        for i, v in enumerate(plan.variants):
+        bundle = sc.parse_plan(m, h, sections, weights[0])
+        for i, v in enumerate(bundle.variants):
             if BYTE_ORDER.get(v.arch, byte_order) != byte_order:
                 raise _fail(f"manifest variants[{i}] is for {v.arch}, whose data is {BYTE_ORDER[v.arch]}-endian, "
                             f"but the bundle's byte_order is {byte_order!r}")
     except BundleFormatError as e:
         raise BundleFormatError(f"{e} (manifest at offset {h.manifest_offset})") from None
-    return Bundle(**{f.name: getattr(plan, f.name) for f in fields(plan)}, header=h, manifest=m, sections=sections,
-                  weights=weights[0])
+    return bundle
 
 
 def aligned_empty(nbytes: int, what: str) -> tuple[np.ndarray, int]:

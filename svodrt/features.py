@@ -1,13 +1,10 @@
 """The CPU feature table, defined once here and frozen (a feature keeps its bit forever; new ones are appended):
 each feature as LLVM spells it (svodc) and as Linux reports it (host.py), per architecture, never per CPU model."""
 
-from __future__ import annotations
-
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class Feature:
+class Feature(NamedTuple):
     name: str  # our name, used in bundles and messages
     llvm: str  # LLVM's target feature
     linux: str  # /proc/cpuinfo flag (x86) or HWCAP name (others)

@@ -1,11 +1,9 @@
 """The .svod bundle format's constants, header and binding digests, defined once here (svodc imports them);
 docs/bundle-format.md is the specification."""
 
-from __future__ import annotations
-
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 MAGIC = b"SVOD\x00\r\n\x1a"
 FORMAT_MAJOR = 1
@@ -31,8 +29,7 @@ MAX_STRING = 1 << 16  # characters in one vocabulary string
 MAX_STRING_ID = (1 << 31) - 1  # string ids are int32: the vocabulary plus one call's new strings stay below
 
 
-@dataclass(frozen=True)
-class Header:
+class Header(NamedTuple):
     major: int
     minor: int
     header_size: int

@@ -1,13 +1,11 @@
 """What this machine is: its architecture and CPU features, named as in features.py (sources per architecture:
 docs/architecture.md "Cross targets"). A source that cannot be read means no optional feature: unknown is "no"."""
 
-from __future__ import annotations
-
 import contextlib
 import ctypes
 import functools
-import platform
-from dataclasses import dataclass
+import os
+from typing import NamedTuple
 
 from svodrt.features import FEATURES, X86_64_LEVELS
 
@@ -25,12 +23,11 @@ HWCAP_BITS: dict[str, dict[str, tuple[int, int]]] = {
 }
 
 
-@dataclass(frozen=True)
-class Host:
+class Host(NamedTuple):
     arch: str
     features: frozenset[str]
 
-    def limited_to(self, cpu: str) -> Host:
+    def limited_to(self, cpu: str) -> "Host":
         """This host as if it were only a `cpu` (an x86-64 level): its features that the level has.
         For trying a fat bundle's smaller variants on a bigger machine; it can only remove features."""
         if self.arch != "x86_64" or cpu not in X86_64_LEVELS:
@@ -39,7 +36,7 @@ class Host:
 
 
 def host_arch() -> str:
-    m = platform.machine().lower()
+    m = os.uname().machine.lower()  # what platform.machine() reads, without importing it
     return _ARCH.get(m, m)
 
 

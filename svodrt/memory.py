@@ -7,7 +7,6 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-import platform
 
 from svodrt.errors import BundleFormatError, RuntimeFailure
 
@@ -23,7 +22,7 @@ MAP_FAILED = ctypes.c_void_p(-1).value
 PAGE = mmap.PAGESIZE
 
 _RISCV_FLUSH_ICACHE = 259  # __NR_riscv_flush_icache (asm-generic numbering, riscv64 only)
-_IS_RISCV64 = platform.machine().lower() == "riscv64"
+_IS_RISCV64 = os.uname().machine.lower() == "riscv64"
 
 # sched_yield, called by the barrier in generated code when it has spun long enough.
 YIELD_FN = ctypes.cast(_libc.sched_yield, ctypes.c_void_p).value

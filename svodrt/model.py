@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import threading
 import time
 import weakref
 from collections.abc import Mapping as MappingT
@@ -19,7 +18,6 @@ from svodrt.errors import ModelClosedError, RuntimeFailure, UnsupportedHostError
 from svodrt.features import feature_names
 from svodrt.format import GPU_KINDS
 from svodrt.host import Host, detect_host
-from svodrt.memory import YIELD_FN, map_code
 from svodrt.runner import Runner, check_dims_status, check_input, real_output  # noqa: F401 (check_input: API)
 from svodrt.trust import TrustSpec
 
@@ -86,9 +84,10 @@ class Model(Runner):
             if need > host_memory():  # a clear error now, not a MemoryError at run()
                 raise RuntimeFailure(f"the bundle needs {need} bytes for its arena, inputs and outputs, more than "
                                      f"this host's {host_memory()} bytes of memory")
-            sec = self.variant.section
-            self._code = map_code(program.source.read(sec.offset, sec.length), self.variant.fixups, sec.sha256,
-                                  f"code section {sec.name!r} at offset {sec.offset}")
+            from svodrt import memory  # at load, not at `import svodrt`: mmap, libc through ctypes
+            sec, self._yield = self.variant.section, memory.YIELD_FN
+            self._code = memory.map_code(program.source.read(sec.offset, sec.length), self.variant.fixups, sec.sha256,
+                                         f"code section {sec.name!r} at offset {sec.offset}")
             self._weights, self.weights_address = program.weights()
             self._arenas = [aligned_empty(arena, "arena")]  # at load: a host without the memory says so now
         finally:
@@ -104,6 +103,7 @@ class Model(Runner):
     def _reset_threads(self) -> None:
         """Fresh locks, no helper pool (made at the first parallel call), no arena in use: at load, and
         in a forked child, where the parent's helper threads and any lock they held do not exist."""
+        import threading  # here, not at `import svodrt`
         self._pool: ThreadPoolExecutor | None = None
         self._team = threading.Lock()
         self._state = threading.Condition()
@@ -179,7 +179,7 @@ class Model(Runner):
                 table[ARENA_SLOT], table[WEIGHTS_SLOT] = arena[1], self.weights_address
                 table[FIRST_IO_SLOT:] = [a.ctypes.data for a in (*arrays, *outs)]
                 sync = (ctypes.c_uint64 * (SYNC_SIZE // 8))()
-                sync[SYNC_YIELD // 8] = YIELD_FN
+                sync[SYNC_YIELD // 8] = self._yield
                 fn = run or self._enter
                 fn(table, sync) if dims is None else fn(table, sync, dims)
             finally:  # _enter returns only once no thread uses the arena

@@ -1,14 +1,10 @@
 """The manifest's schema (docs/bundle-format.md "Manifest", "Verification" 3 and 5): typed readers raising
 BundleFormatError with the field's path (`variants[1].fixups[3]`; a bool is no integer), records, the plan's checks."""
 
-from __future__ import annotations
-
-import bisect
 import itertools
 import math
 import operator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from svodrt import format as fmt
 from svodrt.errors import BundleFormatError
@@ -61,8 +57,7 @@ def uints(d: Any, key: str, where: str, limit: int = MAX_BYTES) -> list[int]:
     return [check_uint(x, f"{where}.{key}[{i}]", limit) for i, x in enumerate(items(d, key, where))]
 
 
-@dataclass(frozen=True)
-class Section:
+class Section(NamedTuple):
     index: int
     name: str
     kind: str
@@ -71,16 +66,14 @@ class Section:
     sha256: bytes
 
 
-@dataclass(frozen=True)
-class Dim:  # a bounded dim (format 1.5): its size is chosen per call in [lo, hi]; 1.7: or computed by the code
+class Dim(NamedTuple):  # a bounded dim (format 1.5): its size is chosen per call in [lo, hi]; 1.7: or computed
     name: str
     lo: int
     hi: int
     computed: bool = False
 
 
-@dataclass(frozen=True)
-class TensorInfo:
+class TensorInfo(NamedTuple):
     name: str
     dtype: str
     shape: tuple[int, ...]  # at the dims' upper bounds: the memory the code is laid out for
@@ -153,8 +146,7 @@ def vocabulary(m: Any) -> tuple[str, ...]:
     return tuple(v)
 
 
-@dataclass(frozen=True)
-class Launch:
+class Launch(NamedTuple):
     """One GPU kernel launch: the kernel (in the plan) whose buffers are its arguments, the symbol in
     the code object, grid and block sizes."""
 
@@ -165,8 +157,7 @@ class Launch:
     dims: tuple[int, ...] = ()  # bounded dims (their indices) that scale the grid: abi.launch_blocks
 
 
-@dataclass(frozen=True)
-class Variant:
+class Variant(NamedTuple):
     index: int
     arch: str
     cpu: str
@@ -183,15 +174,13 @@ class Variant:
         return f"{self.arch}:{self.cpu}" if self.kind == "cpu" else f"{self.kind}:{self.cpu}"
 
 
-@dataclass(frozen=True)
-class KernelInfo:
+class KernelInfo(NamedTuple):
     name: str
     params: tuple[int, ...]
     provenance: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class TestVector:
+class TestVector(NamedTuple):
     """A reference input and the outputs the compiler expects, with a tolerance per output."""
 
     __test__ = False  # not a pytest class
@@ -227,8 +216,9 @@ def edge_outputs(m: Any, inputs: list[TensorInfo], outputs: list[TensorInfo]) ->
     return parse_steps(items(m, "edge_outputs", "manifest"), inputs, outputs)
 
 
-@dataclass(frozen=True)
-class Plan:
+class Bundle(NamedTuple):
+    """A verified bundle: the execution plan, read here, and where it came from (svodrt/bundle.py)."""
+
     inputs: list[TensorInfo]
     outputs: list[TensorInfo]
     kernels: list[KernelInfo]
@@ -243,10 +233,13 @@ class Plan:
     dims: tuple[Dim, ...]  # format 1.5: the bounded dims in the entry's `dims` order; () in a static bundle
     zipmaps: tuple[tuple[str, tuple], ...]  # format 1.6: (output, keys) returned as a list of dicts
     edge_outputs: tuple[tuple, ...]  # formats 1.6/1.8: the string program's steps (svodrt_strings)
+    header: fmt.Header
+    manifest: dict
+    sections: list[Section]
+    weights: Section
 
 
-@dataclass(frozen=True)
-class _Buffer:
+class _Buffer(NamedTuple):
     id: int
     kind: str
     info: TensorInfo
@@ -316,6 +309,7 @@ def check_arena_liveness(kernels: list[KernelInfo], buffers: dict[int, _Buffer])
     """No two scratch buffers may share arena bytes while both are live (from the first kernel that
     uses one to the last). Sweep over kernels keeping the live byte ranges sorted and disjoint:
     O(n log n) comparisons whatever the manifest says."""
+    import bisect  # here, not at `import svodrt`
     span: dict[int, list[int]] = {}  # buffer -> [first kernel, last kernel], in order of first use
     for k, kernel in enumerate(kernels):
         for p in kernel.params:
@@ -425,7 +419,7 @@ def _test_vectors(m: dict, inputs: list[TensorInfo], outputs: list[TensorInfo]) 
     return out
 
 
-def parse_plan(m: dict, sections: list[Section], weights: Section) -> Plan:
+def parse_plan(m: dict, h: fmt.Header, sections: list[Section], weights: Section) -> Bundle:
     dims = dim_table(m)
     inputs, in_ids = _io(m, "inputs", dims)
     outputs, out_ids = _io(m, "outputs", dims)
@@ -445,5 +439,6 @@ def parse_plan(m: dict, sections: list[Section], weights: Section) -> Plan:
     variants = [_variant(m, i, sections, len(kernels)) for i in range(len(items(m, "variants", "manifest")))]
     if not variants:
         raise fail("variants", "the bundle has no code variant")
-    return Plan(inputs, outputs, kernels, variants, arena, weights_size, _test_vectors(m, inputs, outputs), placement,
-                vocab, tuple(dims.values()), zipmaps(m, outputs), edge_outputs(m, inputs, outputs))
+    return Bundle(inputs, outputs, kernels, variants, arena, weights_size, _test_vectors(m, inputs, outputs), placement,
+                  vocab, tuple(dims.values()), zipmaps(m, outputs), edge_outputs(m, inputs, outputs), h, m, sections,
+                  weights)

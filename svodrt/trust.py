@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from pathlib import Path
 
 from svodrt.errors import BundleFormatError, UntrustedBundleError
 from svodrt.format import msgpack_sha256
@@ -36,6 +35,7 @@ def _ed25519():
 
 def trusted_keys(trust: TrustSpec) -> frozenset[bytes]:
     """The raw public keys of a policy: each a 32-byte key, PEM bytes or a PEM file's path."""
+    from pathlib import Path  # here, not at `import svodrt`
     keys = set()
     for spec in [trust] if isinstance(trust, (str, os.PathLike, bytes)) else trust:
         if isinstance(spec, bytes) and len(spec) == 32:

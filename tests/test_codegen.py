@@ -13,6 +13,7 @@ from svodc.codegen.compile import LLVMJob, compile_llvm
 from svodc.codegen.elf import read_object
 from svodc.codegen.link import link
 from svodc.errors import LinkError
+from svodc.policy import gemm_blocking
 from svodc.target import parse_target
 from tests.onnx_util import compile_and_run, make_model
 
@@ -179,7 +180,7 @@ def test_a_chain_of_20000_sin_nodes_lowers_and_emits_without_recursion():
     assert len(program.kernels) >= 20_000 // DEFAULT_POLICY.max_fused_ops
     target = parse_target("x86_64:x86-64")[0]
     deepest = program.kernels[0]  # a full one: max_fused_ops Sin nodes
-    text, _, _ = render_body(prepare_kernel(deepest, target), target)
+    text, _, _ = render_body(prepare_kernel(deepest, target), target, gemm_blocking(target))
     assert text.count("fmuladd") + text.count("fmul") > DEFAULT_POLICY.max_fused_ops // 2  # the polynomials are all there
 
 
@@ -212,7 +213,7 @@ def test_identical_kernels_share_one_compiled_body():
     program = build_program(import_model(model), CompileOptions())
     target = host_target()
     kernels = [prepare_kernel(k, target) for k in program.kernels]
-    modules = kernel_modules(kernels, len(program.inputs), target, per_module=4)
+    modules = kernel_modules(kernels, len(program.inputs), target, gemm_blocking(target), per_module=4)
     wrappers = sum(len(ks) for ks, _ in modules)
     bodies = sum(ir.count("define internal void @") for _, ir in modules)
     assert wrappers == len(kernels) and bodies < len(kernels), (bodies, len(kernels))

@@ -107,6 +107,7 @@ def test_parts_shared_by_more_threads_than_cores_match_one_thread():
     from svodc.gpu_target import parse_targets
     from svodc.options import CompileOptions
     from svodc.passes.pipeline import build_program
+    from svodc.policy import gemm_blocking
     from tests.onnx_util import make_model
 
     r = np.random.default_rng(3)
@@ -117,7 +118,8 @@ def test_parts_shared_by_more_threads_than_cores_match_one_thread():
                        {"w": (r.standard_normal((512, 512)) * 0.05).astype(np.float32)})
     program = build_program(import_model(model, CompileOptions()), CompileOptions())
     host = parse_targets("host")[0]
-    assert max(parallel_parts(k, host) for k in program.kernels) >= 8  # the queue really has parts to share
+    blocking = gemm_blocking(host)
+    assert max(parallel_parts(k, host, blocking) for k in program.kernels) >= 8  # the queue really has parts to share
     bundle = svodc.compile(model)
     feeds = {"x": r.standard_normal((512, 512)).astype(np.float32)}
     with svodrt.load(bundle, threads=1) as m:

@@ -109,3 +109,56 @@ def test_conv_transpose_with_kernel_equal_to_strides_is_one_matrix_product(shape
     feeds = {"x": r.standard_normal(shape).astype(np.float32)}
     got = compile_and_run(model, feeds)["y"]
     np.testing.assert_allclose(got, reference(model, feeds)[0], rtol=1e-4, atol=1e-5)
+
+
+# Blockings other than the host's own (svodc/policy.py): odd tiles, a k unroll that leaves remainders,
+# AVX-512-sized register budgets on AVX2 registers, k blocks of a few steps (the last one shorter, the
+# fused Relu after the last): every tile and k edge must still give the product.
+@pytest.mark.parametrize("blocking", [dict(accumulators=12, max_rows=8, k_unroll=3),
+                                      dict(accumulators=4, max_rows=3, k_unroll=1, k_block_bytes=200),
+                                      dict(accumulators=16, vector_regs=32, max_rows=8, k_unroll=4),
+                                      dict(k_unroll=2, lanes_first_max_panel=0, k_block_bytes=1000)])
+@pytest.mark.parametrize("constant", ["a", "b", "none"])
+def test_other_blockings_keep_the_product(blocking, constant):
+    import dataclasses
+
+    from svodc.policy import DEFAULT_POLICY, gemm_blocking
+    from svodc.target import host_target
+
+    policy = dataclasses.replace(DEFAULT_POLICY, cpu_gemm=dataclasses.replace(gemm_blocking(host_target()), **blocking))
+    for m, k, n in [(37, 50, 45), (130, 7, 20), (9, 2, 513), (64, 66, 49)]:
+        a, b = rand(m, k), rand(k, n)
+        inits = {"a": a} if constant == "a" else {"b": b} if constant == "b" else {}
+        inputs = {x: (np.float32, list(v.shape)) for x, v in (("a", a), ("b", b)) if x not in inits}
+        model = make_model([helper.make_node("MatMul", ["a", "b"], ["p"]), helper.make_node("Relu", ["p"], ["y"])],
+                           inputs, ["y"], inits)
+        got = compile_and_run(model, {x: v for x, v in (("a", a), ("b", b)) if x not in inits},
+                              options=CompileOptions(policies={"*": policy}))["y"]
+        np.testing.assert_allclose(got, np.maximum(a.astype(np.float64) @ b, 0), rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+def test_register_tiles_fit_the_registers_and_the_panels():
+    from svodc.gemm_plan import A_PANEL, B_PANEL, cpu_plan
+    from svodc.policy import gemm_blocking
+    from svodc.target import parse_target
+
+    model = make_model([helper.make_node("MatMul", ["a", "b"], ["y"])], {"b": (np.float32, [256, 196])}, ["y"],
+                       {"a": rand(128, 256)})
+    arg = gemm_kernels(model)[0]
+    assert arg.a.packed and not arg.b.packed
+    for spec in ("x86_64:x86-64-v3", "x86_64:x86-64-v4", "aarch64", "riscv64", "ppc64le"):
+        target = parse_target(spec)[0]
+        blocking = gemm_blocking(target)
+        plan = cpu_plan(arg, target, blocking)
+        nvec = plan.lanes // plan.vw
+        assert A_PANEL % plan.rows == 0  # a tile never crosses a packed panel of A
+        assert plan.rows * nvec <= blocking.accumulators
+        assert plan.rows * nvec + nvec + 1 <= target.vector_regs
+    avx2, avx512 = (cpu_plan(arg, t, gemm_blocking(t)) for t in parse_target("x86_64:x86-64-v3,x86-64-v4"))
+    assert (avx2.rows * avx2.lanes // avx2.vw, avx512.rows * avx512.lanes // avx512.vw) == (12, 16)
+    transposed = gemm_kernels(make_model([helper.make_node("MatMul", ["a", "b"], ["y"])], {"b": (np.float32, [256, 7])},
+                                         ["y"], {"a": rand(128, 256)}))[0]
+    assert transposed.transposed  # n = 7: lanes along m, the vector side is A, packed in B_PANEL-wide panels
+    t = parse_target("x86_64:x86-64-v3")[0]
+    lanes = cpu_plan(transposed, t, gemm_blocking(t)).lanes
+    assert lanes % B_PANEL == 0 or B_PANEL % lanes == 0

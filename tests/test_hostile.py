@@ -212,12 +212,12 @@ def signed(keys, small_model):
 @pytest.fixture
 def no_code_mapped(monkeypatch):
     """Fails the test if native code is mapped: a refusal must come before."""
-    import svodrt.model
+    import svodrt.memory
 
     def refuse(*a, **kw):
         raise AssertionError("code was mapped for an untrusted bundle")
 
-    monkeypatch.setattr(svodrt.model, "map_code", refuse)
+    monkeypatch.setattr(svodrt.memory, "map_code", refuse)
 
 
 def test_4_a_signed_bundle_loads_under_its_trust_policy_and_names_its_signer(signed, keys, small_bundle):

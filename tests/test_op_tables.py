@@ -30,12 +30,14 @@ from svodc.ir.ops import (
     InputArg,
     Ops,
     ScatterArg,
+    SizedArg,
 )
 from svodc.ir.provenance import Provenance
 from svodc.ir.spec import _SPEC, verify
 from svodc.ir.uop import UOp
 from svodc.options import CompileOptions
 from svodc.passes.pipeline import build_program
+from svodc.policy import gemm_blocking
 from svodc.program import ImportedGraph
 from svodc.target import parse_target
 
@@ -92,6 +94,9 @@ EXAMPLES: dict[Ops, Callable[[], UOp]] = {
     Ops.MATMUL: lambda: T.matmul(_input("x"), _weight(np.ones((3, 4), np.float32))),
     Ops.GATHER: lambda: UOp(Ops.GATHER, dtypes.float32, (_input("x"), _idx()), GatherArg(1)),
     Ops.SCATTER: lambda: UOp(Ops.SCATTER, dtypes.float32, (_input("x"), _idx(), _input("u")), ScatterArg(1, Ops.ADD)),
+    # axis 1 of x sized at run time by the int64 scalar n (a value dim, passes/value_dims.py)
+    Ops.SIZED: lambda: UOp(Ops.SIZED, dtypes.float32, (_input("x"), _input("n", dtypes.int64, ())),
+                           SizedArg((None, ("y:1", 0, SHAPE[1])))),
     **{op: (lambda op=op: _alu(op, dtypes.float32)) for op in ALU},
 }
 
@@ -135,5 +140,5 @@ def test_op_goes_through_every_table(op):
         graph = ImportedGraph(inputs, [("y", root)], Provenance(), "test")
         program = build_program(graph, CompileOptions(check_ir=True))
         for kernel in program.kernels:
-            text, _, _ = render_body(prepare_kernel(kernel, target, check_ir=True), target)
+            text, _, _ = render_body(prepare_kernel(kernel, target, check_ir=True), target, gemm_blocking(target))
             assert f"define internal void @{kernel.name}.body(" in text

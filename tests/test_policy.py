@@ -67,3 +67,27 @@ def test_policies_that_a_bundle_cannot_hold_are_refused():
         svodc.compile(model, target="x86_64:x86-64-v3", options=split)
     with pytest.raises(ValueError, match="unknown optimisation step"):
         DEFAULT_POLICY.without("winograd")
+
+
+def test_variants_with_their_own_gemm_blocking_share_a_bundle():
+    """The blocking shapes only a variant's code, so a fat bundle holds variants whose blocking differs."""
+    import dataclasses
+
+    from svodc.policy import GemmBlocking, default_policy
+    from svodc.target import parse_target
+
+    model, feeds = small_cnn()
+    want = reference(model, feeds)
+    v3, v4 = parse_target("x86_64:x86-64-v3,x86-64-v4")
+    assert default_policy(v3).cpu_gemm != default_policy(v4).cpu_gemm  # 16 ymm registers vs 32 zmm
+    small = GemmBlocking(accumulators=2, vector_regs=16, max_rows=2, k_unroll=1, lanes_first_max_panel=1024,
+                         k_block_bytes=512)
+    target = "x86_64:x86-64-v3,x86-64"
+    own = svodc.compile(model, target=target, options=CompileOptions(
+        policies={"x86_64:x86-64": dataclasses.replace(DEFAULT_POLICY, cpu_gemm=small)}))
+    assert own != svodc.compile(model, target=target)
+    for variant in (0, 1):
+        with svodrt.load(own, variant=variant) as m:
+            got = list(m.run(feeds).values())
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)

@@ -23,6 +23,7 @@ from svodc.ir.rewrite import debug_level, graph_rewrite
 from svodc.ir.spec import verify
 from svodc.ir.symbolic import pm_symbolic
 from svodc.options import CompileOptions
+from svodc.policy import policy_for
 from svodc.program import Kernel, Program
 from svodc.target import Target
 from svodrt.abi import ENTRY
@@ -102,17 +103,19 @@ KERNELS_PER_MODULE = 4
 def compile_program(program: Program, target: Target, options: CompileOptions,
                     jobs_done: Callable[[int, int], None] | None = None,
                     workers: WorkerPool | None = None) -> CodeImage:
-    """The program's code image for one CPU target. jobs_done(done, total): after each LLVM module.
-    LLVM runs on `workers` (the caller's pool; without one, a pool of options.jobs workers for this call)."""
+    """The program's code image for one CPU target, with the GEMM blocking of its policy (svodc/policy.py).
+    jobs_done(done, total): after each LLVM module. LLVM runs on `workers` (the caller's pool; without
+    one, a pool of options.jobs workers for this call)."""
+    blocking = policy_for(target, options.policies).blocking(target)
     kernels = [prepare_kernel(k, target, options.check_ir) for k in program.kernels]
     nin = len(program.inputs)
     dbg = debug_level()
     jobs = []
-    for chunk, ir in kernel_modules(kernels, nin, target, KERNELS_PER_MODULE):
+    for chunk, ir in kernel_modules(kernels, nin, target, blocking, KERNELS_PER_MODULE):
         jobs.append(LLVMJob(f"kernels[{', '.join(k.name for k in chunk[:4])}{'...' if len(chunk) > 4 else ''}]",
                             ir, target.triple, target.llvm_cpu, target.llvm_features, options.opt_level,
                             target.codemodel, dbg >= 4, abiname=target.abiname))
-    entry = entry_module([(k.name, parallel_parts(k, target)) for k in kernels], target,
+    entry = entry_module([(k.name, parallel_parts(k, target, blocking)) for k in kernels], target,
                          [guard_flags(k.guard, nin) for k in kernels])
     jobs.append(LLVMJob("entry", entry, target.triple, target.llvm_cpu,
                         target.llvm_features, options.opt_level, target.codemodel, dbg >= 4,

@@ -8,9 +8,12 @@ m, rows along n) and stores its C tiles with a stride.
 The output is cut into rows x lanes tiles; the tiles of all batch indices form one parallel loop,
 cut into parts that the entry's work queue hands to the threads (codegen/module.py), with row tiles
 innermost so consecutive tiles reuse the same vector panel (lane tiles innermost when the panels are
-small, see emit_gemm). For each tile a micro-kernel keeps rows x (lanes/vw) vector accumulators in registers for the
-whole K loop, then stores the tile to C. The epilogue (the kernel's STORE over m and n) rewrites the
-tile in place while it is still in cache.
+small, see emit_gemm). For each tile a micro-kernel keeps rows x (lanes/vw) vector accumulators in
+registers for its K loop (unrolled by the variant's GemmBlocking, svodc/policy.py), then stores the
+tile to C. The epilogue (the kernel's STORE over m and n) rewrites the tile in place while it is
+still in cache. A long K is cut into k blocks (gemm_plan.py): the part's tiles run once per block,
+adding to C after the first, the epilogue after the last. An unpacked B that several row tiles
+reuse is copied contiguous per lane tile (and k block) to a stack buffer first (copy_panel).
 
 Sizes are compile-time constants, except a bounded dim (passes/dynamic.py) sizing the outermost batch
 axis, m, n or k, read from the entry's `dims`: the tile loop then covers the run-time tiles, the last
@@ -30,6 +33,7 @@ from svodc.gemm_plan import B_PANEL, a_panel, cpu_plan
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import GemmArg, GemmOperand, Ops, RangeArg, RangeKind
 from svodc.ir.uop import UOp
+from svodc.policy import GemmBlocking
 from svodc.target import Target
 
 if TYPE_CHECKING:
@@ -49,14 +53,16 @@ class Side:
     panel_stride: int = 0  # vector side, packed: elements from one panel to the next (K * B_PANEL)
 
 
-def micro_kernel_name(rows: int, nvec: int, vw: int, masked: bool, packed: bool, scatter: bool) -> str:
-    return f"svod.mk.{rows}x{nvec}v{vw}{'m' if masked else ''}{'p' if packed else ''}{'s' if scatter else ''}"
+def micro_kernel_name(rows: int, nvec: int, vw: int, unroll: int, masked: bool, packed: bool, scatter: bool) -> str:
+    modes = f"{'m' if masked else ''}{'p' if packed else ''}{'s' if scatter else ''}"
+    return f"svod.mk.{rows}x{nvec}v{vw}u{unroll}{modes}"
 
 
-def micro_kernel(rows: int, nvec: int, vw: int, masked: bool, packed: bool, scatter: bool,
+def micro_kernel(rows: int, nvec: int, vw: int, unroll: int, masked: bool, packed: bool, scatter: bool,
                  intrinsics: set[str]) -> str:
     """void mk(ptr s, ptr v, ptr c, i64 k, i64 s_k, i64 s_row, i64 v_k, i64 v_panel, i64 c_row,
-    i64 c_lane, i64 tail): C tile (rows x nvec vectors) = S[rows, :k] x V[:k, lanes].
+    i64 c_lane, i64 tail, i1 accumulate): C tile (rows x nvec vectors) = S[rows, :k] x V[:k, lanes]
+    (+= with accumulate), its k loop unrolled `unroll` times (plus a loop for the k % unroll steps left).
 
     Specialized only on its shape (rows, vectors) and modes, so kernels share micro-kernels; sizes and
     strides are arguments. masked: the last vector has `tail` valid lanes (masked loads of V unless
@@ -68,10 +74,11 @@ def micro_kernel(rows: int, nvec: int, vw: int, masked: bool, packed: bool, scat
     intrinsics.add(f"declare {vt} @llvm.masked.load.v{vw}f32.p0(ptr, i32, {mt}, {vt})")
     intrinsics.add(f"declare void @llvm.masked.store.v{vw}f32.p0({vt}, ptr, i32, {mt})")
     intrinsics.add(f"declare void @llvm.masked.scatter.v{vw}f32.v{vw}p0({vt}, <{vw} x ptr>, i32, {mt})")
+    intrinsics.add(f"declare {vt} @llvm.masked.gather.v{vw}f32.v{vw}p0(<{vw} x ptr>, i32, {mt}, {vt})")
     iota = "<" + ", ".join(f"i64 {i}" for i in range(vw)) + ">"
-    name = micro_kernel_name(rows, nvec, vw, masked, packed, scatter)
+    name = micro_kernel_name(rows, nvec, vw, unroll, masked, packed, scatter)
     L = [f"define internal void @{name}(ptr noalias %s, ptr noalias %v, ptr noalias %c, i64 %kn, i64 %s_k, "
-         "i64 %s_row, i64 %v_k, i64 %v_panel, i64 %c_row, i64 %c_lane, i64 %tail) #0 {", "entry:"]
+         "i64 %s_row, i64 %v_k, i64 %v_panel, i64 %c_row, i64 %c_lane, i64 %tail, i1 %accumulate) #0 {", "entry:"]
     L.append(f"  %ti = insertelement <{vw} x i64> poison, i64 %tail, i64 0")
     L.append(f"  %tv = shufflevector <{vw} x i64> %ti, <{vw} x i64> poison, <{vw} x i32> zeroinitializer")
     L.append(f"  %mask = icmp ult <{vw} x i64> {iota}, %tv")
@@ -81,31 +88,21 @@ def micro_kernel(rows: int, nvec: int, vw: int, masked: bool, packed: bool, scat
             L.append(f"  %vlo{j} = add nsw i64 %vpo{j}, {(j * vw) % B_PANEL}")
         else:
             L.append(f"  %vlo{j} = add nsw i64 0, {j * vw}")
-    L += ["  br label %loop", "loop:", "  %k = phi i64 [ 0, %entry ], [ %k.next, %loop ]"]
-    for i in range(rows):
-        for j in range(nvec):
-            L.append(f"  %acc{i}.{j} = phi {vt} [ zeroinitializer, %entry ], [ %nacc{i}.{j}, %loop ]")
-    L.append("  %vk = mul nsw i64 %k, %v_k")
-    for j in range(nvec):
-        L.append(f"  %vo{j} = add nsw i64 %vk, %vlo{j}")
-        L.append(f"  %vp{j} = getelementptr inbounds float, ptr %v, i64 %vo{j}")
-        if j == nvec - 1 and masked and not packed:
-            L.append(f"  %vv{j} = call {vt} @llvm.masked.load.v{vw}f32.p0(ptr %vp{j}, i32 4, {mt} %mask, "
-                     f"{vt} zeroinitializer)")
-        else:
-            L.append(f"  %vv{j} = load {vt}, ptr %vp{j}, align 4")
-    L.append("  %sk = mul nsw i64 %k, %s_k")
-    for i in range(rows):
-        L.append(f"  %sr{i} = mul nsw i64 %s_row, {i}")
-        L.append(f"  %so{i} = add nsw i64 %sk, %sr{i}")
-        L.append(f"  %sp{i} = getelementptr inbounds float, ptr %s, i64 %so{i}")
-        L.append(f"  %ss{i} = load float, ptr %sp{i}, align 4")
-        L.append(f"  %si{i} = insertelement {vt} poison, float %ss{i}, i64 0")
-        L.append(f"  %sv{i} = shufflevector {vt} %si{i}, {vt} poison, <{vw} x i32> zeroinitializer")
-        for j in range(nvec):
-            L.append(f"  %nacc{i}.{j} = call {vt} @{fma}({vt} %sv{i}, {vt} %vv{j}, {vt} %acc{i}.{j})")
-    L += ["  %k.next = add nuw nsw i64 %k, 1", "  %more = icmp ult i64 %k.next, %kn",
-          "  br i1 %more, label %loop, label %done", "done:"]
+    # The k loop: `unroll` k steps per iteration while whole groups last (main), then one at a time (rest).
+    L += [f"  %krest = urem i64 %kn, {unroll}", "  %kmain = sub nuw i64 %kn, %krest",
+          "  %any = icmp ugt i64 %kmain, 0", "  br i1 %any, label %main, label %mid", "main:",
+          "  %k = phi i64 [ 0, %entry ], [ %k.next, %main ]"]
+    zero = [["zeroinitializer"] * nvec for _ in range(rows)]
+    out = _k_loop_body(L, "m", "%k", unroll, (zero, "%entry"), "%main", rows, nvec, vw, masked, packed)
+    L += [f"  %k.next = add nuw i64 %k, {unroll}", "  %more = icmp ult i64 %k.next, %kmain",
+          "  br i1 %more, label %main, label %mid", "mid:", "  %kr = phi i64 [ 0, %entry ], [ %k.next, %main ]"]
+    mid = _phis(L, "mid", vt, [(zero, "%entry"), (out, "%main")])
+    L += ["  %left = icmp ult i64 %kr, %kn", "  br i1 %left, label %rest, label %done", "rest:",
+          "  %k1 = phi i64 [ %kr, %mid ], [ %k1.next, %rest ]"]
+    rest = _k_loop_body(L, "r", "%k1", 1, (mid, "%mid"), "%rest", rows, nvec, vw, masked, packed)
+    L += ["  %k1.next = add nuw i64 %k1, 1", "  %more1 = icmp ult i64 %k1.next, %kn",
+          "  br i1 %more1, label %rest, label %done", "done:"]
+    _phis(L, "c", vt, [(mid, "%mid"), (rest, "%rest")])
     if scatter:
         L.append(f"  %ci = insertelement <{vw} x i64> poison, i64 %c_lane, i64 0")
         L.append(f"  %cs = shufflevector <{vw} x i64> %ci, <{vw} x i64> poison, <{vw} x i32> zeroinitializer")
@@ -114,7 +111,6 @@ def micro_kernel(rows: int, nvec: int, vw: int, masked: bool, packed: bool, scat
     for i in range(rows):
         L.append(f"  %cr{i} = mul nsw i64 %c_row, {i}")
         for j in range(nvec):
-            last = j == nvec - 1 and masked
             if scatter:
                 L.append(f"  %cl{i}.{j} = mul nsw i64 %c_lane, {j * vw}")
             else:
@@ -123,14 +119,110 @@ def micro_kernel(rows: int, nvec: int, vw: int, masked: bool, packed: bool, scat
             L.append(f"  %cp{i}.{j} = getelementptr inbounds float, ptr %c, i64 %co{i}.{j}")
             if scatter:
                 L.append(f"  %cv{i}.{j} = getelementptr inbounds float, ptr %cp{i}.{j}, <{vw} x i64> %lane_offsets")
-                L.append(f"  call void @llvm.masked.scatter.v{vw}f32.v{vw}p0({vt} %nacc{i}.{j}, <{vw} x ptr> "
+    # accumulate (a k block after the first, see emit_gemm): C += the tile, else C = the tile
+    L += ["  br i1 %accumulate, label %add, label %store", "add:"]
+    for i in range(rows):
+        for j in range(nvec):
+            mask = "%mask" if j == nvec - 1 and masked else full
+            if scatter:
+                L.append(f"  %old{i}.{j} = call {vt} @llvm.masked.gather.v{vw}f32.v{vw}p0(<{vw} x ptr> %cv{i}.{j}, "
+                         f"i32 4, {mt} {mask}, {vt} zeroinitializer)")
+            elif mask != full:
+                L.append(f"  %old{i}.{j} = call {vt} @llvm.masked.load.v{vw}f32.p0(ptr %cp{i}.{j}, i32 4, {mt} %mask, "
+                         f"{vt} zeroinitializer)")
+            else:
+                L.append(f"  %old{i}.{j} = load {vt}, ptr %cp{i}.{j}, align 4")
+            L.append(f"  %sum{i}.{j} = fadd {vt} %c{i}.{j}, %old{i}.{j}")
+    L += ["  br label %store", "store:"]
+    _phis(L, "f", vt, [([[f"%c{i}.{j}" for j in range(nvec)] for i in range(rows)], "%done"),
+                       ([[f"%sum{i}.{j}" for j in range(nvec)] for i in range(rows)], "%add")])
+    for i in range(rows):
+        for j in range(nvec):
+            last = j == nvec - 1 and masked
+            if scatter:
+                L.append(f"  call void @llvm.masked.scatter.v{vw}f32.v{vw}p0({vt} %f{i}.{j}, <{vw} x ptr> "
                          f"%cv{i}.{j}, i32 4, {mt} {'%mask' if last else full})")
             elif last:
-                L.append(f"  call void @llvm.masked.store.v{vw}f32.p0({vt} %nacc{i}.{j}, ptr %cp{i}.{j}, i32 4, "
+                L.append(f"  call void @llvm.masked.store.v{vw}f32.p0({vt} %f{i}.{j}, ptr %cp{i}.{j}, i32 4, "
                          f"{mt} %mask)")
             else:
-                L.append(f"  store {vt} %nacc{i}.{j}, ptr %cp{i}.{j}, align 4")
+                L.append(f"  store {vt} %f{i}.{j}, ptr %cp{i}.{j}, align 4")
     L += ["  ret void", "}"]
+    return "\n".join(L)
+
+
+def _phis(L: list[str], name: str, vt: str, incoming: list[tuple[list[list[str]], str]]) -> list[list[str]]:
+    """%name{i}.{j} = phi of the accumulators arriving from each (values, block)."""
+    rows, nvec = len(incoming[0][0]), len(incoming[0][0][0])
+    for i in range(rows):
+        for j in range(nvec):
+            ins = ", ".join(f"[ {vals[i][j]}, {block} ]" for vals, block in incoming)
+            L.append(f"  %{name}{i}.{j} = phi {vt} {ins}")
+    return [[f"%{name}{i}.{j}" for j in range(nvec)] for i in range(rows)]
+
+
+def _k_loop_body(L: list[str], tag: str, k: str, steps: int, start: tuple[list[list[str]], str], block: str,
+                 rows: int, nvec: int, vw: int, masked: bool, packed: bool) -> list[list[str]]:
+    """One iteration of a k loop in `block`: the accumulator phis (from `start`, or from this block's
+    own last step), then `steps` k steps from k; returns the accumulators after them."""
+    vt = f"<{vw} x float>"
+    mt = f"<{vw} x i1>"
+    fma = f"llvm.fmuladd.v{vw}f32"
+    names = [[f"%{tag}a{i}.{j}" for j in range(nvec)] for i in range(rows)]
+    last = [[f"%{tag}s{steps - 1}.{i}.{j}" for j in range(nvec)] for i in range(rows)]
+    _phis(L, f"{tag}a", vt, [start, (last, block)])
+    acc = names
+    for u in range(steps):
+        p = f"{tag}{u}"
+        ku = k if u == 0 else f"%{p}k"
+        if u:
+            L.append(f"  {ku} = add nuw i64 {k}, {u}")
+        L.append(f"  %{p}vk = mul nsw i64 {ku}, %v_k")
+        for j in range(nvec):
+            L.append(f"  %{p}vo{j} = add nsw i64 %{p}vk, %vlo{j}")
+            L.append(f"  %{p}vp{j} = getelementptr inbounds float, ptr %v, i64 %{p}vo{j}")
+            if j == nvec - 1 and masked and not packed:
+                L.append(f"  %{p}vv{j} = call {vt} @llvm.masked.load.v{vw}f32.p0(ptr %{p}vp{j}, i32 4, {mt} %mask, "
+                         f"{vt} zeroinitializer)")
+            else:
+                L.append(f"  %{p}vv{j} = load {vt}, ptr %{p}vp{j}, align 4")
+        L.append(f"  %{p}sk = mul nsw i64 {ku}, %s_k")
+        for i in range(rows):
+            L.append(f"  %{p}sr{i} = mul nsw i64 %s_row, {i}")
+            L.append(f"  %{p}so{i} = add nsw i64 %{p}sk, %{p}sr{i}")
+            L.append(f"  %{p}sp{i} = getelementptr inbounds float, ptr %s, i64 %{p}so{i}")
+            L.append(f"  %{p}ss{i} = load float, ptr %{p}sp{i}, align 4")
+            L.append(f"  %{p}si{i} = insertelement {vt} poison, float %{p}ss{i}, i64 0")
+            L.append(f"  %{p}sv{i} = shufflevector {vt} %{p}si{i}, {vt} poison, <{vw} x i32> zeroinitializer")
+            for j in range(nvec):
+                L.append(f"  %{tag}s{u}.{i}.{j} = call {vt} @{fma}({vt} %{p}sv{i}, {vt} %{p}vv{j}, {vt} {acc[i][j]})")
+        acc = [[f"%{tag}s{u}.{i}.{j}" for j in range(nvec)] for i in range(rows)]
+    return acc
+
+
+def copy_panel(nvec: int, vw: int, intrinsics: set[str]) -> str:
+    """void copy(ptr src, ptr dst, i64 k, i64 src_k, i64 valid): dst[k][nvec * vw] = the first `valid`
+    lanes of rows src + k * src_k, zero past them (so the micro-kernel's masked tail reads zeros)."""
+    vt, mt = f"<{vw} x float>", f"<{vw} x i1>"
+    iota = "<" + ", ".join(f"i64 {i}" for i in range(vw)) + ">"
+    intrinsics.add(f"declare {vt} @llvm.masked.load.v{vw}f32.p0(ptr, i32, {mt}, {vt})")
+    L = [f"define internal void @svod.copy.{nvec}v{vw}(ptr noalias %src, ptr noalias %dst, i64 %kn, i64 %src_k, "
+         "i64 %valid) #0 {", "entry:",
+         f"  %vi = insertelement <{vw} x i64> poison, i64 %valid, i64 0",
+         f"  %vv = shufflevector <{vw} x i64> %vi, <{vw} x i64> poison, <{vw} x i32> zeroinitializer"]
+    for j in range(nvec):
+        L.append(f"  %lane{j} = add nuw <{vw} x i64> {iota}, <{', '.join([f'i64 {j * vw}'] * vw)}>")
+        L.append(f"  %mask{j} = icmp ult <{vw} x i64> %lane{j}, %vv")
+    L += ["  br label %loop", "loop:", "  %k = phi i64 [ 0, %entry ], [ %k.next, %loop ]",
+          "  %so = mul nsw i64 %k, %src_k", f"  %do = mul nsw i64 %k, {nvec * vw}"]
+    for j in range(nvec):
+        L += [f"  %sa{j} = add nsw i64 %so, {j * vw}", f"  %sp{j} = getelementptr inbounds float, ptr %src, i64 %sa{j}",
+              f"  %x{j} = call {vt} @llvm.masked.load.v{vw}f32.p0(ptr %sp{j}, i32 4, {mt} %mask{j}, "
+              f"{vt} zeroinitializer)",
+              f"  %da{j} = add nsw i64 %do, {j * vw}", f"  %dp{j} = getelementptr inbounds float, ptr %dst, i64 %da{j}",
+              f"  store {vt} %x{j}, ptr %dp{j}, align 4"]
+    L += ["  %k.next = add nuw i64 %k, 1", "  %more = icmp ult i64 %k.next, %kn",
+          "  br i1 %more, label %loop, label %done", "done:", "  ret void", "}"]
     return "\n".join(L)
 
 
@@ -170,16 +262,17 @@ def _sides(arg: GemmArg) -> tuple[Side, Side, int, int]:
     return Side(b.row_stride, b.col_stride), panels, 1, c.row_stride
 
 
-def emit_gemm(em: KernelEmitter, node: UOp, target: Target) -> None:
+def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocking) -> None:
     arg: GemmArg = node.arg
-    plan = cpu_plan(arg, target)
-    rows, lanes, vw = plan.rows, plan.lanes, plan.vw
+    plan = cpu_plan(arg, target, blocking)
+    rows, lanes, vw, unroll = plan.rows, plan.lanes, plan.vw, blocking.k_unroll
     pa, pb, pc = (em.value(x) for x in node.src[:3])
     epilogue = node.src[3] if len(node.src) > 3 else None
     ranges = node.src[4:]
     rt_n, lt_n, tiles = plan.row_tiles, plan.lane_tiles, plan.tiles
     rows_tail, lanes_tail = plan.rows_tail, plan.lanes_tail
-    s_side, v_side, c_row, c_lane = _sides(arg)
+    s_side, v_src, c_row, c_lane = _sides(arg)
+    v_side = Side(lanes) if plan.copy_panel else v_src  # what the micro-kernels read: the copy, rows of `lanes`
     row_sizes = {rows, rows_tail}
     top = em.stack[0]
     # row / lane tiles, the last tile's index and its rows / lanes: constants, or run-time values for a
@@ -195,25 +288,37 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target) -> None:
         vec_tail = em.emit_line(top, f"sub nsw i64 {lanes_rt}, {em.emit_line(top, f'mul nsw i64 {nvec_rt}, {vw}')}")
         vec_tail = em.emit_line(top, f"add nsw i64 {vec_tail}, {vw}")  # lanes of the last vector: 1..vw
     k_size = str(arg.k) if arg.k_var is None else em.dim_value(arg.k_var.slot)
+    accumulate = last_kb = "false"
+    if plan.k_blocks > 1:  # the part's tiles once per k block (gemm_plan.py), adding to C after the first
+        em.open_loop(UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, plan.k_blocks),),
+                         RangeArg(-2, RangeKind.LOOP)), "0", str(plan.k_blocks))
+        kbs = em.stack[-1]
+        last_block = plan.k_blocks - 1
+        last_kb = em.emit_line(kbs, f"icmp eq i64 {kbs.ivar}, {last_block}")
+        accumulate = em.emit_line(kbs, f"icmp ne i64 {kbs.ivar}, 0")
+        k_size = em.emit_line(kbs, f"select i1 {last_kb}, i64 {plan.k_total - last_block * plan.k_block}, "
+                                   f"i64 {plan.k_block}")
+        k0 = em.emit_line(kbs, f"mul nuw nsw i64 {kbs.ivar}, {plan.k_block}")
+        s_k0, v_k0 = (em.emit_line(kbs, f"mul nuw nsw i64 {k0}, {side.k_stride}") for side in (s_side, v_src))
     calls = {}
     for r in row_sizes:
         if arg.n_var is not None:  # the last lane tile: nvec vectors, the last one masked to vec_tail lanes
             for nvec in range(1, lanes // vw + 1):
                 mode = (True, v_side.packed_panels, c_lane != 1)
-                name = micro_kernel_name(r, nvec, vw, *mode)
-                em.shared_functions[name] = micro_kernel(r, nvec, vw, *mode, em.uses_intrinsics)
+                name = micro_kernel_name(r, nvec, vw, unroll, *mode)
+                em.shared_functions[name] = micro_kernel(r, nvec, vw, unroll, *mode, em.uses_intrinsics)
                 calls[(r, -nvec)] = (f"@{name}", f"i64 {k_size}, i64 {s_side.k_stride}, i64 {s_side.row_stride}, "
                                                  f"i64 {v_side.k_stride}, i64 {v_side.panel_stride}, i64 {c_row}, "
-                                                 f"i64 {c_lane}, i64 {vec_tail}")
+                                                 f"i64 {c_lane}, i64 {vec_tail}, i1 {accumulate}")
         for c in {lanes, lanes_tail}:
             nvec = -(-c // vw)
             tail = c - (nvec - 1) * vw
             mode = (tail != vw, v_side.packed_panels, c_lane != 1)
-            name = micro_kernel_name(r, nvec, vw, *mode)
-            em.shared_functions[name] = micro_kernel(r, nvec, vw, *mode, em.uses_intrinsics)
+            name = micro_kernel_name(r, nvec, vw, unroll, *mode)
+            em.shared_functions[name] = micro_kernel(r, nvec, vw, unroll, *mode, em.uses_intrinsics)
             calls[(r, c)] = (f"@{name}", f"i64 {k_size}, i64 {s_side.k_stride}, i64 {s_side.row_stride}, "
                                          f"i64 {v_side.k_stride}, i64 {v_side.panel_stride}, i64 {c_row}, "
-                                         f"i64 {c_lane}, i64 {tail}")
+                                         f"i64 {c_lane}, i64 {tail}, i1 {accumulate}")
 
     t_range = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, tiles),), RangeArg(-1, RangeKind.PARALLEL))
     run_tiles = str(tiles)
@@ -250,9 +355,24 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target) -> None:
     a_ptr, b_ptr, c_ptr = (line(sc, f"getelementptr inbounds float, ptr {p}, i64 {o}", "ptr") for p, o in
                            ((pa, a_off), (pb, b_off), (pc, c_off)))
     s_ptr, v_ptr = (b_ptr, a_ptr) if arg.transposed else (a_ptr, b_ptr)
-    call_args = f"ptr {s_ptr}, ptr {v_ptr}, ptr {c_ptr}"
+    if plan.k_blocks > 1:
+        s_ptr, v_ptr = (line(sc, f"getelementptr inbounds float, ptr {p}, i64 {o}", "ptr")
+                        for p, o in ((s_ptr, s_k0), (v_ptr, v_k0)))
     last_r = line(sc, f"icmp eq i64 {rt}, {last_start}") if rows_tail != rows or arg.m_var else "false"
     last_l = line(sc, f"icmp eq i64 {lt}, {last_lane_tile}") if lanes_tail != lanes or arg.n_var else "false"
+    if plan.copy_panel:  # the first tile of a lane tile in this part copies the panel, the rest read the copy
+        copy = f"svod.copy.{lanes // vw}v{vw}"
+        em.shared_functions[copy] = copy_panel(lanes // vw, vw, em.uses_intrinsics)
+        buf = em.fresh("panel")
+        em.allocas.append(f"{buf} = alloca float, i64 {(plan.k_block or arg.k) * lanes}, align 64")
+        first = line(sc, f"or i1 {line(sc, f'icmp eq i64 {rt}, 0')}, {line(sc, f'icmp eq i64 {t}, {start}')}")
+        valid = line(sc, f"select i1 {last_l}, i64 {lanes_tail}, i64 {lanes}")
+        p = em.fresh_label()
+        sc.lines += [f"  br i1 {first}, label %P{p}.copy, label %P{p}.go", f"P{p}.copy:",
+                     f"  call void @{copy}(ptr {v_ptr}, ptr {buf}, i64 {k_size}, i64 {v_src.k_stride}, i64 {valid})",
+                     f"  br label %P{p}.go", f"P{p}.go:"]
+        v_ptr = buf
+    call_args = f"ptr {s_ptr}, ptr {v_ptr}, ptr {c_ptr}"
     k = em.fresh_label()
     if arg.m_var is None:
         sc.lines.append(f"  br i1 {last_r}, label %T{k}.t, label %T{k}.f")
@@ -281,8 +401,10 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target) -> None:
         # Two copies of the epilogue: full tiles get constant trip counts (rows x lanes), which LLVM
         # unrolls into straight vector code; edge tiles get the general loops.
         *batch_ranges, m_range, n_range = ranges
-        partial = line(sc, f"or i1 {last_r}, {last_l}")
         e = em.fresh_label()
+        if plan.k_blocks > 1:  # after the last k block only
+            sc.lines += [f"  br i1 {last_kb}, label %E{e}.run, label %E{e}.done", f"E{e}.run:"]
+        partial = line(sc, f"or i1 {last_r}, {last_l}")
         sc.lines.append(f"  br i1 {partial}, label %E{e}.edge, label %E{e}.full")
         for tag, nrows, nlanes in (("full", str(rows), str(lanes)), ("edge", None, None)):
             sc.lines.append(f"E{e}.{tag}:")
@@ -304,3 +426,5 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target) -> None:
             sc.lines.append(f"  br label %E{e}.done")
         sc.lines.append(f"E{e}.done:")
     em.close_loop()
+    if plan.k_blocks > 1:
+        em.close_loop()

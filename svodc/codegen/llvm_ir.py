@@ -24,6 +24,7 @@ from svodc.codegen.llvm_types import const, ltype, mem_type
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import Ops, ParamArg, RangeArg, RangeKind
 from svodc.ir.uop import UOp, toposort
+from svodc.policy import GemmBlocking
 from svodc.program import Buffer, BufferKind, Kernel
 from svodc.target import Target
 from svodrt.abi import ARENA_SLOT, WEIGHTS_SLOT, input_slot, output_slot
@@ -51,10 +52,11 @@ class KernelEmitter:
     ALLOCA_SUFFIX = ""
     PRIVATE_PTR = "ptr"
 
-    def __init__(self, name: str, ast: UOp, target: Target):
+    def __init__(self, name: str, ast: UOp, target: Target, gemm_blocking: GemmBlocking | None = None):
         self.name = name
         self.ast = ast
         self.target = target
+        self.gemm_blocking = gemm_blocking  # CPU GEMM nodes' register blocking (svodc/policy.py); GPUs: None
         self.shared_functions: dict[str, str] = {}  # name -> definition: helpers kernels may share (GEMM)
         self._n = 0
         self.allocas: list[str] = []
@@ -263,7 +265,7 @@ class KernelEmitter:
 
         for stmt in self.ast.src:
             if stmt.op is Ops.GEMM:
-                emit_gemm(self, stmt, self.target)
+                emit_gemm(self, stmt, self.target, self.gemm_blocking)
             else:
                 self.emit_store(stmt)
         params = [f"ptr noalias %p{i}" for i in range(nparams)] + (["ptr %dims"] if self.uses_dims else [])
@@ -283,10 +285,10 @@ def param_pointer(buf: Buffer, nin: int) -> tuple[int, int]:
     return output_slot(nin, buf.slot), 0
 
 
-def render_body(kernel: Kernel, target: Target) -> tuple[str, set[str], dict[str, str]]:
+def render_body(kernel: Kernel, target: Target, blocking: GemmBlocking) -> tuple[str, set[str], dict[str, str]]:
     """The kernel's body function `@<name>.body(params..., part, nparts)`, the intrinsics it declares
     and the shared helper functions it calls (name -> definition; one copy per module)."""
-    em = KernelEmitter(kernel.name, kernel.ast, target)
+    em = KernelEmitter(kernel.name, kernel.ast, target, blocking)
     return em.render_body(len(kernel.params)), em.uses_intrinsics, em.shared_functions
 
 

@@ -33,6 +33,7 @@ import math
 from svodc.codegen.llvm_ir import FN_ATTRS, body_name, render_body, render_wrapper
 from svodc.gemm_plan import cpu_plan
 from svodc.ir.ops import GemmArg, Ops, RangeKind
+from svodc.policy import GemmBlocking
 from svodc.program import BufferKind, Kernel, KernelGuard
 from svodc.target import Target
 from svodrt.abi import ARENA_SLOT, ENTRY, SYNC_DONE, SYNC_NEXT, SYNC_YIELD, input_slot, output_slot
@@ -61,12 +62,12 @@ def _attrs(target: Target) -> list[str]:
 Unit = list[tuple[Kernel, tuple[str, set[str], dict[str, str]]]]
 
 
-def _render_units(kernels: list[Kernel], target: Target) -> list[Unit]:
+def _render_units(kernels: list[Kernel], target: Target, blocking: GemmBlocking) -> list[Unit]:
     """The kernels grouped by their rendered body (the text with the kernel's name taken out: equal
     text is equal code, whatever made the kernels look alike), in order of first appearance."""
     units: dict[str, Unit] = {}
     for k in kernels:
-        rendered = render_body(k, target)
+        rendered = render_body(k, target, blocking)
         key = rendered[0].replace(f"@{body_name(k)}(", "@(", 1)
         units.setdefault(key, []).append((k, rendered))
     return list(units.values())
@@ -86,11 +87,12 @@ def _module(units: list[Unit], nin: int, target: Target, name: str) -> str:
     return "\n".join([*_header(target, name), *sorted(declares), "", *helpers_text, *bodies, "", *_attrs(target), ""])
 
 
-def kernel_modules(kernels: list[Kernel], nin: int, target: Target, per_module: int) -> list[tuple[list[Kernel], str]]:
+def kernel_modules(kernels: list[Kernel], nin: int, target: Target, blocking: GemmBlocking,
+                   per_module: int) -> list[tuple[list[Kernel], str]]:
     """The kernels' LLVM modules, about `per_module` distinct bodies each: each body is compiled once,
     however many kernels run it (the units are dealt round-robin, a function of the program only, so
     the same model always gives the same modules). (kernels of the module, IR text) per module."""
-    units = _render_units(kernels, target)
+    units = _render_units(kernels, target, blocking)
     n = max(1, min(-(-len(units) // per_module), len(units)))
     out = []
     for i in range(n):
@@ -121,7 +123,7 @@ def _spin_hint(target: Target) -> tuple[str, str]:
     return "", ""
 
 
-def parallel_parts(kernel: Kernel, target: Target) -> int:
+def parallel_parts(kernel: Kernel, target: Target, blocking: GemmBlocking) -> int:
     """How many parts kernel's work is worth cutting into: about PART_NS of estimated work each, never
     more than its shortest parallel loop has iterations (a part of nothing only costs a claim)."""
     if getattr(kernel.ast.arg, "serial", False):
@@ -130,7 +132,7 @@ def parallel_parts(kernel: Kernel, target: Target) -> int:
     for stmt in kernel.ast.src:
         if stmt.op is Ops.GEMM:
             arg: GemmArg = stmt.arg
-            trips.append(cpu_plan(arg, target).tiles)  # the GEMM's parallel tile loop (llvm_gemm.py)
+            trips.append(cpu_plan(arg, target, blocking).tiles)  # the GEMM's parallel tile loop (llvm_gemm.py)
             work_ns += math.prod(arg.batch) * arg.m * arg.n * arg.k * GEMM_NS_PER_MAC
             continue
         sizes = []
