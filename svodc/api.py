@@ -6,7 +6,6 @@ frontend (ONNX -> UOp graph) -> passes (-> Program) -> codegen (-> code image pe
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import hashlib
 import mmap
@@ -105,11 +104,6 @@ class _Stages:
         self.t = now
 
 
-def _timed(fn: Callable, *args) -> tuple:
-    t0 = time.perf_counter()
-    return fn(*args), time.perf_counter() - t0
-
-
 def _compile_parts(model: ModelSource, target: str, options: CompileOptions | None, progress: Progress | None,
                    kernels_done: KernelProgress | None = None, workers: WorkerPool | None = None, **kw) -> tuple:
     """Everything a bundle is written from: (program, CPU images, model digest, test vectors, GPU images,
@@ -134,25 +128,19 @@ def _compile_parts(model: ModelSource, target: str, options: CompileOptions | No
             raise DynamicShapeError(f"computed dims {computed_dims} (sizes of convolutions, pools or pads over "
                                     f"bounded image dims): GPU variants ({', '.join(t.describe() for t in gpus)}) "
                                     "take input dims only for now; fix the image dims with --input-shape")
-        # The reference outputs (numpy, mostly outside the GIL) are computed while LLVM runs in the workers;
-        # the stages are still reported in the order a sequential compile has them (vectors, then codegen).
-        notes: list[str] = []
-        codegen_lines: list[str] = []
-        codegen_stages = _Stages(codegen_lines.append)
-        with concurrent.futures.ThreadPoolExecutor(1) as side:
-            pending = side.submit(_timed, build_test_vectors, graph, program, options.test_vectors, notes.append)
-            images = []
-            gpu_images = []
-            for t in targets:
-                if not isinstance(t, GpuTarget):
-                    images.append((t, compile_program(program, t, options, kernels_done, pool)))
-                    codegen_stages.done(f"codegen {t.describe()}")
-            if gpus:
-                gpu_images = compile_gpu_programs(program, gpus, options, pool)
-                codegen_stages.done(f"codegen {', '.join(t.describe() for t in gpus)}")
-            vectors, seconds = pending.result()
-    for line in [*notes, *([f"test vectors {seconds:.2f} s"] if vectors else []), *codegen_lines]:
-        say(line)
+        # The test vectors are computed before codegen, not beside it: numpy's BLAS threads and the LLVM
+        # workers on the same cores made both slower (resnet50 on 2 cores: 1-2 s more, measured).
+        vectors = build_test_vectors(graph, program, options.test_vectors, say)
+        stages.done("test vectors" if vectors else None)
+        images = []
+        gpu_images = []
+        for t in targets:
+            if not isinstance(t, GpuTarget):
+                images.append((t, compile_program(program, t, options, kernels_done, pool)))
+                stages.done(f"codegen {t.describe()}")
+        if gpus:
+            gpu_images = compile_gpu_programs(program, gpus, options, pool)
+            stages.done(f"codegen {', '.join(t.describe() for t in gpus)}")
     recorded = recorded_options(target, options)
     if options.precision != "fp32":
         recorded |= _precision_report(graph, program, options.precision, vectors, say)
