@@ -118,22 +118,22 @@ def _compile_parts(model: ModelSource, target: str, options: CompileOptions | No
     base_dir = Path(model).parent if isinstance(model, (str, os.PathLike)) else None
     graph = import_model(proto, options, base_dir=base_dir)
     stages.done("import")
-    program = build_program(graph, options, _bundle_policy(targets, options))
-    stages.done(f"optimize ({len(program.kernels)} kernels)")
-    vectors = build_test_vectors(graph, program, options.test_vectors, say)
-    stages.done("test vectors" if vectors else None)
-    recorded = recorded_options(target, options)
-    if options.precision != "fp32":
-        recorded |= _precision_report(graph, program, options.precision, vectors, say)
-    images = []
-    gpus = [t for t in targets if isinstance(t, GpuTarget)]
-    gpu_images = []
-    computed = [d.name for d in program.dims if isinstance(d, ComputedDim)]
-    if gpus and computed:
-        raise DynamicShapeError(f"computed dims {computed} (sizes of convolutions, pools or pads over bounded image "
-                                f"dims): GPU variants ({', '.join(t.describe() for t in gpus)}) take input dims "
-                                "only for now; fix the image dims with --input-shape")
     with borrow(workers, worker_count(options)) as pool:
+        pool.prestart()
+        program = build_program(graph, options, _bundle_policy(targets, options))
+        stages.done(f"optimize ({len(program.kernels)} kernels)")
+        gpus = [t for t in targets if isinstance(t, GpuTarget)]
+        computed_dims = [d.name for d in program.dims if isinstance(d, ComputedDim)]
+        if gpus and computed_dims:
+            raise DynamicShapeError(f"computed dims {computed_dims} (sizes of convolutions, pools or pads over "
+                                    f"bounded image dims): GPU variants ({', '.join(t.describe() for t in gpus)}) "
+                                    "take input dims only for now; fix the image dims with --input-shape")
+        # The test vectors are computed before codegen, not beside it: numpy's BLAS threads and the LLVM
+        # workers on the same cores made both slower (resnet50 on 2 cores: 1-2 s more, measured).
+        vectors = build_test_vectors(graph, program, options.test_vectors, say)
+        stages.done("test vectors" if vectors else None)
+        images = []
+        gpu_images = []
         for t in targets:
             if not isinstance(t, GpuTarget):
                 images.append((t, compile_program(program, t, options, kernels_done, pool)))
@@ -141,6 +141,9 @@ def _compile_parts(model: ModelSource, target: str, options: CompileOptions | No
         if gpus:
             gpu_images = compile_gpu_programs(program, gpus, options, pool)
             stages.done(f"codegen {', '.join(t.describe() for t in gpus)}")
+    recorded = recorded_options(target, options)
+    if options.precision != "fp32":
+        recorded |= _precision_report(graph, program, options.precision, vectors, say)
     named = {n for k in program.kernels for n in k.provenance}
     extra = {"options": recorded,
              "node_ops": {n: t for n, t in sorted((graph.op_types or {}).items()) if n in named}}

@@ -144,7 +144,7 @@ def run_jobs(jobs: list[LLVMJob], workers: WorkerPool,
         return CodegenError(f"LLVM crashed while compiling {job.name}: {message}; rerun with SVOD_DEBUG=3 to see "
                             "the IR, and please report it")
 
-    replies = workers.run(jobs, crashed, jobs_done)
+    replies = workers.run(jobs, crashed, jobs_done, cost=lambda job: len(job.ir))  # IR size: about its LLVM time
     out = []
     for job, reply in zip(jobs, replies, strict=True):
         if reply[0] == "error":

@@ -9,9 +9,10 @@ of the caller and never multiprocessing's spawn (which re-runs the caller's main
 A WorkerPool is a context manager owned by its caller: `svodc.compile` opens one per call and uses
 it for every variant of the bundle; a caller that compiles many models (the conformance suite, a
 test session) opens one and passes it to each call, so they do not pay for interpreter and LLVM
-start-up each time. Workers start on first use, up to the pool's size; leaving the `with` block
-stops them. A worker that dies is replaced, and the job it was running fails with a CodegenError
-that names it.
+start-up each time. Workers start on first use, up to the pool's size, or all at once on `prestart`
+(svodc.compile calls it once the model is imported, so their interpreter and LLVM start-up overlaps
+the Python passes); leaving the `with` block stops them. A worker that dies is replaced, and the job
+it was running fails with a CodegenError that names it.
 """
 
 from __future__ import annotations
@@ -65,9 +66,14 @@ class _Worker:
         lines = self.stderr.read().decode(errors="replace").strip().splitlines()
         return lines[-1] if lines else "no message"
 
+    def hang_up(self) -> None:
+        """Close its stdin: the worker exits (close() then waits for it)."""
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+
     def close(self) -> None:
         try:
-            self.proc.stdin.close()
+            self.hang_up()
             self.proc.wait(timeout=5)
         except Exception:
             self.proc.kill()
@@ -94,15 +100,24 @@ class WorkerPool:
                 return _Worker()
         return self._idle.get()
 
-    def run(self, jobs: list[Any], on_crash, on_done=None) -> list[Any]:
+    def prestart(self) -> None:
+        """Start the missing workers now (without waiting for them); they wait idle for jobs."""
+        with self._lock:
+            while self._count < self.size:
+                self._count += 1
+                self._idle.put(_Worker())
+
+    def run(self, jobs: list[Any], on_crash, on_done=None, cost=None) -> list[Any]:
         """Run jobs on the pool; results in job order. on_crash(job, message) -> exception to raise;
-        on_done(done, total) after each job, called by one thread at a time."""
+        on_done(done, total) after each job, called by one thread at a time. cost(job): an estimate of
+        its time; the costliest start first, so the workers do not wait at the end on one big job
+        started last (the order of the results, and so the bytes, never depend on it)."""
         results: list[Any] = [None] * len(jobs)
         done = [0]
         done_lock = threading.Lock()
         errors: list[BaseException] = []
         todo: queue.Queue[int] = queue.Queue()
-        for i in range(len(jobs)):
+        for i in sorted(range(len(jobs)), key=lambda i: -cost(jobs[i])) if cost else range(len(jobs)):
             todo.put(i)
 
         def drain() -> None:
@@ -137,12 +152,18 @@ class WorkerPool:
         return results
 
     def close(self) -> None:
-        """Stop the idle workers (all of them once no run() is in progress)."""
+        """Stop the idle workers (all of them once no run() is in progress): all are told first, so
+        they exit at the same time, then each is waited for."""
+        stopping = []
         while True:
             try:
-                self._idle.get_nowait().close()
+                stopping.append(self._idle.get_nowait())
             except queue.Empty:
                 break
+        for w in stopping:
+            w.hang_up()
+        for w in stopping:
+            w.close()
             with self._lock:
                 self._count -= 1
 
@@ -159,8 +180,10 @@ def borrow(workers: WorkerPool | None, size: int) -> contextlib.AbstractContextM
 
 
 def main() -> None:
-    from svodc.codegen.compile import compile_llvm
+    from svodc.codegen.compile import _llvm_init, compile_llvm
     from svodc.errors import SvodcError
+
+    _llvm_init()  # before the first job arrives: a prestarted worker is ready when it does
 
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but protocol frames on the real stdout
@@ -168,7 +191,10 @@ def main() -> None:
         try:
             job = _recv(inp)
         except EOFError:
-            return
+            # every reply is flushed: skip the interpreter's teardown (LLVM's and numpy's), which the
+            # compiler would wait for
+            sys.stderr.flush()
+            os._exit(0)
         try:
             obj, asm = compile_llvm(job)
             _send(out, ("ok", obj, asm))

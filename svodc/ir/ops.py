@@ -116,6 +116,11 @@ class Ops(Enum):
     LOOP_REDUCE = auto()  # arg ReduceOp (ADD/MAX/MIN/MUL); src (value, *ranges it reduces over)
     GEMM = auto()  # arg GemmArg; src (a param, b param, c param[, epilogue STORE]): a contraction kernel
 
+    # Members are singletons compared by identity: identity hashing is as correct as Enum's hash of the
+    # name, and a C call instead of a Python one (every rule lookup, intern key and op-set test hashes an
+    # op: a quarter of a million times for resnet50). Nothing may depend on set order either way.
+    __hash__ = object.__hash__
+
 
 # Groups, as frozensets for fast membership tests.
 # Unary float functions beyond the basic arithmetic (codegen/transcendental.py writes each in the IR).

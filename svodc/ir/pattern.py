@@ -12,6 +12,7 @@ match it, and rejects a rule early when a child's op cannot match.
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -126,11 +127,33 @@ class Rule:
     name: str
 
 
-class PatternMatcher:
-    """An ordered set of rules, indexed by the root op."""
+class RewriteMemo:
+    """What graph_rewrite made of each node under one rule set, across calls: for rule sets whose rules
+    depend on nothing but the node (no ctx), the rewrite of a hash-consed node is a function of the
+    node, so a node seen by an earlier call (the same index expression in another kernel) is not walked
+    again. Weak both ways, like the UOp intern table: an entry lasts as long as both nodes are alive,
+    so it never keeps a compilation's graph alive after it."""
 
-    def __init__(self, rules: list[tuple[UPat, Callable[..., UOp | None]]], name: str = "rules"):
+    def __init__(self) -> None:
+        self._done: weakref.WeakKeyDictionary[UOp, weakref.ref[UOp]] = weakref.WeakKeyDictionary()
+
+    def get(self, n: UOp) -> UOp | None:
+        ref = self._done.get(n)
+        return ref() if ref is not None else None
+
+    def update(self, done: dict[UOp, UOp]) -> None:
+        for n, result in done.items():
+            self._done[n] = weakref.ref(result)
+
+
+class PatternMatcher:
+    """An ordered set of rules, indexed by the root op. memoize: the rules are pure functions of the
+    node (no ctx), so graph_rewrite keeps a RewriteMemo for this rule set (not kept by `+`)."""
+
+    def __init__(self, rules: list[tuple[UPat, Callable[..., UOp | None]]], name: str = "rules",
+                 memoize: bool = False):
         self.name = name
+        self.memo = RewriteMemo() if memoize else None
         self.rules = [Rule(p, f, "ctx" in inspect.signature(f).parameters, getattr(f, "__name__", "rule"))
                       for p, f in rules]
         self._by_op: dict[Ops, list[Rule]] = {}
@@ -140,7 +163,7 @@ class PatternMatcher:
         self._generic = generic
 
     def __add__(self, other: PatternMatcher) -> PatternMatcher:
-        pm = PatternMatcher([], name=f"{self.name}+{other.name}")
+        pm = PatternMatcher([], name=f"{self.name}+{other.name}")  # a new rule set: no memo
         pm.rules = self.rules + other.rules
         pm._by_op = {op: self._by_op[op] + other._by_op[op] for op in Ops}
         return pm

@@ -2,7 +2,9 @@
 
 Invariants:
 - Iterative (an explicit stack): graph depth is not limited by Python's recursion limit.
-- Memoized: each distinct node is rewritten once; shared subgraphs stay shared.
+- Memoized: each distinct node is rewritten once; shared subgraphs stay shared. A rule set made with
+  memoize=True (pure rules) also remembers across calls (pattern.RewriteMemo) when no ctx or
+  provenance is given.
 - Bottom-up to a fixed point: a node is tried against the rules only after its children are final,
   and a replacement is itself rewritten completely (children first) before it is accepted.
 - A loop guard: a rule set that keeps producing new nodes forever, or rewrites a node into a graph
@@ -39,14 +41,21 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, ctx: Any = None, prov: Provenan
                   max_rewrites: int | None = None) -> UOp:
     dbg = debug_level() >= 3
     done: dict[UOp, UOp] = {}
+    memo = pm.memo if ctx is None and prov is None else None
     in_progress: set[UOp] = set()
-    budget = max_rewrites if max_rewrites is not None else 200_000 + 100 * len(root.toposort())
+    # Default budget: 200,000 + 100 per node of the graph, counted only once 200,000 is passed (counting
+    # the nodes is a whole walk, which most calls, on small index expressions, need not pay for).
+    budget = max_rewrites if max_rewrites is not None else 200_000
+    counted = max_rewrites is not None
     fired = 0
     stack: list[tuple[int, UOp, UOp | None]] = [(_VISIT, root, None)]
     while stack:
         state, n, target = stack.pop()
         if state == _VISIT:
             if n in done:
+                continue
+            if memo is not None and (known := memo.get(n)) is not None:
+                done[n] = known
                 continue
             if n in in_progress:
                 raise RewriteError(f"{pm.name}: a rewrite produced a graph containing the node it replaced "
@@ -67,6 +76,8 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, ctx: Any = None, prov: Provenan
                     done[nn] = nn
                 continue
             fired += 1
+            if fired > budget and not counted:
+                budget, counted = budget + 100 * len(root.toposort()), True
             if fired > budget:
                 raise RewriteError(f"{pm.name}: more than {budget} rewrites; rule '{hit[1].name}' keeps firing "
                                    f"on {nn.op.name}")
@@ -80,6 +91,8 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, ctx: Any = None, prov: Provenan
         else:  # _ALIAS: n becomes whatever its replacement rewrote to
             assert target is not None
             _finish(done, in_progress, n, done[target], prov)
+    if memo is not None:
+        memo.update(done)
     return done[root]
 
 

@@ -270,7 +270,7 @@ pm_symbolic = PatternMatcher([
     (UPat(Ops.WHERE, src=(UPat.var("c"), UPat.var("a"), UPat.var("a"))), lambda c, a: a),
     # casts of a value to its own type
     (UPat(Ops.CAST, name="n", src=(UPat.var("x"),)), lambda n, x: x if x.dtype == n.dtype else None),
-], name="symbolic")
+], name="symbolic", memoize=True)
 
 
 def simplify(n: UOp) -> UOp:

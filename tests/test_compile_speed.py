@@ -1,0 +1,77 @@
+"""What keeps compile time down without changing a byte: workers started ahead of their jobs, and
+memoized symbolic simplification (issue 13)."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+
+from svodc.codegen.compile import LLVMJob
+from svodc.codegen.worker import WorkerPool
+from svodc.ir.dtypes import dtypes
+from svodc.ir.pattern import PatternMatcher, RewriteMemo
+from svodc.ir.rewrite import graph_rewrite
+from svodc.ir.symbolic import pm_symbolic, simplify
+from svodc.ir.uop import UOp
+from svodc.target import host_target
+from tests.test_symbolic import rng
+
+I = dtypes.index
+
+
+def _job(name: str) -> LLVMJob:
+    t = host_target()
+    return LLVMJob(name, f"define i32 @{name}() {{\n  ret i32 7\n}}\n", t.triple, t.llvm_cpu, t.llvm_features, 2,
+                   t.codemodel, False, abiname=t.abiname)
+
+
+def test_a_prestarted_pool_runs_jobs_costliest_first_on_the_workers_it_started_and_no_more():
+    with WorkerPool(2) as pool:
+        pool.prestart()
+        started = {w.proc.pid for w in list(pool._idle.queue)}
+        assert len(started) == 2
+        pool.prestart()  # already full: starts nothing
+        # started in the order of cost (here the reverse), answered in the order of the jobs
+        replies = pool.run([_job(f"f{i}") for i in range(5)], lambda job, msg: RuntimeError(msg),
+                           cost=lambda job: int(job.name[1:]))
+        assert [r[0] for r in replies] == ["ok"] * 5
+        assert all(f"f{i}".encode() in r[1] and f"f{(i + 1) % 5}".encode() not in r[1] for i, r in enumerate(replies))
+        assert {w.proc.pid for w in list(pool._idle.queue)} == started
+
+
+def _index_expressions(seed: int, count: int) -> list:
+    """Random div/mod/affine index expressions over three ranges, sharing subexpressions."""
+    r = np.random.default_rng(seed)
+    ranges = [rng(20 + i, int(r.integers(2, 9))) for i in range(3)]
+    out, e = [], UOp.const(I, 1)
+    for _ in range(count):
+        x, k = ranges[int(r.integers(0, 3))], int(r.integers(1, 6))
+        e = [e + x * k, e // k, e % k, (e + x) // k * k][int(r.integers(0, 4))]
+        out.append(e)
+    return out
+
+
+def test_memoized_simplification_gives_what_a_fresh_rewrite_gives_and_walks_a_seen_node_once(monkeypatch):
+    fresh = PatternMatcher([], name="symbolic, unmemoized")
+    fresh.rules, fresh._by_op = pm_symbolic.rules, pm_symbolic._by_op  # the same rules, no memo
+    assert fresh.memo is None and pm_symbolic.memo is not None
+    exprs = _index_expressions(1, 40)
+    simplified = [simplify(e) for e in exprs]  # kept alive: an entry lasts while both of its nodes do
+    assert simplified == [graph_rewrite(e, fresh) for e in exprs]
+    assert any(s is not e for s, e in zip(simplified, exprs, strict=True))
+    tried = []
+    monkeypatch.setattr(pm_symbolic, "rewrite", lambda n, ctx=None: tried.append(n))
+    assert [simplify(e) for e in exprs] == simplified
+    assert tried == []  # every expression was found in the memo, none walked again
+
+
+def test_the_memo_keeps_no_node_alive():
+    memo = RewriteMemo()
+    a = rng(40, 6) + 3
+    memo.update({a: rng(40, 6) + 3, rng(41, 5): rng(41, 5)})
+    assert memo.get(a) is a
+    alive = len(memo._done)
+    del a
+    gc.collect()
+    assert len(memo._done) < alive
