@@ -22,7 +22,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check svodc svodrt svodrt_gpu svodrt_tools svodrt_serve tests scripts bench
-	$(BIN)/python -m pytest -q -m "not gpu_sweep and not dynamic_models and not ml_slow" --ignore=tests/test_cross_emulated.py
+	$(BIN)/python -m pytest -q -m "not gpu_sweep and not ml_slow" --ignore=tests/test_cross_emulated.py
 
 # Everything but the end-to-end model tests and the conformance suite.
 test-fast: $(STAMP)
