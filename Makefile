@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
 test: $(STAMP)
-	$(BIN)/ruff check svodc svodrt svodrt_gpu svodrt_tools svodrt_serve tests scripts bench
+	$(BIN)/ruff check svodc svodrt svodrt_gpu svodrt_strings svodrt_tools svodrt_serve tests scripts bench
 	$(BIN)/python -m pytest -q -m "not gpu_sweep and not ml_slow" --ignore=tests/test_cross_emulated.py
 
 # Everything but the end-to-end model tests and the conformance suite.
@@ -86,7 +86,7 @@ test-install:
 	bash scripts/test_install.sh $(PY)
 
 lint: $(STAMP)
-	$(BIN)/ruff check svodc svodrt svodrt_gpu svodrt_tools svodrt_serve tests scripts bench
+	$(BIN)/ruff check svodc svodrt svodrt_gpu svodrt_strings svodrt_tools svodrt_serve tests scripts bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
