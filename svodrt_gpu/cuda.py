@@ -20,6 +20,7 @@ COLUMN = 0  # this driver's names in device.OPS
 OWN = {"cuDeviceGet": [POINTER(c_int), c_int], "cuDevicePrimaryCtxRetain": [POINTER(c_void_p), c_int],
        "cuDevicePrimaryCtxRelease_v2": [c_int], "cuCtxSetCurrent": [c_void_p],
        "cuDeviceGetAttribute": [POINTER(c_int), c_int, c_int], "cuGetErrorName": [c_int, POINTER(c_char_p)]}
+RESTYPES: dict = {}  # every function returns its status as an int
 CU_COMPUTE_CAPABILITY_MAJOR, CU_COMPUTE_CAPABILITY_MINOR = 75, 76
 
 

@@ -75,7 +75,7 @@ class Device:
                               "old; update it") from None
         for op, f in self._fn.items():
             f.argtypes = OPS[op][2] if op in OPS else own[op]
-            f.restype = getattr(self.driver, "RESTYPES", {}).get(op, c_int)
+            f.restype = self.driver.RESTYPES.get(op, c_int)
         n = c_int()
         self.call("init", 0)
         self.call("count", ctypes.byref(n))

@@ -16,7 +16,7 @@ LIBRARIES = ("libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6", "/opt/roc
 INSTALL = "install ROCm's HIP runtime (libamdhip64.so), e.g. the rocm-hip-runtime package"
 COLUMN = 1  # this driver's names in device.OPS
 OWN = {"hipSetDevice": [c_int], "hipGetErrorName": [c_int]}
-RESTYPES = {"hipGetErrorName": c_char_p}
+RESTYPES = {"hipGetErrorName": c_char_p}  # the one function that returns no status
 
 
 def open_device(d: Device, ordinal: int) -> None:
