@@ -134,7 +134,7 @@ INTRINSIC = {"float16": ("half", "llvm.amdgcn.wmma.f32.16x16x16.f16"),
              "bfloat16": ("i16", "llvm.amdgcn.wmma.f32.16x16x16.bf16")}
 
 
-def _round_to(em: GpuEmitter, x: str, elem: DType) -> str:
+def round_to(em: GpuEmitter, x: str, elem: DType) -> str:
     line, sc = em.emit_line, em.stack[-1]
     if elem is dtypes.float16:
         return line(sc, f"fptrunc float {x} to half")
@@ -175,8 +175,8 @@ def accumulate_wmma(em: GpuEmitter, a_tile: str, a_t: str, b_tile: str, b_t: str
             ia, ib = _i64(em, "add nuw nsw", a_row, e), _i64(em, "add nuw nsw", b_col, e * SUBTILES_PER_SIDE * TILE)
             pa = line(sc, f"getelementptr inbounds float, {a_t} {a_tile}, i64 {ia}", "ptr")
             pb = line(sc, f"getelementptr inbounds float, {b_t} {b_tile}, i64 {ib}", "ptr")
-            xa = _round_to(em, line(sc, f"load float, {a_t} {pa}, align 4"), elem)
-            xb = _round_to(em, line(sc, f"load float, {b_t} {pb}, align 4"), elem)
+            xa = round_to(em, line(sc, f"load float, {a_t} {pa}, align 4"), elem)
+            xb = round_to(em, line(sc, f"load float, {b_t} {pb}, align 4"), elem)
             av = line(sc, f"insertelement {vec} {av}, {scalar} {xa}, i32 {e}")
             bv = line(sc, f"insertelement {vec} {bv}, {scalar} {xb}, i32 {e}")
         slots = [em.private_slot(acc, 2 * 8, 8 * q + v) for v in range(8)]

@@ -1,0 +1,142 @@
+"""Matrix units on CUDA (mma.sync, svodc/codegen/gpu_mma.py) and CDNA3 (MFMA, gpu_mfma.py) under --precision,
+checked without their hardware (issue 16 item 3):
+- the lane -> fragment element mapping the mma.sync emitter uses, against the PTX ISA manual's fragment
+  layout tables for mma.m16n8k16 (written out here, independently): a NumPy simulation of each warp's mma;
+- the PTX of a small CNN's sm_80 / sm_90 variants contains mma.sync and ptxas assembles it;
+- the same bundle's CUDA path on the stand-in driver, its kernels emulated with the warp-collective mma
+  step, against onnxruntime;
+- gfx942: compile and code-object checks only (llvm-objdump lists v_mfma; the object is well formed)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+
+from svodc.codegen import gpu_mma, gpu_tools
+from svodc.options import CompileOptions
+from tests.gpu.harness import Emulation, check_code_objects, gpu_bundle, lower, run_on_stub
+from tests.onnx_util import reference
+
+WARPS = 8  # 256 threads per GEMM block
+TOLERANCE = {"f16": 2e-3, "bf16": 2e-2}  # softmax outputs, as in test_gpu_precision.py
+
+
+# PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type" (.f16 / .bf16 A and B, .f32 C and D):
+# groupID = laneid >> 2, threadID_in_group = laneid % 4.
+def ptx_a(lane: int, i: int) -> tuple[int, int]:
+    g, t = lane >> 2, lane % 4
+    row = g if (0 <= i < 2 or 4 <= i < 6) else g + 8
+    col = t * 2 + (i & 1) if i < 4 else t * 2 + (i & 1) + 8
+    return row, col
+
+
+def ptx_b(lane: int, i: int) -> tuple[int, int]:
+    g, t = lane >> 2, lane % 4
+    row = t * 2 + (i & 1) if i < 2 else t * 2 + (i & 1) + 8
+    return row, g
+
+
+def ptx_c(lane: int, i: int) -> tuple[int, int]:
+    g, t = lane >> 2, lane % 4
+    return (g if i < 2 else g + 8), t * 2 + (i & 1)
+
+
+def test_mma_fragments_follow_the_ptx_isa_layout():
+    """Each lane loads its fragments from the staged tiles where the emitter's formulas say; the tensor core
+    reads them by the manual's layout, multiplies, and hands back D by it; the emitter stores D where its
+    formulas say. The block's 64 x 64 tile must come out as A @ B, every element written exactly once."""
+    rng = np.random.default_rng(0)
+    a_tile = rng.standard_normal((64, 16))
+    b_tile = rng.standard_normal((16, 64))
+    c = np.full((64, 64), np.nan)
+    for w in range(WARPS):
+        threads = [32 * w + lane for lane in range(32)]
+        a_hw = np.full((16, 16), np.nan)  # what the hardware sees as this warp's A operand
+        for lane, t in enumerate(threads):
+            for i in range(8):
+                a_hw[ptx_a(lane, i)] = a_tile.flat[gpu_mma.a_fetch(t, i)]
+        assert not np.isnan(a_hw).any(), "an A element no lane holds"
+        for j in range(gpu_mma.SUBTILES_PER_WARP):
+            b_hw = np.full((16, 8), np.nan)
+            for lane, t in enumerate(threads):
+                for i in range(4):
+                    b_hw[ptx_b(lane, i)] = b_tile.flat[gpu_mma.b_fetch(t, j, i)]
+            assert not np.isnan(b_hw).any(), "a B element no lane holds"
+            d = a_hw @ b_hw
+            for lane, t in enumerate(threads):
+                for i in range(4):
+                    row, col = gpu_mma.accumulator_position(t, 4 * j + i)
+                    assert np.isnan(c[row, col]), f"C[{row}, {col}] written twice"
+                    c[row, col] = d[ptx_c(lane, i)]
+    np.testing.assert_allclose(c, a_tile @ b_tile, rtol=1e-12, atol=1e-12)
+
+
+@pytest.fixture(scope="module")
+def reduced(small_model, llvm_workers):
+    """The small CNN lowered and compiled for sm_80, sm_90 and gfx942 at each reduced precision."""
+    from svodc.codegen.gpu_compile import compile_gpu_programs
+    from svodc.gpu_target import parse_targets
+
+    model, _ = small_model
+    out = {}
+    for precision in ("f16", "bf16"):
+        options = CompileOptions(precision=precision)
+        program = lower(model, options)
+        out[precision] = program, compile_gpu_programs(program, parse_targets("sm_80,sm_90,gfx942"), options,
+                                                       llvm_workers)
+    return out
+
+
+@pytest.mark.parametrize("precision", ["f16", "bf16"])
+def test_cuda_variants_use_mma_sync_and_ptxas_assembles_them(reduced, precision):
+    program, images = reduced[precision]
+    check_code_objects(program, images)  # a cubin per variant where ptxas is installed
+    kind = "f16" if precision == "f16" else "bf16"
+    for img in images:
+        if img.target.kind == "cuda":
+            ptx = img.code.decode()
+            assert f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32" in ptx, img.target.cpu
+    if gpu_tools.find_ptxas() is None:
+        pytest.skip("ptxas is not installed: the PTX was not assembled (install the CUDA toolkit's ptxas)")
+    assert all(img.cubin for img in images if img.target.kind == "cuda")
+
+
+@pytest.mark.parametrize("precision", ["f16", "bf16"])
+def test_gfx942_variant_uses_mfma(reduced, precision, tmp_path):
+    """Compile and code-object checks only: nothing here executes gfx942 code."""
+    from tests.gpu.rdna3.objdump import find_objdump
+
+    program, images = reduced[precision]
+    img = next(i for i in images if i.target.cpu == "gfx942")
+    check_code_objects(program, [img])
+    gpu_tools.check_amd_code_object(img.code, "gfx942", {x.symbol: len(program.kernels[x.kernel].params)
+                                                         + (x.dims is not None) for x in img.launches})
+    tool = find_objdump()
+    if tool is None:
+        pytest.skip("llvm-objdump (LLVM 17 or newer) is not installed: the gfx942 object was not disassembled")
+    path = tmp_path / "gfx942.hsaco"
+    path.write_bytes(img.code)
+    out = subprocess.run([tool, "-d", "--mcpu=gfx942", str(path)], capture_output=True, text=True, check=True,
+                         timeout=120).stdout
+    assert f"v_mfma_f32_16x16x16_{precision}" in out
+
+
+@pytest.mark.parametrize("precision", ["f16", "bf16"])
+def test_sm80_bundle_with_mma_runs_on_the_stand_in_driver(stub, small_model, reduced, precision, llvm_workers):
+    """svodrt's CUDA path loads the sm_80 variant; its launches run the emulated kernels with mma.sync modelled
+    as a warp-collective step (all 32 lanes' fragments gathered, multiplied, scattered back by the layouts)."""
+    from svodc.codegen.gpu_compile import compile_gpu_emulation
+    from svodc.target import parse_target
+
+    model, feeds = small_model
+    program, images = reduced[precision]
+    host = parse_target("x86_64-linux-gnu:x86-64")[0]
+    image, launches = compile_gpu_emulation(program, host, CompileOptions(precision=precision), llvm_workers, "mma")
+    sm80 = [img for img in images if img.target.cpu == "sm_80"]
+    got = run_on_stub(stub, gpu_bundle(program, sm80), Emulation(program, image, launches), feeds, "cuda:0")
+    for (name, g), w in zip(got.items(), reference(model, feeds), strict=True):
+        err = float(np.abs(g - w).max())
+        assert err <= TOLERANCE[precision], (name, err)
+        assert err > 0.0, "the operands were rounded: fp32 outputs cannot come out exactly"
