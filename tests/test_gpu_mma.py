@@ -140,3 +140,63 @@ def test_sm80_bundle_with_mma_runs_on_the_stand_in_driver(stub, small_model, red
         err = float(np.abs(g - w).max())
         assert err <= TOLERANCE[precision], (name, err)
         assert err > 0.0, "the operands were rounded: fp32 outputs cannot come out exactly"
+
+
+class _Lines:
+    """The part of a GpuEmitter that gpu_mma's rounding code emits into: one scope of IR lines."""
+
+    def __init__(self):
+        from svodc.codegen.llvm_ir import Scope
+
+        self.stack, self._n = [Scope(None)], 0
+
+    def emit_line(self, scope, rhs: str, hint: str = "v") -> str:
+        self._n += 1
+        scope.lines.append(f"  %{hint}{self._n} = {rhs}")
+        return f"%{hint}{self._n}"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_emulated_rounding_matches_numpy(dtype, llvm_workers):
+    """The emulation rounds fragments to float16 / bfloat16 in integer code (x86 has no half type without a
+    runtime helper): it must round as the hardware's conversion does (to nearest even, overflow to inf,
+    float16 subnormals), here against NumPy / ml_dtypes on every tie and its neighbours."""
+    import ctypes
+    import hashlib
+
+    import ml_dtypes
+
+    from svodc.codegen.compile import LLVMJob, run_jobs
+    from svodc.codegen.elf import read_object
+    from svodc.codegen.link import link
+    from svodc.ir.dtypes import dtypes
+    from svodc.target import parse_target
+    from svodrt.memory import map_code
+
+    em = _Lines()
+    y = gpu_mma._emulated_round(em, "%x", getattr(dtypes, dtype))
+    host = parse_target("x86_64-linux-gnu:x86-64")[0]
+    ir = "\n".join([f'target triple = "{host.triple}"', "define void @svod_round(ptr %p, i64 %n) {", "entry:",
+                    "  br label %loop", "loop:", "  %i = phi i64 [ 0, %entry ], [ %j, %loop ]",
+                    "  %q = getelementptr float, ptr %p, i64 %i", "  %x = load float, ptr %q",
+                    *em.stack[0].lines, f"  store float {y}, ptr %q", "  %j = add i64 %i, 1",
+                    "  %more = icmp ult i64 %j, %n", "  br i1 %more, label %loop, label %done", "done:",
+                    "  ret void", "}"]) + "\n"
+    job = LLVMJob("rounding", ir, host.triple, host.llvm_cpu, host.llvm_features, 2, host.codemodel, False)
+    (obj, _), = run_jobs([job], llvm_workers)
+    image = link([read_object(obj, "rounding")], ["svod_round"])
+    code = map_code(image.data, tuple(image.fixups), hashlib.sha256(image.data).digest(), "rounding")
+    fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)(code.address + image.symbols["svod_round"])
+
+    low = np.float16 if dtype == "float16" else ml_dtypes.bfloat16
+    grid = np.arange(0, 1 << 16, dtype=np.uint16).view(low).astype(np.float32)
+    grid = np.sort(grid[np.isfinite(grid)])
+    ties = (grid[:-1].astype(np.float64) + grid[1:]) / 2  # exact in float32: halfway between neighbours
+    x = np.concatenate([grid, ties, np.nextafter(ties, np.inf), np.nextafter(ties, -np.inf),
+                        np.float32([65520.0, 1e30, -1e30, 3.4e38, np.inf, -np.inf])]).astype(np.float32)
+    x = x[np.abs(x) < 3.39e38] if dtype == "bfloat16" else x  # bfloat16's integer rounding: finite values only
+    got = np.ascontiguousarray(x.copy())
+    fn(got.ctypes.data, got.size)
+    with np.errstate(over="ignore"):  # 65520 and up: inf, as wanted
+        want = x.astype(low).astype(np.float32)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
