@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from svodc.codegen.gpu_emit import GpuEmitter
 from svodc.codegen.gpu_mma import Index
-from svodc.codegen.gpu_wmma import round_to
+from svodc.codegen.gpu_wmma import round_to, update_accumulators
+from svodc.gemm_plan import GPU_BN, GPU_TK
 from svodc.ir.dtypes import DType
 
 WAVE = 64
 TILE = 16
-TILE_K = 16  # the staged A tile's row length (gpu_gemm.TK)
-TILE_N = 64  # the staged B tile's row length (gpu_gemm.BN)
+TILE_K, TILE_N = GPU_TK, GPU_BN  # row lengths of the staged A (64 x 16) and B (16 x 64) tiles (gpu_gemm.py)
 SUBTILES_PER_WAVE = 4
 INTRINSIC = {"float16": ("half", "llvm.amdgcn.mfma.f32.16x16x16f16"),
              "bfloat16": ("i16", "llvm.amdgcn.mfma.f32.16x16x16bf16.1k")}
@@ -32,7 +32,7 @@ INTRINSIC = {"float16": ("half", "llvm.amdgcn.mfma.f32.16x16x16f16"),
 def accumulate_mfma(em: GpuEmitter, a_tile: str, a_t: str, b_tile: str, b_t: str, acc: str, elem: DType) -> None:
     """acc += this wave's A rows (16 x 16 of the staged A tile) x its four 16 x 16 sub-tiles of B, one k step.
     Runs inside a threads phase with every lane of the wave active (MFMA requires it)."""
-    line, sc, pt = em.emit_line, em.stack[-1], em.PRIVATE_PTR
+    line, sc = em.emit_line, em.stack[-1]
     scalar, intrinsic = INTRINSIC[elem.name]
     vec = f"<4 x {scalar}>"
     em.uses_intrinsics.add(f"declare <4 x float> @{intrinsic}({vec}, {vec}, <4 x float>, i32, i32, i32)")
@@ -51,15 +51,9 @@ def accumulate_mfma(em: GpuEmitter, a_tile: str, a_t: str, b_tile: str, b_t: str
     av = operand(a_tile, a_t, lambda e: (row0 + l16) * TILE_K + (4 * quad + e))
     for q in range(SUBTILES_PER_WAVE):
         bv = operand(b_tile, b_t, lambda e, q=q: (4 * quad + e) * TILE_N + (l16 + TILE * q))
-        slots = [em.private_slot(acc, 4 * SUBTILES_PER_WAVE, 4 * q + i) for i in range(4)]
-        cv = "poison"
-        for i, s in enumerate(slots):
-            x = line(sc, f"load float, {pt} {s}, align 4")
-            cv = line(sc, f"insertelement <4 x float> {cv}, float {x}, i32 {i}")
-        d = line(sc, f"call <4 x float> @{intrinsic}({vec} {av}, {vec} {bv}, <4 x float> {cv}, i32 0, i32 0, i32 0)")
-        for i, s in enumerate(slots):
-            sc.lines.append(f"  store float {line(sc, f'extractelement <4 x float> {d}, i32 {i}')}, {pt} {s}, align 4")
-
+        update_accumulators(em, acc, 4 * SUBTILES_PER_WAVE, 4 * q, 4,
+                            lambda cv, bv=bv: f"call <4 x float> @{intrinsic}({vec} {av}, {vec} {bv}, {cv}, "
+                                              "i32 0, i32 0, i32 0)")
 
 def mfma_position(em: GpuEmitter, c: str) -> tuple[str, str]:
     """(row, column) in the block's tile of accumulator c (0-15) after accumulate_mfma: register c % 4 of

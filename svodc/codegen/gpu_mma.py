@@ -5,7 +5,7 @@ when their weights are float16 or bfloat16 (--precision), `mma.sync.aligned.m16n
 The block's staged 64 x 64 tile (k steps of 16) is 4 x 8 sub-tiles of 16 x 8; warp w (of 8) owns the four
 sub-tiles in rows 16 (w // 2) .. + 16, columns 32 (w % 2) + 8 j (j = 0..3): one A fragment, four B fragments
 and four mma per k step. The activation operand is rounded to the weights' type as it is read from shared
-memory (float16: round to nearest even; bfloat16: likewise, gpu_wmma.round_to); the weights are exact in it.
+memory (to nearest even: gpu_wmma.round_to; the emulation: the same in integer code); the weights are exact in it.
 
 Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"; groupID = lane // 4,
 threadID_in_group = lane % 4): `a_element`, `b_element`, `c_element` below. They are written with integer
@@ -22,12 +22,12 @@ from __future__ import annotations
 
 from svodc.codegen.gpu_emit import GpuEmitter, loop_range
 from svodc.codegen.gpu_wmma import round_to
+from svodc.gemm_plan import GPU_BN, GPU_TK
 from svodc.ir.dtypes import DType, dtypes
 
 WARP = 32
 M, N, K = 16, 8, 16  # one mma.sync
-TILE_K = 16  # the staged A tile's row length (gpu_gemm.TK)
-TILE_N = 64  # the staged B tile's row length (gpu_gemm.BN)
+TILE_K, TILE_N = GPU_TK, GPU_BN  # row lengths of the staged A (64 x 16) and B (16 x 64) tiles (gpu_gemm.py)
 SUBTILES_PER_WARP = 4  # 16 x 8 sub-tiles, side by side along n
 ACCUMULATORS = SUBTILES_PER_WARP * 4
 INTRINSIC = {"float16": ("llvm.nvvm.mma.m16n8k16.row.col.f32.f32", "<2 x half>"),

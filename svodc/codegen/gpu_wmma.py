@@ -164,7 +164,6 @@ def accumulate_wmma(em: GpuEmitter, a_tile: str, a_t: str, b_tile: str, b_t: str
     scalar, intrinsic = INTRINSIC[elem.name]
     vec = f"<{TILE} x {scalar}>"
     em.uses_intrinsics.add(f"declare <8 x float> @{intrinsic}({vec}, {vec}, <8 x float>)")
-    pt = em.PRIVATE_PTR
     for q in range(SUBTILES_PER_WAVE):
         row0, col0, lane = _subtile(em, q)
         l16 = _i64(em, "urem", lane, TILE)
@@ -179,15 +178,23 @@ def accumulate_wmma(em: GpuEmitter, a_tile: str, a_t: str, b_tile: str, b_t: str
             xb = round_to(em, line(sc, f"load float, {b_t} {pb}, align 4"), elem)
             av = line(sc, f"insertelement {vec} {av}, {scalar} {xa}, i32 {e}")
             bv = line(sc, f"insertelement {vec} {bv}, {scalar} {xb}, i32 {e}")
-        slots = [em.private_slot(acc, 2 * 8, 8 * q + v) for v in range(8)]
-        cv = "poison"
-        for v, slot in enumerate(slots):
-            x = line(sc, f"load float, {pt} {slot}, align 4")
-            cv = line(sc, f"insertelement <8 x float> {cv}, float {x}, i32 {v}")
-        d = line(sc, f"call <8 x float> @{intrinsic}({vec} {av}, {vec} {bv}, <8 x float> {cv})")
-        for v, slot in enumerate(slots):
-            x = line(sc, f"extractelement <8 x float> {d}, i32 {v}")
-            sc.lines.append(f"  store float {x}, {pt} {slot}, align 4")
+        update_accumulators(em, acc, 2 * 8, 8 * q, 8,
+                            lambda cv, av=av, bv=bv: f"call <8 x float> @{intrinsic}({vec} {av}, {vec} {bv}, {cv})")
+
+
+def update_accumulators(em: GpuEmitter, acc: str, n: int, first: int, width: int, call) -> None:
+    """Accumulators first .. first + width of the thread's n as one <width x float> C, replaced by the D that
+    call(C operand) returns (a matrix instruction)."""
+    line, sc, pt = em.emit_line, em.stack[-1], em.PRIVATE_PTR
+    slots = [em.private_slot(acc, n, first + v) for v in range(width)]
+    cv = "poison"
+    for v, slot in enumerate(slots):
+        x = line(sc, f"load float, {pt} {slot}, align 4")
+        cv = line(sc, f"insertelement <{width} x float> {cv}, float {x}, i32 {v}")
+    d = line(sc, call(f"<{width} x float> {cv}"))
+    for v, slot in enumerate(slots):
+        x = line(sc, f"extractelement <{width} x float> {d}, i32 {v}")
+        sc.lines.append(f"  store float {x}, {pt} {slot}, align 4")
 
 
 def wmma_position(em: GpuEmitter, c: str) -> tuple[str, str]:
