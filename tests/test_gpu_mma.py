@@ -98,6 +98,7 @@ def test_cuda_variants_use_mma_sync_and_ptxas_assembles_them(reduced, precision)
         if img.target.kind == "cuda":
             ptx = img.code.decode()
             assert f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32" in ptx, img.target.cpu
+            assert ".local" not in ptx, "fragments and accumulators live in registers"
     if gpu_tools.find_ptxas() is None:
         pytest.skip("ptxas is not installed: the PTX was not assembled (install the CUDA toolkit's ptxas)")
     assert all(img.cubin for img in images if img.target.kind == "cuda")
@@ -140,6 +141,28 @@ def test_sm80_bundle_with_mma_runs_on_the_stand_in_driver(stub, small_model, red
         err = float(np.abs(g - w).max())
         assert err <= TOLERANCE[precision], (name, err)
         assert err > 0.0, "the operands were rounded: fp32 outputs cannot come out exactly"
+
+
+def test_a_bounded_batch_with_mma_runs_on_the_stand_in_driver_at_two_sizes(stub, llvm_workers):
+    """tests/test_dynamic.py's model (a conv GEMM over a run-time batch N in 1..4) in f16 for sm_80: the mma
+    kernel reads N from `dims`, strides over the run-time tiles, and matches onnxruntime at N=1 and N=3
+    (f16 keeps 11 significant bits: within 2e-3 of each output's scale)."""
+    from svodc.codegen.gpu_compile import compile_gpu_emulation, compile_gpu_programs
+    from svodc.gpu_target import parse_targets
+    from svodc.target import parse_target
+    from tests.test_dynamic import _cnn, _feeds
+
+    model, options = _cnn(), CompileOptions(dims={"N": (1, 4)}, precision="f16")
+    program = lower(model, options)
+    images = compile_gpu_programs(program, parse_targets("sm_80"), options, llvm_workers)
+    assert "mma.sync" in images[0].code.decode()
+    host = parse_target("x86_64-linux-gnu:x86-64")[0]
+    emu = Emulation(program, *compile_gpu_emulation(program, host, options, llvm_workers, "mma"))
+    for n in (1, 3):
+        feeds = _feeds(n)
+        got = run_on_stub(stub, gpu_bundle(program, images), emu, feeds, "cuda:0")
+        for (name, g), w in zip(got.items(), reference(model, feeds), strict=True):
+            assert g.shape == w.shape and float(np.abs(g - w).max()) <= 2e-3 * max(float(np.abs(w).max()), 1.0), name
 
 
 class _Lines:
