@@ -262,10 +262,11 @@ class KernelEmitter:
     # ------------------------------------------------------------------ the function
     def render_body(self, nparams: int) -> str:
         from svodc.codegen.llvm_gemm import emit_gemm
+        from svodc.codegen.llvm_gemm_int8 import emit_int8_gemm
 
         for stmt in self.ast.src:
             if stmt.op is Ops.GEMM:
-                emit_gemm(self, stmt, self.target, self.gemm_blocking)
+                (emit_int8_gemm if stmt.arg.quant else emit_gemm)(self, stmt, self.target, self.gemm_blocking)
             else:
                 self.emit_store(stmt)
         params = [f"ptr noalias %p{i}" for i in range(nparams)] + (["ptr %dims"] if self.uses_dims else [])

@@ -36,7 +36,8 @@ def decompose_conv(n: UOp) -> UOp:
 
 
 def gemm_eligible(n: UOp, policy: OptimizationPolicy) -> bool:
-    """MATMULs the GEMM kernels run (the gemm step): float32 and at least policy.gemm_min_macs. (A splat
+    """MATMULs the GEMM kernels run (the gemm step): float32, or int32 of 8-bit operands that the integer
+    GEMM takes (the int8_gemm step), and at least policy.gemm_min_macs. (A splat
     operand was collapsed to one row or column by contraction.collapse_splat_operand, so packing it
     costs K values.)"""
     from svodc.ir.dtypes import dtypes
@@ -47,7 +48,13 @@ def gemm_eligible(n: UOp, policy: OptimizationPolicy) -> bool:
     macs = a.shape[-1]
     for d in n.shape:
         macs *= d
-    return n.dtype is dtypes.float32 and macs >= policy.gemm_min_macs
+    if macs < policy.gemm_min_macs:
+        return False
+    if n.dtype is dtypes.int32:
+        from svodc.passes.lower_gemm_int8 import is_int8_gemm
+
+        return policy.int8_gemm and is_int8_gemm(n)
+    return n.dtype is dtypes.float32
 
 
 def decompose_matmul(n: UOp, policy: OptimizationPolicy, force: bool = False) -> UOp | None:

@@ -31,6 +31,7 @@ from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import ALU, MOVEMENT, Ops
 from svodc.ir.uop import UOp, toposort
 from svodc.passes.branches import ALWAYS, Guard, branch_roots, guards, order_for_guards
+from svodc.passes.lower_gemm_int8 import int8_activation, int8_gemm_shape
 from svodc.passes.views import affine_view
 from svodc.policy import DEFAULT_POLICY, OptimizationPolicy
 
@@ -76,14 +77,17 @@ def _plan_matmuls(nodes: list[UOp], consumers: dict[UOp, list[UOp]],
     for mm in nodes:
         if mm.op is not Ops.MATMUL:
             continue
+        int8 = int8_gemm_shape(mm)  # its B is an 8-bit view read in place (the kernel packs any strides)
         for role, x in (("a", mm.src[0]), ("b", mm.src[1])):
+            if int8 and role == "b":
+                x = int8_activation(x).value
             base = _base(x)
             if base.op in (Ops.WEIGHT, Ops.CONST):
                 continue  # packed at compile time
             if base.op is not Ops.INPUT:
                 forced.add(base)
             view = affine_view(x, lambda n, base=base: n is base)
-            if view is None or (role == "b" and view.strides[-1] != 1 and x.shape[-1] > 1):
+            if view is None or (role == "b" and not int8 and view.strides[-1] != 1 and x.shape[-1] > 1):
                 forced.add(x)
         top = mm
         while top not in output_roots and len(consumers[top]) == 1:
