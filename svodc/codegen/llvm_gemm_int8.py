@@ -293,4 +293,29 @@ def emit_int8_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmB
                  f"i64 {arg.b.col_stride}, i64 {valid})",
                  f"  call void @{rows}(ptr {pw}, ptr {ps}, ptr {buf}, ptr {c_ptr}, i64 {arg.m}, i64 {k4}, "
                  f"i64 {arg.c.row_stride}, i64 {valid}, i32 {corr})"]
+    if len(node.src) > 4:
+        _epilogue(em, node, batch, n0, lanes, valid, few)
     em.close_loop()
+
+
+def _epilogue(em: KernelEmitter, node: UOp, batch: list[str], n0: str, lanes: int, valid: str, few: str) -> None:
+    """The kernel's STORE over every row and this lane tile's columns, while its C block is in cache.
+    Two copies: full lane tiles get a constant trip count (straight vector code), the last the general loop."""
+    epilogue, *batch_ranges, m_range, n_range = node.src[4:]
+    sc = em.stack[-1]
+    e = em.fresh_label()
+    sc.lines.append(f"  br i1 {few}, label %E{e}.edge, label %E{e}.full")
+    for tag, width in (("full", str(lanes)), ("edge", valid)):
+        sc.lines.append(f"E{e}.{tag}:")
+        n1 = em.emit_line(sc, f"add nuw nsw i64 {n0}, {width}")
+        for r, v in zip(batch_ranges, batch, strict=True):
+            em.bind_range(r, v)
+        em.open_loop(m_range, "0", str(node.arg.m))
+        em.open_loop(n_range, n0, n1)
+        em.emit_statement(epilogue)
+        em.close_loop()
+        em.close_loop()
+        for _ in batch_ranges:
+            em.close_loop()
+        sc.lines.append(f"  br label %E{e}.done")
+    sc.lines.append(f"E{e}.done:")

@@ -24,13 +24,13 @@ import numpy as np
 
 from svodc.ir.dtypes import dtypes
 from svodc.ir.interpret import evaluate
-from svodc.ir.ops import ConstData, GemmArg, GemmOperand, KernelArg, Ops, QuantGemm
+from svodc.ir.ops import ConstData, GemmArg, GemmOperand, KernelArg, Ops, QuantGemm, RangeKind
 from svodc.ir.rewrite import graph_rewrite
 from svodc.ir.symbolic import pm_symbolic
 from svodc.ir.uop import UOp
 from svodc.passes.buffers import Buffers
 from svodc.passes.fold import is_folded_constant, splat_value
-from svodc.passes.lower import KernelLowerer
+from svodc.passes.lower import KernelLowerer, reshape_index
 from svodc.passes.views import affine_view
 from svodc.policy import OptimizationPolicy
 from svodc.program import Buffer
@@ -97,12 +97,13 @@ def pack_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Int8GemmLowerer(KernelLowerer):
-    def lower_int8_gemm(self, mm: UOp) -> UOp:
-        out = self.params[0]
+    def lower_int8_gemm(self, root: UOp, mm: UOp, c_buf: Buffer) -> UOp:
+        """The GEMM node writing C into c_buf; with root above mm, the epilogue STORE of root's value
+        (read back from c_buf, per lane tile) into the kernel's output."""
         a, b = mm.src
         batch, (m, n), k = mm.shape[:-2], mm.shape[-2:], a.shape[-1]
         act = int8_activation(b)
-        assert act is not None and out.dtype is dtypes.int32
+        assert act is not None and c_buf.dtype is dtypes.int32 and (root is mm) == (c_buf is self.params[0])
         panels, sums = pack_int8(int8_weight(a))
         w_param = self.param(self.buffers.weight(UOp(Ops.WEIGHT, dtypes.int8, (), ConstData(panels))))
         s_param = self.param(self.buffers.weight(UOp(Ops.WEIGHT, dtypes.int32, (), ConstData(sums))))
@@ -124,12 +125,21 @@ class Int8GemmLowerer(KernelLowerer):
         a_op = GemmOperand((0,) * len(batch), 0, 0, 0, packed=True)
         quant = QuantGemm(act.zero, act.value.dtype is dtypes.int8)
         arg = GemmArg(tuple(batch), m, n, k, a_op, b_op, c_op, quant=quant)
-        return UOp(Ops.GEMM, dtypes.void, (w_param, self.param(buf), self.param(out), s_param), arg)
+        src = (w_param, self.param(buf), self.param(c_buf), s_param)
+        if root is mm:
+            return UOp(Ops.GEMM, dtypes.void, src, arg)
+        ranges = [self.new_range(d, RangeKind.LOOP) for d in (*batch, m, n)]
+        self.read_back[mm] = c_buf
+        idx = tuple(graph_rewrite(i, pm_symbolic) for i in reshape_index(tuple(ranges), mm.shape, root.shape))
+        value = self.lower(root, idx, top=True)
+        store = UOp(Ops.STORE, dtypes.void, (self.param(self.params[0]), self.linear(idx, root.shape), value))
+        return UOp(Ops.GEMM, dtypes.void, (*src, store, *ranges), arg)
 
 
-def lower_int8_gemm_kernel(name: str, mm: UOp, out: Buffer, buffers: Buffers,
+def lower_int8_gemm_kernel(name: str, root: UOp, mm: UOp, out: Buffer, c_buf: Buffer, buffers: Buffers,
                            policy: OptimizationPolicy) -> tuple[UOp, list[Buffer]]:
+    """c_buf: where C goes, `out` itself when root is mm, else a scratch the epilogue reads."""
     lowerer = Int8GemmLowerer(name, out, buffers, policy, None)
-    gemm = lowerer.lower_int8_gemm(mm)
+    gemm = lowerer.lower_int8_gemm(root, mm, c_buf)
     sink = UOp(Ops.SINK, dtypes.void, (gemm,), KernelArg(name))
     return graph_rewrite(sink, pm_symbolic), lowerer.params

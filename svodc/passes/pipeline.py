@@ -153,9 +153,12 @@ def build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimiz
         name = _kernel_name(len(kernels), prov)
         copy_from = written[plan.root] if plan.copy else None
         mm = None if plan.copy else find_matmul(plan.root, lambda n: n in realized or n.op in (Ops.INPUT, Ops.WEIGHT))
-        if mm is not None and mm.dtype is dtypes.int32:  # the integer GEMM (no epilogue)
-            assert plan.root is mm, "an integer GEMM is its kernel's root"
-            ast, params = lower_int8_gemm_kernel(name, mm, out, buffers, policy)
+        if mm is not None and mm.dtype is dtypes.int32:  # the integer GEMM: its epilogue reads C from a scratch
+            c_buf = out
+            if plan.root is not mm:
+                c_buf = Buffer(next(next_id), BufferKind.SCRATCH, dtypes.int32, mm.shape, f"t{len(scratch)}")
+                scratch.append(c_buf)
+            ast, params = lower_int8_gemm_kernel(name, plan.root, mm, out, c_buf, buffers, policy)
         elif mm is not None:
             ast, params = lower_gemm_kernel(name, plan.root, mm, out, buffers, policy, dyn,
                                             getattr(dtypes, PRECISIONS[options.precision]))
