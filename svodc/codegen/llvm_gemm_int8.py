@@ -85,7 +85,7 @@ def pack_function(lanes: int, strided: bool, flip: bool, intrinsics: set[str]) -
     L.append(f"  %lm = icmp ult <{lanes} x i64> {_iota(lanes)}, {vv}")
     nsv = _splat(L, "nsv", "i64", lanes, "%ns")
     L += [f"  %offs = mul nsw <{lanes} x i64> {_iota(lanes)}, {nsv}",
-          "  %fast.end = select i1 %full, i64 %kf, i64 0"]
+          f"  %fast.end = select i1 %full, i64 {'0' if strided else '%kf'}, i64 0"]  # what the fast loop packs
     if strided:
         L.append("  br label %slow.check")
     else:
