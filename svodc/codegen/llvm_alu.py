@@ -72,8 +72,9 @@ def _float_op(em: KernelEmitter, scope: Scope, n: UOp, v: list[str]) -> str:
         return line(scope, f"fneg {t} {v[0]}")
     if op is Ops.RECIP:
         return line(scope, f"fdiv {t} {const(dt, 1.0)}, {v[0]}")
-    if op in (Ops.SQRT, Ops.ABS):
-        name = _intrinsic(em, f"llvm.{'sqrt' if op is Ops.SQRT else 'fabs'}.{_suffix(dt)}", t, [t])
+    if op in (Ops.SQRT, Ops.ABS, Ops.ROUND):  # ROUND: kept only for targets with an instruction (native_roundeven)
+        fn = {Ops.SQRT: "sqrt", Ops.ABS: "fabs", Ops.ROUND: "roundeven"}[op]
+        name = _intrinsic(em, f"llvm.{fn}.{_suffix(dt)}", t, [t])
         return line(scope, f"call {t} @{name}({t} {v[0]})")
     if op is Ops.MULACC:
         name = _intrinsic(em, f"llvm.fmuladd.{_suffix(dt)}", t, [t, t, t])
