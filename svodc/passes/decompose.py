@@ -72,8 +72,21 @@ def decompose_matmul(n: UOp, policy: OptimizationPolicy, force: bool = False) ->
     return T.reshape(red, (*batch, M, N))
 
 
+def pad_8bit_source(n: UOp) -> UOp | None:
+    """PAD(CAST(x) - zero, 0) of an 8-bit x (a quantized convolution's input less its zero point) as
+    CAST(PAD(x, zero)) - zero: the same integers, and a realized padded copy holds bytes, not int32."""
+    from svodc.passes.contraction import minus_zero
+    from svodc.passes.lower_gemm_int8 import int8_activation
+
+    act = int8_activation(n.src[0])
+    if act is None or n.arg.value != 0:
+        return None
+    return minus_zero(T.pad(act.value, n.arg.pads, act.zero), act.zero)
+
+
 def pm_decompose(policy: OptimizationPolicy) -> PatternMatcher:
     return PatternMatcher([
         (UPat(Ops.CONV, name="n"), decompose_conv),
         (UPat(Ops.MATMUL, name="n"), lambda n: decompose_matmul(n, policy)),
+        (UPat(Ops.PAD, name="n"), pad_8bit_source),
     ], name="decompose")

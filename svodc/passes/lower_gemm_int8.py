@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from svodc.ir.dtypes import dtypes
+from svodc.ir.dtypes import dtypes, max_value, min_value
 from svodc.ir.interpret import evaluate
 from svodc.ir.ops import ConstData, GemmArg, GemmOperand, KernelArg, Ops, QuantGemm, RangeKind
 from svodc.ir.rewrite import graph_rewrite
@@ -48,7 +48,7 @@ class Int8Operand:
 
 
 def int8_activation(x: UOp) -> Int8Operand | None:
-    """x as CAST(v, int32) or SUB(CAST(v, int32), scalar constant) with v uint8 or int8."""
+    """x as CAST(v, int32) or SUB(CAST(v, int32), scalar constant in v's range) with v uint8 or int8."""
     zero = 0
     if x.op is Ops.SUB:
         z = splat_value(x.src[1])
@@ -57,6 +57,8 @@ def int8_activation(x: UOp) -> Int8Operand | None:
         x, zero = x.src[0], int(z.arg)
     if x.op is not Ops.CAST or x.dtype is not dtypes.int32 or x.src[0].dtype not in BYTE_TYPES:
         return None
+    if not min_value(x.src[0].dtype) <= zero <= max_value(x.src[0].dtype):
+        return None  # a zero point is a value of x's type (a padded tap holds it, contraction.py)
     return Int8Operand(x.src[0], zero)
 
 
