@@ -9,6 +9,7 @@ where they apply.
 from __future__ import annotations
 
 from svodc.ir import tensor as T
+from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import ConvArg, Ops
 from svodc.ir.pattern import PatternMatcher, UPat
 from svodc.ir.uop import UOp
@@ -16,6 +17,12 @@ from svodc.policy import OptimizationPolicy
 
 
 def decompose_conv(n: UOp) -> UOp:
+    """An 8-bit input less its zero point (a quantized convolution) is padded as bytes with the zero
+    point, and the windows are taken before CAST - zero: the same integers, and the padded copy the
+    scheduler realizes for the windows holds bytes."""
+    from svodc.passes.contraction import minus_zero
+    from svodc.passes.lower_gemm_int8 import int8_activation
+
     x, w = n.src
     arg: ConvArg = n.arg
     nsp = x.ndim - 2
@@ -24,8 +31,11 @@ def decompose_conv(n: UOp) -> UOp:
     g = arg.groups
     cg, og = C // g, O // g
     kernel = w.shape[2:]
-    xp = T.pad(x, [(0, 0), (0, 0), *arg.pads])
+    act = int8_activation(x) if n.dtype is dtypes.int32 else None
+    xp = T.pad(x if act is None else act.value, [(0, 0), (0, 0), *arg.pads], 0 if act is None else act.zero)
     win = T.window(xp, range(2, 2 + nsp), kernel, arg.strides, arg.dilations)  # [N, C, *OS, *K]
+    if act is not None:
+        win = minus_zero(win, act.zero)
     out_sp = win.shape[2:2 + nsp]
     full = (N, g, og, cg, *out_sp, *kernel)
     xw = T.expand(T.reshape(win, (N, g, 1, cg, *out_sp, *kernel)), full)
@@ -40,8 +50,6 @@ def gemm_eligible(n: UOp, policy: OptimizationPolicy) -> bool:
     GEMM takes (the int8_gemm step), and at least policy.gemm_min_macs. (A splat
     operand was collapsed to one row or column by contraction.collapse_splat_operand, so packing it
     costs K values.)"""
-    from svodc.ir.dtypes import dtypes
-
     if not policy.gemm:
         return False
     a, _ = n.src
@@ -72,21 +80,8 @@ def decompose_matmul(n: UOp, policy: OptimizationPolicy, force: bool = False) ->
     return T.reshape(red, (*batch, M, N))
 
 
-def pad_8bit_source(n: UOp) -> UOp | None:
-    """PAD(CAST(x) - zero, 0) of an 8-bit x (a quantized convolution's input less its zero point) as
-    CAST(PAD(x, zero)) - zero: the same integers, and a realized padded copy holds bytes, not int32."""
-    from svodc.passes.contraction import minus_zero
-    from svodc.passes.lower_gemm_int8 import int8_activation
-
-    act = int8_activation(n.src[0])
-    if act is None or n.arg.value != 0:
-        return None
-    return minus_zero(T.pad(act.value, n.arg.pads, act.zero), act.zero)
-
-
 def pm_decompose(policy: OptimizationPolicy) -> PatternMatcher:
     return PatternMatcher([
         (UPat(Ops.CONV, name="n"), decompose_conv),
         (UPat(Ops.MATMUL, name="n"), lambda n: decompose_matmul(n, policy)),
-        (UPat(Ops.PAD, name="n"), pad_8bit_source),
     ], name="decompose")
