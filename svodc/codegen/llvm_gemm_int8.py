@@ -308,14 +308,7 @@ def _epilogue(em: KernelEmitter, node: UOp, batch: list[str], n0: str, lanes: in
     for tag, width in (("full", str(lanes)), ("edge", valid)):
         sc.lines.append(f"E{e}.{tag}:")
         n1 = em.emit_line(sc, f"add nuw nsw i64 {n0}, {width}")
-        for r, v in zip(batch_ranges, batch, strict=True):
-            em.bind_range(r, v)
-        em.open_loop(m_range, "0", str(node.arg.m))
-        em.open_loop(n_range, n0, n1)
-        em.emit_statement(epilogue)
-        em.close_loop()
-        em.close_loop()
-        for _ in batch_ranges:
-            em.close_loop()
+        em.emit_over_tile(epilogue, list(zip(batch_ranges, batch, strict=True)), (m_range, "0", str(node.arg.m)),
+                          (n_range, n0, n1))
         sc.lines.append(f"  br label %E{e}.done")
     sc.lines.append(f"E{e}.done:")
