@@ -220,14 +220,23 @@ def micro_kernel(path: str, vw: int, nvec: int, stored_signed: bool, intrinsics:
             _dot(L, path, vw, f"%acc{r}.{j}", f"%a{j}", wb, f"%n{r}.{j}", stored_signed, intrinsics)
     L += ["  %q.next = add nuw i64 %q, 1", "  %more = icmp ult i64 %q.next, %k4",
           "  br i1 %more, label %loop, label %row0"]
+    # Rows past `rows` are not stored; full lane tiles take plain stores (masked ones are slow on some
+    # x86: microcoded on AMD Zen), the last one masked stores.
+    L.insert(L.index("loop:") - 1, f"  %full = icmp eq i64 %valid, {lanes}")
     for r in range(Q_PANEL):
+        after = f"row{r + 1}" if r + 1 < Q_PANEL else "done"
         L += [f"row{r}:", f"  %ok{r} = icmp ult i64 {r}, %rows", f"  br i1 %ok{r}, label %st{r}, label %done",
               f"st{r}:", f"  %cr{r} = mul nsw i64 %c_row, {r}"]
         for j in range(nvec):
             L += [f"  %co{r}.{j} = add nsw i64 %cr{r}, {j * vw}",
-                  f"  %cp{r}.{j} = getelementptr inbounds i32, ptr %c, i64 %co{r}.{j}",
-                  f"  call void @llvm.masked.store.v{vw}i32.p0({vt} %n{r}.{j}, ptr %cp{r}.{j}, i32 4, {mt} %lm{j})"]
-        L.append(f"  br label %{'row' + str(r + 1) if r + 1 < Q_PANEL else 'done'}")
+                  f"  %cp{r}.{j} = getelementptr inbounds i32, ptr %c, i64 %co{r}.{j}"]
+        L.append(f"  br i1 %full, label %sf{r}, label %sm{r}")
+        L.append(f"sf{r}:")
+        L += [f"  store {vt} %n{r}.{j}, ptr %cp{r}.{j}, align 4" for j in range(nvec)]
+        L += [f"  br label %{after}", f"sm{r}:"]
+        L += [f"  call void @llvm.masked.store.v{vw}i32.p0({vt} %n{r}.{j}, ptr %cp{r}.{j}, i32 4, {mt} %lm{j})"
+              for j in range(nvec)]
+        L.append(f"  br label %{after}")
     L += ["done:", "  ret void", "}"]
     return name, "\n".join(L)
 
