@@ -141,3 +141,11 @@ def test_each_path_uses_its_instruction(case, spec, instruction):
     assert re.search(instruction, code), f"no {instruction} in the {spec} code"
     if "vpdpbusd" in instruction:
         assert "vpmaddwd" not in code
+
+
+def test_a_bundle_with_a_gpu_variant_keeps_generic_integer_loops(case):
+    """The integer GEMM kernels are CPU code and a bundle holds one program: with a GPU variant the
+    integer products stay generic loops, which both variants run (the CPU one here)."""
+    model, feeds, want = case
+    with svodrt.load(svodc.compile(model, target="host,sm_80")) as m:
+        _equal(m.run(feeds), want, "host,sm_80")
