@@ -36,6 +36,7 @@ from svodc.policy import OptimizationPolicy
 from svodc.program import Buffer
 
 Q_PANEL = 4  # weight rows per packed panel (the micro-kernel's tile rows)
+K_MAX = 8192  # a lane tile's packed activations live on the stack: K x lanes bytes (at most 256 KiB)
 BYTE_TYPES = (dtypes.uint8, dtypes.int8)
 
 
@@ -77,8 +78,8 @@ def int8_weight(a: UOp) -> np.ndarray | None:
 def is_int8_gemm(mm: UOp) -> bool:
     """Does the integer GEMM kernel take this MATMUL? (Evaluates the weight: call once per node.)"""
     a, b = mm.src
-    return (mm.dtype is dtypes.int32 and int8_activation(b) is not None and is_folded_constant(a)
-            and int8_weight(a) is not None)
+    return (mm.dtype is dtypes.int32 and a.shape[-1] <= K_MAX and int8_activation(b) is not None
+            and is_folded_constant(a) and int8_weight(a) is not None)
 
 
 def int8_gemm_shape(mm: UOp) -> bool:
