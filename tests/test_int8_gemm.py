@@ -44,8 +44,9 @@ def _init(name: str, v) -> TensorProto:
 
 
 def int8_model():
-    """x (uint8, 1x5x9x7) -> QLinearConv 3x3 pad 1 (13 ch) -> QLinearConv 1x1 (6 ch, per-channel zero points)
-    -> y1; a (int8, 37x75) -> QLinearMatMul with B 75x10 -> y2; a -> MatMulInteger with B 75x21 -> y3."""
+    """x (uint8, 2x5x9x7) -> QLinearConv 3x3 pad 1 (13 ch) -> QLinearConv 1x1 (6 ch, per-channel zero points)
+    -> y1; a (int8, 2x37x75) -> QLinearMatMul with B 75x10 -> y2; a -> MatMulInteger with B 75x21 -> y3
+    (batch 2 everywhere: the GEMMs' batch strides)."""
     f = np.float32
     inits = [
         _init("xs", f(0.03)), _init("xz", np.uint8(117)), _init("w1", R.integers(-128, 128, (13, 5, 3, 3), np.int8)),
@@ -64,12 +65,13 @@ def int8_model():
         helper.make_node("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "y2s", "y2z"], ["y2"]),
         helper.make_node("MatMulInteger", ["a", "c", "az", "cz"], ["y3"]),
     ]
-    g = helper.make_graph(nodes, "int8", [helper.make_tensor_value_info("x", U8, [1, 5, 9, 7]),
-                                          helper.make_tensor_value_info("a", I8, [37, 75])],
+    g = helper.make_graph(nodes, "int8", [helper.make_tensor_value_info("x", U8, [2, 5, 9, 7]),
+                                          helper.make_tensor_value_info("a", I8, [2, 37, 75])],
                           [helper.make_tensor_value_info(n, t, None) for n, t in (("y1", U8), ("y2", I8), ("y3", I32))],
                           inits)
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
-    feeds = {"x": R.integers(0, 256, (1, 5, 9, 7)).astype(np.uint8), "a": R.integers(-128, 128, (37, 75)).astype(np.int8)}
+    feeds = {"x": R.integers(0, 256, (2, 5, 9, 7)).astype(np.uint8),
+             "a": R.integers(-128, 128, (2, 37, 75)).astype(np.int8)}
     return model, feeds
 
 
