@@ -15,6 +15,7 @@ from svodc.ir.ops import ConstData, InputArg, Ops, ScatterArg
 from svodc.ir.rewrite import graph_rewrite
 from svodc.ir.uop import UOp
 from svodc.passes.buffers import Buffers
+from svodc.passes.concat import pm_reduce_concat
 from svodc.passes.fold import pm_fold, splat_value
 from svodc.passes.lower import lower_kernel
 from svodc.passes.memory import ALIGN, plan_arena
@@ -110,6 +111,28 @@ def test_fusion_stops_at_the_policys_limit_and_a_scatter_is_its_own_kernel():
     s = UOp(Ops.SCATTER, dtypes.float32, (T.alu(Ops.EXP, x), idx, upd), ScatterArg(0))
     _, realized = plan_kernels([("s", T.alu(Ops.NEG, s))])
     assert s in realized
+
+
+def test_a_max_or_min_over_a_concatenation_reduces_each_piece_and_selects_nothing():
+    """passes/concat.py: stack-then-max (pieces one wide: no reduction left) and concat-then-min over two axes
+    (pieces reduced each); the same values as before the rewrite, NaN included. A sum is left alone."""
+    r = np.random.default_rng(0)
+    xs = {n: r.standard_normal((2, 5, 3)).astype(np.float32) for n in "abc"}
+    xs["a"][0, 1, 2] = np.nan
+    a, b, c = (_input(n, (2, 5, 3)) for n in "abc")
+    stacked = T.concat([T.reshape(x, (2, 5, 3, 1)) for x in (a, b, c)], 3)
+    wide = T.concat([a, b, c], 1)  # widths 5, 5, 5 along the reduced axis 1
+    cases = [(T.reduce(stacked, Ops.MAX, [3]), 0), (T.reduce(wide, Ops.MIN, [1, 2]), 3),
+             (T.reduce(stacked, Ops.ADD, [3]), None)]
+    for y, reduces in cases:
+        z = graph_rewrite(y, pm_reduce_concat)
+        ops = [n.op for n in z.toposort()]
+        if reduces is None:
+            assert z is y
+            continue
+        assert Ops.WHERE not in ops and ops.count(Ops.REDUCE) == reduces and z.shape == y.shape
+        np.testing.assert_array_equal(evaluate([z], xs)[0], evaluate([y], xs)[0])
+    assert graph_rewrite(T.reduce(stacked, Ops.MAX, [1]), pm_reduce_concat).src[0] is stacked  # not the cat axis
 
 
 # ----------------------------------------------------------------------------------- split, lowering
