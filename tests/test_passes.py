@@ -101,8 +101,8 @@ def test_a_reduction_that_is_broadcast_back_is_realized_once():
 
 def test_a_padded_copy_for_windows_computes_its_source_in_place():
     """schedule.py: the padded copy that windows read is realized and reads each element of its source once,
-    so an expensive chain (or a gather: an embedding before a Conv1d) under it is computed in the copy's
-    kernel, not realized first; the same chain read by a broadcast is realized (it would be recomputed)."""
+    so an expensive chain (or a gather) under it is computed in the copy's kernel, not realized first; the
+    same chain read by a broadcast, or by two padded copies, is realized (it would be recomputed)."""
     x = _input("x", (1, 2, 10))
     y = x
     for _ in range(DEFAULT_POLICY.cheap_to_repeat + 4):
@@ -112,6 +112,9 @@ def test_a_padded_copy_for_windows_computes_its_source_in_place():
     plans, realized = plan_kernels([("p", pooled)])
     assert [p.root for p in plans] == [padded, pooled] and y not in realized
     _, realized = plan_kernels([("p", pooled), ("b", T.alu(Ops.ADD, T.expand(y, (3, 2, 10)), x))])
+    assert y in realized
+    other = T.reduce(T.window(T.pad(y, ((0, 0), (0, 0), (1, 1))), [2], [3], [1], [1]), Ops.MAX, [3])
+    _, realized = plan_kernels([("p", pooled), ("q", other)])
     assert y in realized
 
 

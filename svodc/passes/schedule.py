@@ -14,8 +14,8 @@ arithmetic, elementwise chains are recomputed in place). A compute node is reali
   every later step reads; fused, step t would recompute it from the first step on).
 GATHER reads its source at run-time positions, so for the rules above it reuses elements like EXPAND.
 Realizing a movement op realizes its source instead: views of a buffer cost nothing. A PAD that windows
-read is realized (a padded copy) and reads each element of its source once: it is no reuse, so what
-it reads is computed in the copy's kernel.
+read is realized (a padded copy) and reads each element of its source once: one such copy is no reuse, so
+what it reads is computed in the copy's kernel (two copies of one node are reuse).
 
 A MATMUL is the core of a contraction kernel. Its epilogue is the chain of single-consumer ALU ops
 and reshapes above it that keep its memory layout (float32 throughout); the top of that chain is
@@ -50,15 +50,17 @@ class KernelPlan:
 
 def _reuse_consumers(n: UOp, consumers: dict[UOp, list[UOp]], copies: set[UOp]) -> tuple[bool, bool]:
     """(some consumer reuses elements, some consumer is a REDUCE), looking through pure views. A padded copy
-    for windows (`copies`) reads each element once: the windows reuse the copy, not its source."""
+    for windows (`copies`) reads each element once (the windows reuse the copy, not its source): only a second
+    copy of the same node is reuse."""
     reuse = reduce_ = False
-    stack = [n]
+    stack, read_by_copies = [n], 0
     while stack:
         x = stack.pop()
         for c in consumers[x]:
             if c in copies:
-                continue
-            if c.op in _REUSE or (c.op is Ops.GATHER and c.src[0] is x):
+                read_by_copies += 1
+                reuse |= read_by_copies > 1
+            elif c.op in _REUSE or (c.op is Ops.GATHER and c.src[0] is x):
                 reuse = True
             elif c.op is Ops.REDUCE:
                 reduce_ = True
