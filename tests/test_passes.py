@@ -19,6 +19,7 @@ from svodc.passes.concat import pm_reduce_concat
 from svodc.passes.fold import pm_fold, splat_value
 from svodc.passes.lower import lower_kernel
 from svodc.passes.memory import ALIGN, plan_arena
+from svodc.passes.pads import share_window_pads
 from svodc.passes.schedule import plan_kernels
 from svodc.passes.views import affine_view, contiguous_strides
 from svodc.policy import DEFAULT_POLICY, OptimizationPolicy
@@ -116,6 +117,26 @@ def test_a_padded_copy_for_windows_computes_its_source_in_place():
     other = T.reduce(T.window(T.pad(y, ((0, 0), (0, 0), (1, 1))), [2], [3], [1], [1]), Ops.MAX, [3])
     _, realized = plan_kernels([("p", pooled), ("q", other)])
     assert y in realized
+
+
+def test_windowed_pads_of_one_tensor_share_one_padded_copy():
+    """passes/pads.py: three windows over pads 1, 2 and (0, 3) of x read slices of one PAD (the widest per side),
+    one kernel; the values are the same. Bounded dims (dynamic) leave the graph alone, as does a lone pad."""
+    x = _input("x", (1, 2, 10))
+    pads = [(1, 1), (2, 2), (0, 3)]
+    outs = [T.reduce(T.window(T.pad(x, ((0, 0), (0, 0), p)), [2], [3], [1], [1]), Ops.MAX, [3]) for p in pads]
+    sink = UOp(Ops.SINK, dtypes.void, tuple(outs))
+    shared = share_window_pads(sink, dynamic=False)
+    padded = [n for n in shared.toposort() if n.op is Ops.PAD]
+    assert len(padded) == 1 and padded[0].arg.pads[2] == (2, 3)
+    xs = {"x": np.random.default_rng(1).standard_normal((1, 2, 10)).astype(np.float32)}
+    for got, want in zip(evaluate(list(shared.src), xs), evaluate(outs, xs), strict=True):
+        np.testing.assert_array_equal(got, want)
+    plans, _ = plan_kernels([(f"y{i}", y) for i, y in enumerate(shared.src)])
+    assert [p.root for p in plans].count(padded[0]) == 1 and len(plans) == 4  # the copy, then the three windows
+    assert share_window_pads(sink, dynamic=True) is sink
+    lone = UOp(Ops.SINK, dtypes.void, (outs[0],))
+    assert share_window_pads(lone, dynamic=False) is lone
 
 
 def test_fusion_stops_at_the_policys_limit_and_a_scatter_is_its_own_kernel():

@@ -1,9 +1,9 @@
 """The pass pipeline: ImportedGraph -> Program.
 
-fold constants -> split reductions over concatenations -> decompose contractions -> fold again -> schedule
-into kernels -> lower each kernel to loops -> plan memory. Each step is a named rule set or a function of
-one graph; with SVOD_DEBUG >= 2 the graph after each pass is printed, with CompileOptions.check_ir it is
-verified.
+fold constants -> split reductions over concatenations -> decompose contractions -> fold again -> share
+windowed pads -> schedule into kernels -> lower each kernel to loops -> plan memory. Each step is a named
+rule set or a function of one graph; with SVOD_DEBUG >= 2 the graph after each pass is printed, with
+CompileOptions.check_ir it is verified.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from svodc.passes.fold import is_folded_constant, pm_fold
 from svodc.passes.lower import lower_kernel
 from svodc.passes.lower_gemm import find_matmul, lower_gemm_kernel
 from svodc.passes.memory import plan_arena, plan_weights
+from svodc.passes.pads import share_window_pads
 from svodc.passes.schedule import KernelPlan, plan_kernels
 from svodc.policy import DEFAULT_POLICY, OptimizationPolicy
 from svodc.program import Buffer, BufferKind, ImportedGraph, Kernel, KernelGuard, Program
@@ -68,6 +69,8 @@ def optimize(graph: ImportedGraph, options: CompileOptions, policy: Optimization
     _after_pass("decompose", sink, options)
     sink = graph_rewrite(sink, fold, prov=prov)
     _after_pass("fold after decompose", sink, options)
+    sink = share_window_pads(sink, dyn is not None, prov)
+    _after_pass("shared window pads", sink, options)
     return sink
 
 

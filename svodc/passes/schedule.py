@@ -107,8 +107,11 @@ def _plan_matmuls(nodes: list[UOp], consumers: dict[UOp, list[UOp]], output_root
 def _window_copies(nodes: list[UOp], consumers: dict[UOp, list[UOp]]) -> set[UOp]:
     """PADs that windows (convolution, pooling) read: each is realized, a padded copy, so every tap is then in
     bounds and the kernels index it without clamps or selects and vectorize."""
-    return {n for n in nodes if n.op is Ops.PAD and any(c.op is Ops.WINDOW for c in consumers[n])
-            and any(b or a for b, a in n.arg.pads) and n.src[0].op is not Ops.CONST}
+    def windowed(n: UOp) -> bool:  # through slices: pads.py shares one copy among windows of different pads
+        return any(c.op is Ops.WINDOW or (c.op is Ops.SLICE and windowed(c)) for c in consumers[n])
+
+    return {n for n in nodes if n.op is Ops.PAD and windowed(n) and any(b or a for b, a in n.arg.pads)
+            and n.src[0].op is not Ops.CONST}
 
 
 def plan_kernels(outputs: list[tuple[str, UOp]], policy: OptimizationPolicy = DEFAULT_POLICY,
