@@ -123,9 +123,15 @@ def conv_to_row_matmuls(n: UOp, min_macs: int) -> UOp | None:
     """A convolution of one image (N = 1, one group) over run-time spatial sizes (passes/dynamic.py) as one
     GEMM per output row: MATMUL(W [OH, O, K] (one matrix, broadcast), im2col(x) [OH, K, OW]) -> [OH, O, OW],
     permuted to [1, O, OH, OW]. Its run-time OH is the GEMM's outermost batch axis and OW its N, the
-    run-time sizes the GEMM kernels take (lower_gemm.py); the im2col of conv_to_matmul would merge them."""
+    run-time sizes the GEMM kernels take (lower_gemm.py); the im2col of conv_to_matmul would merge them.
+    A 1D convolution is one of height 1: a single GEMM whose N is the run-time length (not a GEMV per position)."""
     x, w = n.src
     arg: ConvArg = n.arg
+    if n.dtype is dtypes.float32 and x.ndim == 3 and x.shape[0] == 1 and arg.groups == 1:
+        arg2 = ConvArg((1, *arg.strides), (1, *arg.dilations), ((0, 0), *arg.pads), 1)
+        x2, w2 = T.reshape(x, (1, x.shape[1], 1, x.shape[2])), T.reshape(w, (*w.shape[:2], 1, w.shape[2]))
+        rows = conv_to_row_matmuls(UOp(Ops.CONV, n.dtype, (x2, w2), arg2), min_macs)
+        return None if rows is None else T.reshape(rows, n.shape)
     if n.dtype is not dtypes.float32 or x.ndim != 4 or x.shape[0] != 1 or arg.groups != 1:
         return None
     C, O, kernel = x.shape[1], w.shape[0], w.shape[2:]

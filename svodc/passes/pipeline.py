@@ -1,8 +1,9 @@
 """The pass pipeline: ImportedGraph -> Program.
 
-fold constants -> decompose contractions -> fold again -> schedule into kernels -> lower each kernel
-to loops -> plan memory. Each step is a named rule set or a function of one graph; with
-SVOD_DEBUG >= 2 the graph after each pass is printed, with CompileOptions.check_ir it is verified.
+fold constants -> split reductions over concatenations -> decompose contractions -> fold again -> share
+windowed pads -> schedule into kernels -> lower each kernel to loops -> plan memory. Each step is a named
+rule set or a function of one graph; with SVOD_DEBUG >= 2 the graph after each pass is printed, with
+CompileOptions.check_ir it is verified.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from svodc.options import PRECISIONS, CompileOptions
 from svodc.passes import value_dims
 from svodc.passes.branches import ALWAYS, Guard, find_branch_selects
 from svodc.passes.buffers import Buffers
+from svodc.passes.concat import pm_reduce_concat
 from svodc.passes.contraction import conv_to_row_matmuls, pm_conv_to_matmul, pm_fold_into_conv
 from svodc.passes.decompose import decompose_conv, decompose_matmul, pm_decompose
 from svodc.passes.dynamic import DynamicAxes, dims_kernel, is_constant
@@ -30,6 +32,7 @@ from svodc.passes.lower import lower_kernel
 from svodc.passes.lower_gemm import find_matmul, lower_gemm_kernel
 from svodc.passes.lower_gemm_int8 import lower_int8_gemm_kernel
 from svodc.passes.memory import plan_arena, plan_weights
+from svodc.passes.pads import share_window_pads
 from svodc.passes.schedule import KernelPlan, plan_kernels
 from svodc.policy import DEFAULT_POLICY, OptimizationPolicy
 from svodc.program import Buffer, BufferKind, ImportedGraph, Kernel, KernelGuard, Program
@@ -51,6 +54,8 @@ def optimize(graph: ImportedGraph, options: CompileOptions, policy: Optimization
     _after_pass("import", sink, options)
     sink = graph_rewrite(sink, fold, prov=prov)
     _after_pass("fold", sink, options)
+    sink = graph_rewrite(sink, pm_reduce_concat, prov=prov)
+    _after_pass("reduce over concat", sink, options)
     sink = graph_rewrite(sink, pm_fold_into_conv + fold, prov=prov)
     _after_pass("fold into conv", sink, options)
     if dyn:
@@ -65,6 +70,8 @@ def optimize(graph: ImportedGraph, options: CompileOptions, policy: Optimization
     _after_pass("decompose", sink, options)
     sink = graph_rewrite(sink, fold, prov=prov)
     _after_pass("fold after decompose", sink, options)
+    sink = share_window_pads(sink, dyn is not None, prov)
+    _after_pass("shared window pads", sink, options)
     return sink
 
 
