@@ -24,6 +24,7 @@ affine (im2col of a padded input) or whose columns are not contiguous (B) is rea
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -100,6 +101,36 @@ def _pads_window(n: UOp) -> bool:
     return any(b or a for b, a in n.arg.pads) and n.src[0].op is not Ops.CONST
 
 
+def _windows_into_unrolled(pad: UOp, consumers: dict[UOp, list[UOp]], policy: OptimizationPolicy,
+                           realized: set[UOp]) -> bool:
+    """The padded tensor is a view of a buffer and every use of it is a window whose taps a small
+    REDUCE sums (a depthwise convolution, a pooling window: written out term by term, passes/lower.py).
+    Such a kernel reads the padding in place: split.py cuts its output loops where taps leave the
+    tensor, so the interior has neither clamps nor selects, and no padded copy is written and read
+    again. (A computed source stays behind a padded copy: each tap would recompute it.)"""
+    base = _base(pad.src[0])
+    if base not in realized and base.op is not Ops.INPUT:
+        return False
+    stack, seen = [pad], set()
+    while stack:
+        x = stack.pop()
+        for c in consumers[x]:
+            if c in seen:
+                continue
+            seen.add(c)
+            if c.op is Ops.REDUCE:
+                src = c.src[0]
+                if not (1 < math.prod(src.shape[a] for a in c.arg.axes) <= policy.unroll_reduce_max):
+                    return False
+            elif c.op in MOVEMENT or c.op in (Ops.MUL, Ops.CAST):
+                if not consumers[c]:
+                    return False  # a graph output
+                stack.append(c)
+            else:
+                return False
+    return True
+
+
 def plan_kernels(outputs: list[tuple[str, UOp]], policy: OptimizationPolicy = DEFAULT_POLICY,
                  selects: dict[UOp, UOp] | None = None, asked: set[UOp] | None = None
                  ) -> tuple[list[KernelPlan], set[UOp]]:
@@ -134,7 +165,8 @@ def plan_kernels(outputs: list[tuple[str, UOp]], policy: OptimizationPolicy = DE
     for n in nodes:
         if n.op in (Ops.INPUT, Ops.WEIGHT, Ops.CONST):
             continue
-        if n.op is Ops.PAD and any(c.op is Ops.WINDOW for c in consumers[n]) and _pads_window(n):
+        if (n.op is Ops.PAD and any(c.op is Ops.WINDOW for c in consumers[n]) and _pads_window(n)
+                and not (policy.fuse_window_pads and _windows_into_unrolled(n, consumers, policy, realized))):
             # Windows over a padded tensor (convolution, pooling) read a padded copy: every tap is then
             # in bounds, so the kernels index it without clamps or selects and vectorize.
             realized.add(n)
