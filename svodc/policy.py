@@ -62,6 +62,7 @@ class OptimizationPolicy:
     gemm_min_macs: int = 4096  # smaller products are cheaper on the generic path
     max_fused_ops: int = 400  # a fused subgraph past this many ops is realized (bounds kernels, LLVM time)
     cheap_to_repeat: int = 16  # ops per element a reusing consumer may recompute instead of loading
+    math_op_cost: int = 16  # ops a math function counts for there (exp, tanh...: a polynomial of about so many)
     parallel_min: int = 32  # leading output axes collapse into one parallel loop of at least this many
     unroll_reduce_max: int = 32  # reductions over at most this many elements are written out (passes/lower.py)
     # One variant's code only (not the program): None is the target's own, gemm_blocking(target).

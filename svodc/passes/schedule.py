@@ -6,8 +6,10 @@ arithmetic, elementwise chains are recomputed in place). A compute node is reali
 - it contains an unrealized REDUCE and is reused element by element by a consumer (EXPAND, PAD,
   WINDOW: a broadcast or overlapping windows would recompute the reduction per use), or feeds
   another REDUCE, or has several consumers;
-- it is an expensive elementwise chain that a consumer reuses (more than a few ops per element),
-  or a GATHER that a consumer reuses;
+- it is an expensive elementwise chain (more than a few ops per element; a math function counts as
+  its polynomial) that a consumer reuses, or that feeds a REDUCE and other consumers too (a
+  normalization's input: each kernel after the reduction would recompute it), or a GATHER that a
+  consumer reuses;
 - its fused subgraph would grow past the policy's max_fused_ops (keeps kernels and compile time bounded);
 - it is a SCATTER (always a kernel of its own: copy, then serial updates; see lower.py);
 - the frontend asked for it (NodeContext.realize: a recurrent layer's state after each step, which
@@ -29,7 +31,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from svodc.ir.dtypes import dtypes
-from svodc.ir.ops import ALU, MOVEMENT, Ops
+from svodc.ir.ops import ALU, MATH_UNARY, MOVEMENT, Ops
 from svodc.ir.uop import UOp, toposort
 from svodc.passes.branches import ALWAYS, Guard, branch_roots, guards, order_for_guards
 from svodc.passes.views import affine_view
@@ -47,20 +49,27 @@ class KernelPlan:
     guard: Guard = ALWAYS  # when the kernel must run (passes/branches.py)
 
 
-def _reuse_consumers(n: UOp, consumers: dict[UOp, list[UOp]]) -> tuple[bool, bool]:
-    """(some consumer reuses elements, some consumer is a REDUCE), looking through pure views."""
+def _reuse_consumers(n: UOp, consumers: dict[UOp, list[UOp]]) -> tuple[bool, bool, int]:
+    """(some consumer reuses elements, some consumer is a REDUCE, how many consumers), looking through
+    pure views."""
     reuse = reduce_ = False
+    count = 0
     stack = [n]
     while stack:
         x = stack.pop()
         for c in consumers[x]:
+            if c.op in _VIEW_THROUGH:
+                stack.append(c)
+                continue
+            count += 1
             if c.op in _REUSE or (c.op is Ops.GATHER and c.src[0] is x):
                 reuse = True
             elif c.op is Ops.REDUCE:
                 reduce_ = True
-            elif c.op in _VIEW_THROUGH:
-                stack.append(c)
-    return reuse, reduce_
+    return reuse, reduce_, count
+
+
+_POLYNOMIAL = MATH_UNARY - {Ops.ROUND, Ops.TRUNC, Ops.FLOOR}  # rewritten into polynomials (transcendental.py)
 
 
 def _base(n: UOp) -> UOp:
@@ -155,12 +164,13 @@ def plan_kernels(outputs: list[tuple[str, UOp]], policy: OptimizationPolicy = DE
         epilogue -= asked_compute
     realized: set[UOp] = set()
     has_reduce: dict[UOp, bool] = {}
-    fused_ops: dict[UOp, int] = {}
+    fused_ops: dict[UOp, int] = {}  # ALU and REDUCE nodes fused into n (bounded by max_fused_ops)
+    fused_cost: dict[UOp, int] = {}  # the same, a math function counted as its polynomial (cheap_to_repeat)
 
-    def state(s: UOp) -> tuple[bool, int]:
+    def state(s: UOp) -> tuple[bool, int, int]:
         if s in realized or s.op in (Ops.INPUT, Ops.WEIGHT, Ops.CONST):
-            return False, 0
-        return has_reduce[s], fused_ops[s]
+            return False, 0, 0
+        return has_reduce[s], fused_ops[s], fused_cost[s]
 
     for n in nodes:
         if n.op in (Ops.INPUT, Ops.WEIGHT, Ops.CONST):
@@ -171,9 +181,11 @@ def plan_kernels(outputs: list[tuple[str, UOp]], policy: OptimizationPolicy = DE
             # in bounds, so the kernels index it without clamps or selects and vectorize.
             realized.add(n)
         srcs = [state(s) for s in n.src]
-        hr = n.op in (Ops.REDUCE, Ops.MATMUL) or any(h for h, _ in srcs)
-        ops = (1 if n.op in ALU or n.op is Ops.REDUCE else 0) + sum(k for _, k in srcs)
-        has_reduce[n], fused_ops[n] = hr, ops
+        hr = n.op in (Ops.REDUCE, Ops.MATMUL) or any(h for h, _, _ in srcs)
+        own = 1 if n.op in ALU or n.op is Ops.REDUCE else 0
+        ops = own + sum(k for _, k, _ in srcs)
+        cost = (policy.math_op_cost if n.op in _POLYNOMIAL else own) + sum(c for _, _, c in srcs)
+        has_reduce[n], fused_ops[n], fused_cost[n] = hr, ops, cost
         if n.op is Ops.SCATTER:
             realized.add(n)
             continue
@@ -182,7 +194,7 @@ def plan_kernels(outputs: list[tuple[str, UOp]], policy: OptimizationPolicy = DE
             continue
         if n in epilogue or (n.op not in ALU and n.op not in (Ops.REDUCE, Ops.GATHER)):
             continue
-        reuse, into_reduce = _reuse_consumers(n, consumers)
+        reuse, into_reduce, uses = _reuse_consumers(n, consumers)
         many = len(consumers[n]) > 1
         if n.op is Ops.GATHER:
             # a gathered element costs an index load, wrap and clamp: a consumer that reuses elements
@@ -190,8 +202,9 @@ def plan_kernels(outputs: list[tuple[str, UOp]], policy: OptimizationPolicy = DE
             if reuse:
                 realized.add(n)
             continue
+        recomputed = reuse or (into_reduce and uses > 1)
         if (n in output_roots or (hr and (reuse or into_reduce or many))
-                or (reuse and ops > policy.cheap_to_repeat) or ops > policy.max_fused_ops):
+                or (recomputed and cost > policy.cheap_to_repeat) or ops > policy.max_fused_ops):
             realized.add(n)
     plans: list[KernelPlan] = []
     names_by_root: dict[UOp, str] = {}
