@@ -354,26 +354,36 @@ class KernelLowerer:
                 and all(isinstance(extents[a], int) for a in n.arg.axes))
 
     def _unrolled_reduce(self, n: UOp, idx: tuple[UOp, ...]) -> Lowering:
-        """The reduction as a chain in row-major order of the reduced axes; a float sum of products
-        becomes MULACCs (fused multiply-adds)."""
+        """The reduction written out over the reduced axes in row-major order, as about sqrt(count)
+        independent chains of consecutive terms (a 3x3 window: one per row) summed pairwise: a single
+        chain of dependent FMAs would make each output wait count FMA latencies. A float sum of
+        products becomes MULACCs (fused multiply-adds)."""
         src, op = n.src[0], n.arg.op
         axes = [a for a in n.arg.axes if src.shape[a] != 1]
-        acc: UOp | None = None
-        for point in itertools.product(*(range(src.shape[a]) for a in axes)):
-            sidx = list(idx)
-            for a in n.arg.axes:
-                sidx[a] = ic(0)
-            for a, v in zip(axes, point, strict=True):
-                sidx[a] = ic(v)
-            term = yield src, tuple(_simplify(i) for i in sidx)
-            if acc is None:
-                acc = term
-            elif op is Ops.ADD and n.dtype.is_float and term.op is Ops.MUL:
-                acc = UOp(Ops.MULACC, n.dtype, (*term.src, acc))
-            else:
-                acc = UOp(op, n.dtype, (acc, term))
-        assert acc is not None
-        return acc
+        points = list(itertools.product(*(range(src.shape[a]) for a in axes)))
+        per_chain = max(1, round(math.sqrt(len(points))))
+        chains: list[UOp] = []
+        for start in range(0, len(points), per_chain):
+            acc: UOp | None = None
+            for point in points[start:start + per_chain]:
+                sidx = list(idx)
+                for a in n.arg.axes:
+                    sidx[a] = ic(0)
+                for a, v in zip(axes, point, strict=True):
+                    sidx[a] = ic(v)
+                term = yield src, tuple(_simplify(i) for i in sidx)
+                if acc is None:
+                    acc = term
+                elif op is Ops.ADD and n.dtype.is_float and term.op is Ops.MUL:
+                    acc = UOp(Ops.MULACC, n.dtype, (*term.src, acc))
+                else:
+                    acc = UOp(op, n.dtype, (acc, term))
+            assert acc is not None
+            chains.append(acc)
+        while len(chains) > 1:
+            pairs = [UOp(op, n.dtype, (a, b)) for a, b in zip(chains[::2], chains[1::2], strict=False)]
+            chains = pairs + chains[len(pairs) * 2:]
+        return chains[0]
 
 
 def reduce_identity(op: Ops, dtype) -> int | float | bool:
