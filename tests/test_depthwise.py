@@ -70,9 +70,10 @@ def test_max_pool_over_padding_matches_onnxruntime():
         np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-6)
 
 
-def _kernel_stats(policy: OptimizationPolicy, model) -> tuple[int, int, int]:
+def _kernel_stats(policy: OptimizationPolicy, model, options: CompileOptions | None = None) -> tuple[int, int, int]:
     """(kernels, LOOP_REDUCEs, MULACCs) of the program."""
-    program = build_program(import_model(model), CompileOptions(), policy)
+    options = options or CompileOptions()
+    program = build_program(import_model(model, options), options, policy)
     nodes = [n for k in program.kernels for n in toposort([k.ast])]
     return (len(program.kernels), sum(n.op is Ops.LOOP_REDUCE for n in nodes), sum(n.op is Ops.MULACC for n in nodes))
 
@@ -95,3 +96,23 @@ def test_a_computed_source_keeps_its_padded_copy():
     fused = make_model(nodes, {"x": (np.float32, [1, 8, 10, 10])}, ["y0"],
                        {i.name: np.frombuffer(i.raw_data, np.float32).reshape(i.dims) for i in model.graph.initializer})
     assert _kernel_stats(DEFAULT_POLICY, fused)[0] == 2
+
+
+def test_over_a_run_time_height_the_padded_copy_stays_and_outputs_match():
+    """split.py cannot cut a run-time loop's borders off, so a bounded dim keeps the padded copy."""
+    import svodc
+    import svodrt
+
+    model, _ = conv_model(6, 9, 11, 3, 1, 1, 6)
+    model.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "h"
+    shapes = {"x": (1, 6, (4, 12), 11)}
+    options = CompileOptions(input_shapes=shapes)
+    assert _kernel_stats(DEFAULT_POLICY, model, options) == _kernel_stats(DEFAULT_POLICY.without("fuse_window_pads"),
+                                                                          model, options)
+    bundle = svodc.compile(model, input_shapes=shapes)
+    r = np.random.default_rng(2)
+    with svodrt.load(bundle) as m:
+        for h in (4, 9, 12):
+            feeds = {"x": r.standard_normal((1, 6, h, 11)).astype(np.float32)}
+            got = next(iter(m.run(feeds).values()))
+            np.testing.assert_allclose(got, reference(model, feeds)[0], rtol=1e-5, atol=1e-5)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from svodc.ir.dtypes import dtypes
@@ -141,11 +142,12 @@ def _windows_into_unrolled(pad: UOp, consumers: dict[UOp, list[UOp]], policy: Op
 
 
 def plan_kernels(outputs: list[tuple[str, UOp]], policy: OptimizationPolicy = DEFAULT_POLICY,
-                 selects: dict[UOp, UOp] | None = None, asked: set[UOp] | None = None
-                 ) -> tuple[list[KernelPlan], set[UOp]]:
+                 selects: dict[UOp, UOp] | None = None, asked: set[UOp] | None = None,
+                 runtime_sized: Callable[[UOp], bool] | None = None) -> tuple[list[KernelPlan], set[UOp]]:
     """The kernels in execution order, and the set of realized nodes (kernel roots). selects: the
     run-time branch selects and their flags (passes/branches.py), whose sides get guarded kernels.
-    asked: nodes the frontend asked to realize (those that are views or sources need no kernel)."""
+    asked: nodes the frontend asked to realize (those that are views or sources need no kernel).
+    runtime_sized(n): n has an axis sized at run time (passes/dynamic.py)."""
     roots = [o for _, o in outputs]
     nodes = toposort(roots)
     consumers: dict[UOp, list[UOp]] = defaultdict(list)
@@ -176,9 +178,11 @@ def plan_kernels(outputs: list[tuple[str, UOp]], policy: OptimizationPolicy = DE
         if n.op in (Ops.INPUT, Ops.WEIGHT, Ops.CONST):
             continue
         if (n.op is Ops.PAD and any(c.op is Ops.WINDOW for c in consumers[n]) and _pads_window(n)
-                and not (policy.fuse_window_pads and _windows_into_unrolled(n, consumers, policy, realized))):
+                and not (policy.fuse_window_pads and not (runtime_sized and runtime_sized(n))
+                         and _windows_into_unrolled(n, consumers, policy, realized))):
             # Windows over a padded tensor (convolution, pooling) read a padded copy: every tap is then
-            # in bounds, so the kernels index it without clamps or selects and vectorize.
+            # in bounds, so the kernels index it without clamps or selects and vectorize. (Over a run-time
+            # extent split.py cannot cut the borders off, so those read a copy too.)
             realized.add(n)
         srcs = [state(s) for s in n.src]
         hr = n.op in (Ops.REDUCE, Ops.MATMUL) or any(h for h, _, _ in srcs)
