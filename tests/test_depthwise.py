@@ -86,11 +86,14 @@ def test_taps_are_unrolled_and_padding_read_in_place():
     assert _kernel_stats(DEFAULT_POLICY.without("fuse_window_pads"), model)[0] == 2
     kernels, loops, fmas = _kernel_stats(OptimizationPolicy(unroll_reduce_max=4), model)
     assert (kernels, fmas) == (2, 0) and loops > 0
+    # stride 1: the padded copy stays (about the output's size; the kernel over it runs whole rows)
+    stride1, _ = conv_model(16, 12, 12, 3, 1, 1, 16)
+    assert _kernel_stats(DEFAULT_POLICY, stride1)[:2] == (2, 0)
 
 
 def test_a_computed_source_keeps_its_padded_copy():
     """Taps over padding read in place would recompute a fused source once per tap."""
-    model, _ = conv_model(8, 10, 10, 3, 1, 1, 8, epilogue="none")
+    model, _ = conv_model(8, 10, 10, 3, 2, 1, 8, epilogue="none")
     nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), *model.graph.node]
     nodes[1].input[0] = "s"
     fused = make_model(nodes, {"x": (np.float32, [1, 8, 10, 10])}, ["y0"],
@@ -103,7 +106,7 @@ def test_over_a_run_time_height_the_padded_copy_stays_and_outputs_match():
     import svodc
     import svodrt
 
-    model, _ = conv_model(6, 9, 11, 3, 1, 1, 6)
+    model, _ = conv_model(6, 9, 11, 3, 2, 1, 6)
     model.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "h"
     shapes = {"x": (1, 6, (4, 12), 11)}
     options = CompileOptions(input_shapes=shapes)

@@ -113,7 +113,7 @@ def _pads_window(n: UOp) -> bool:
 
 def _windows_into_unrolled(pad: UOp, consumers: dict[UOp, list[UOp]], policy: OptimizationPolicy,
                            realized: set[UOp]) -> bool:
-    """The padded tensor is a view of a buffer and every use of it is a window whose taps a small
+    """The padded tensor is a view of a buffer and every use of it is a strided window whose taps a small
     REDUCE sums (a depthwise convolution, a pooling window: written out term by term, passes/lower.py).
     Such a kernel reads the padding in place: split.py cuts its output loops where taps leave the
     tensor, so the interior has neither clamps nor selects, and no padded copy is written and read
@@ -128,6 +128,10 @@ def _windows_into_unrolled(pad: UOp, consumers: dict[UOp, list[UOp]], policy: Op
             if c in seen:
                 continue
             seen.add(c)
+            if c.op is Ops.WINDOW and x is pad and all(st == 1 for st in c.arg.strides):
+                # Stride 1: the padded copy is about the size of the output, and the kernel over it runs
+                # whole rows (no border pieces, no scalar remainders): the copy measured as fast.
+                return False
             if c.op is Ops.REDUCE:
                 src = c.src[0]
                 if not (1 < math.prod(src.shape[a] for a in c.arg.axes) <= policy.unroll_reduce_max):
