@@ -131,6 +131,39 @@ def test_a_concatenation_is_split_into_one_store_per_source():
     assert [p.name for p in params] == ["y", "a", "b"]
 
 
+def test_a_split_piece_equals_the_plain_substitution_simplified():
+    # split._restrict walks only the branches the piece's interval takes; simplified, the piece must be
+    # exactly what substituting the range everywhere and simplifying gives.
+    from svodc.ir.ops import RangeArg, RangeKind
+    from svodc.ir.symbolic import simplify
+    from svodc.passes.split import _restrict, thresholds
+
+    def ic(v: int) -> UOp:
+        return UOp.const(dtypes.index, v)
+
+    r = UOp(Ops.RANGE, dtypes.index, (ic(12),), RangeArg(0, RangeKind.LOOP))
+    x = _input("x", (12,))
+    value = x.alu(Ops.MUL, 2.0)
+    for t in (9, 6, 3):  # a concatenation's select chain: r < 3 ? .. : r < 6 ? .. : ..
+        value = UOp(Ops.WHERE, dtypes.float32, (r.alu(Ops.CMPLT, ic(t)), x.alu(Ops.ADD, float(t)), value))
+    assert thresholds(value, r) == {3, 6, 9}
+
+    def plain(root: UOp, old: UOp, new: UOp) -> UOp:
+        done = {old: new}
+        for n in root.toposort():
+            if n not in done:
+                done[n] = n.replace(src=tuple(done.get(s, s) for s in n.src)) if n.src else n
+        return done[root]
+
+    for lo, hi in ((0, 3), (3, 6), (6, 9), (9, 12), (0, 12), (2, 5)):
+        sub = UOp(Ops.RANGE, dtypes.index, (ic(hi - lo),), r.arg)
+        new = sub if lo == 0 else sub.alu(Ops.ADD, ic(lo))
+        restricted = _restrict(value, r, new)
+        assert simplify(restricted) is simplify(plain(value, r, new))
+        decided = (lo, hi) in ((0, 3), (3, 6), (6, 9), (9, 12))
+        assert decided == all(n.op is not Ops.WHERE for n in restricted.toposort())
+
+
 def test_lowering_clamps_only_what_bounds_analysis_cannot_prove():
     x = _input("x", (6,))
     plain, _ = _lower(T.alu(Ops.NEG, x), [x])
