@@ -58,15 +58,19 @@ class OptimizationPolicy:
     gemm_transpose: bool = True  # lanes along m when n wastes vector lanes (n = 7x7) and A is constant
     merge_inner_loops: bool = True  # contiguous inner output axes as one loop when that needs no div/mod
     int8_gemm: bool = True  # int32 products of 8-bit operands and a constant run as integer GEMM kernels (CPU)
+    fuse_window_pads: bool = True  # small windowed reductions read their padding in place (passes/schedule.py)
     # Thresholds:
     gemm_min_macs: int = 4096  # smaller products are cheaper on the generic path
     max_fused_ops: int = 400  # a fused subgraph past this many ops is realized (bounds kernels, LLVM time)
     cheap_to_repeat: int = 16  # ops per element a reusing consumer may recompute instead of loading
+    math_op_cost: int = 16  # ops a math function counts for there (exp, tanh...: a polynomial of about so many)
     parallel_min: int = 32  # leading output axes collapse into one parallel loop of at least this many
+    unroll_reduce_max: int = 32  # reductions over at most this many elements are written out (passes/lower.py)
     # One variant's code only (not the program): None is the target's own, gemm_blocking(target).
     cpu_gemm: GemmBlocking | None = None
 
-    STEPS: ClassVar[tuple[str, ...]] = ("conv_to_matmul", "gemm", "gemm_transpose", "merge_inner_loops", "int8_gemm")
+    STEPS: ClassVar[tuple[str, ...]] = ("conv_to_matmul", "gemm", "gemm_transpose", "merge_inner_loops", "int8_gemm",
+                                       "fuse_window_pads")
 
     def without(self, *steps: str) -> OptimizationPolicy:
         """This policy with the named steps switched off."""

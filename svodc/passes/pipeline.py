@@ -137,7 +137,8 @@ def build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimiz
     nodes = sink.toposort()
     selects = find_branch_selects(nodes, graph.provenance, graph.op_types)
     plans, realized = plan_kernels(outputs + [(value_dims.PREFIX + d.name, v) for d, v in values], policy, selects,
-                                   graph.provenance.realize_asked(nodes))
+                                   graph.provenance.realize_asked(nodes),
+                                   (lambda n: any(a is not None for a in dyn.axes(n))) if dyn else None)
     value_of = {value_dims.PREFIX + d.name: d for d, _ in values}
     writers: dict[str, int] = {}  # value dim -> the kernel that computes it
 
