@@ -150,7 +150,7 @@ def _windows_into_unrolled(pad: UOp, consumers: dict[UOp, list[UOp]], policy: Op
             if c in seen:
                 continue
             seen.add(c)
-            if c.op is Ops.WINDOW and x is pad and all(st == 1 for st in c.arg.strides):
+            if c.op is Ops.WINDOW and all(st == 1 for st in c.arg.strides):
                 # Stride 1: the padded copy is about the size of the output, and the kernel over it runs
                 # whole rows (no border pieces, no scalar remainders): the copy measured as fast.
                 return False
