@@ -3,7 +3,8 @@
 A code image may not call libm (it has no symbols to call), and LLVM's exp/log/sin intrinsics become
 libm calls on CPUs (and abort on NVPTX). So EXP, EXP2, LOG, LOG2, POW, TANH, ERF, the trigonometric,
 hyperbolic and inverse functions, ROUND, TRUNC and FLOOR are rewritten here into +, *, comparisons,
-selects and bit manipulation, which every backend compiles inline.
+selects and bit manipulation, which every backend compiles inline (float32/float64 ROUND stays on CPUs that
+round to nearest even in one instruction: Target.native_roundeven).
 
 float32 follows the Cephes single-precision algorithms (range reduction + minimax polynomial, about
 1-3 ulp); float64 EXP/LOG use Taylor series on a reduced range to double precision; other float64
