@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from svodc.gemm_plan import B_PANEL, a_panel, cpu_plan
+from svodc.gemm_plan import B_PANEL, CpuGemmPlan, a_panel, cpu_plan
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import GemmArg, GemmOperand, Ops, RangeArg, RangeKind
 from svodc.ir.uop import UOp
@@ -226,6 +226,72 @@ def copy_panel(nvec: int, vw: int, intrinsics: set[str]) -> str:
     return "\n".join(L)
 
 
+def pack_rows(rows: int) -> str:
+    """void pack(ptr src, ptr dst, i64 nrows, i64 k, i64 src_k, i64 src_row, i64 tile_stride): row r of
+    src (elements src_k apart along k, rows src_row apart) to dst[r // rows][k][r % rows], row tiles
+    tile_stride elements apart: what the micro-kernels read as a scalar side (k stride rows, row stride 1)."""
+    return "\n".join([
+        f"define internal void @svod.pack.{rows}(ptr noalias %src, ptr noalias %dst, i64 %nrows, i64 %kn, "
+        "i64 %src_k, i64 %src_row, i64 %tile_stride) #0 {", "entry:", "  br label %row", "row:",
+        "  %r = phi i64 [ 0, %entry ], [ %r.next, %row.end ]",
+        f"  %tile = udiv i64 %r, {rows}", f"  %within = urem i64 %r, {rows}",
+        "  %dt = mul nsw i64 %tile, %tile_stride", "  %dbase = add nsw i64 %dt, %within",
+        "  %sbase = mul nsw i64 %r, %src_row", "  br label %kloop", "kloop:",
+        "  %k = phi i64 [ 0, %row ], [ %k.next, %kloop ]",
+        "  %so0 = mul nsw i64 %k, %src_k", "  %so = add nsw i64 %sbase, %so0",
+        "  %sp = getelementptr inbounds float, ptr %src, i64 %so", "  %x = load float, ptr %sp, align 4",
+        f"  %do0 = mul nsw i64 %k, {rows}", "  %do = add nsw i64 %dbase, %do0",
+        "  %dp = getelementptr inbounds float, ptr %dst, i64 %do", "  store float %x, ptr %dp, align 4",
+        "  %k.next = add nuw i64 %k, 1", "  %kmore = icmp ult i64 %k.next, %kn",
+        "  br i1 %kmore, label %kloop, label %row.end", "row.end:",
+        "  %r.next = add nuw i64 %r, 1", "  %rmore = icmp ult i64 %r.next, %nrows",
+        "  br i1 %rmore, label %row, label %done", "done:", "  ret void", "}"])
+
+
+def _blocked_tile(em: KernelEmitter, sc: Scope, plan: CpuGemmPlan, t: str, start: str
+                  ) -> tuple[str, str, str, str, list[str]]:
+    """Tile t of a blocked tile loop (row tiles innermost, then lane tiles, then blocks of
+    block_row_tiles row tiles, the last block possibly smaller, then batch): (row tile, lane tile, row
+    tile within its block, whether t is the first tile of its block in this part, batch indices)."""
+    line = em.emit_line
+    block, last_block = plan.block_row_tiles, plan.row_blocks - 1
+    w, *batch = em.split_index(sc, t, (plan.row_tiles * plan.lane_tiles, *reversed(plan.batch)))
+    batch.reverse()
+    per_block = block * plan.lane_tiles
+    b = line(sc, f"udiv i64 {w}, {per_block}")
+    within = line(sc, f"urem i64 {w}, {per_block}")
+    tiles_in = str(block)
+    if plan.row_tiles - last_block * block != block:
+        tiles_in = line(sc, f"select i1 {line(sc, f'icmp eq i64 {b}, {last_block}')}, "
+                            f"i64 {plan.row_tiles - last_block * block}, i64 {block}")
+    lt = line(sc, f"udiv i64 {within}, {tiles_in}")
+    rin = line(sc, f"urem i64 {within}, {tiles_in}")
+    rt = line(sc, f"add nuw nsw i64 {line(sc, f'mul nuw nsw i64 {b}, {block}')}, {rin}")
+    first = line(sc, f"or i1 {line(sc, f'icmp eq i64 {within}, 0')}, {line(sc, f'icmp eq i64 {t}, {start}')}")
+    return rt, lt, rin, first, batch
+
+
+def _pack_block(em: KernelEmitter, sc: Scope, plan: CpuGemmPlan, src: Side, src_ptr: str, first: str,
+                block_m0: str, rin: str, k_size: str) -> str:
+    """Pack the block's rows (at src_ptr, laid out as `src`) to a stack buffer when `first`; the pointer
+    to row tile `rin`'s rows in it."""
+    line = em.emit_line
+    rows, kc = plan.rows, plan.k_block or plan.k_total
+    name = f"svod.pack.{rows}"
+    em.shared_functions[name] = pack_rows(rows)
+    buf = em.fresh("rows")
+    em.allocas.append(f"{buf} = alloca float, i64 {plan.block_row_tiles * rows * kc}, align 64")
+    nrows = line(sc, f"sub nsw i64 {plan.rows_total}, {block_m0}")
+    nrows = line(sc, f"select i1 {line(sc, f'icmp ult i64 {nrows}, {plan.block_row_tiles * rows}')}, "
+                     f"i64 {nrows}, i64 {plan.block_row_tiles * rows}")
+    p = em.fresh_label()
+    sc.lines += [f"  br i1 {first}, label %S{p}.pack, label %S{p}.go", f"S{p}.pack:",
+                 f"  call void @{name}(ptr {src_ptr}, ptr {buf}, i64 {nrows}, i64 {k_size}, i64 {src.k_stride}, "
+                 f"i64 {src.row_stride}, i64 {rows * kc})", f"  br label %S{p}.go", f"S{p}.go:"]
+    return line(sc, f"getelementptr inbounds float, ptr {buf}, i64 {line(sc, f'mul nuw nsw i64 {rin}, {rows * kc}')}",
+                "ptr")
+
+
 def _runtime_tiles(em: KernelEmitter, total: str, tile: int) -> tuple[str, str, str]:
     """(tiles, index of the last one, its size in 1..tile) of a run-time extent `total` >= 1."""
     top = em.stack[0]
@@ -271,7 +337,9 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
     ranges = node.src[4:]
     rt_n, lt_n, tiles = plan.row_tiles, plan.lane_tiles, plan.tiles
     rows_tail, lanes_tail = plan.rows_tail, plan.lanes_tail
-    s_side, v_src, c_row, c_lane = _sides(arg)
+    s_src, v_src, c_row, c_lane = _sides(arg)
+    # what the micro-kernels read on the scalar side: a packed block's rows, k-major per row tile, or in place
+    s_side = Side(rows, 1) if plan.block_row_tiles else s_src
     v_side = Side(lanes) if plan.copy_panel else v_src  # what the micro-kernels read: the copy, rows of `lanes`
     row_sizes = {rows, rows_tail}
     top = em.stack[0]
@@ -299,7 +367,7 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
         k_size = em.emit_line(kbs, f"select i1 {last_kb}, i64 {plan.k_total - last_block * plan.k_block}, "
                                    f"i64 {plan.k_block}")
         k0 = em.emit_line(kbs, f"mul nuw nsw i64 {kbs.ivar}, {plan.k_block}")
-        s_k0, v_k0 = (em.emit_line(kbs, f"mul nuw nsw i64 {k0}, {side.k_stride}") for side in (s_side, v_src))
+        s_k0, v_k0 = (em.emit_line(kbs, f"mul nuw nsw i64 {k0}, {side.k_stride}") for side in (s_src, v_src))
     calls = {}
     for r in row_sizes:
         if arg.n_var is not None:  # the last lane tile: nvec vectors, the last one masked to vec_tail lanes
@@ -336,15 +404,22 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
     # Tile order (gemm_plan.py): lane tiles innermost when the vector panels are small, else row tiles,
     # reusing each vector panel (k x lanes) across the row blocks while it is in L1/L2. The tile counts
     # are run-time values for a bounded m or n.
-    inner_n, outer_n = (lt_count, rt_count) if plan.lanes_first else (rt_count, lt_count)
-    inner, outer, *batch = em.split_index(sc, t, (inner_n, outer_n, *reversed(arg.batch)))
-    batch.reverse()
-    rt, lt = (outer, inner) if plan.lanes_first else (inner, outer)
+    if plan.block_row_tiles:
+        rt, lt, rin, first_in_block, batch = _blocked_tile(em, sc, plan, t, start)
+    else:
+        inner_n, outer_n = (lt_count, rt_count) if plan.lanes_first else (rt_count, lt_count)
+        inner, outer, *batch = em.split_index(sc, t, (inner_n, outer_n, *reversed(arg.batch)))
+        batch.reverse()
+        rt, lt = (outer, inner) if plan.lanes_first else (inner, outer)
+        rin = rt
     r0 = line(sc, f"mul nuw nsw i64 {rt}, {rows}")
     l0 = line(sc, f"mul nuw nsw i64 {lt}, {lanes}")
     m0, n0 = (l0, r0) if arg.transposed else (r0, l0)
     if arg.a.packed:
         a_off = _packed_offset(em, sc, arg.a, batch, m0, a_panel(arg), arg.k)
+    elif plan.block_row_tiles:  # the block's first row: the pack's source
+        block_m0 = line(sc, f"mul nuw nsw i64 {line(sc, f'sub nuw nsw i64 {rt}, {rin}')}, {rows}")
+        a_off = operand_offset(em, sc, arg.a, batch, [(block_m0, arg.a.row_stride)])
     else:
         a_off = operand_offset(em, sc, arg.a, batch, [(m0, arg.a.row_stride)])
     if arg.b.packed:
@@ -359,13 +434,15 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
         s_ptr, v_ptr = (line(sc, f"getelementptr inbounds float, ptr {p}, i64 {o}", "ptr")
                         for p, o in ((s_ptr, s_k0), (v_ptr, v_k0)))
     last_r = line(sc, f"icmp eq i64 {rt}, {last_start}") if rows_tail != rows or arg.m_var else "false"
+    if plan.block_row_tiles:  # the first tile of a row block in this part packs the block, the rest read it
+        s_ptr = _pack_block(em, sc, plan, s_src, s_ptr, first_in_block, block_m0, rin, k_size)
     last_l = line(sc, f"icmp eq i64 {lt}, {last_lane_tile}") if lanes_tail != lanes or arg.n_var else "false"
     if plan.copy_panel:  # the first tile of a lane tile in this part copies the panel, the rest read the copy
         copy = f"svod.copy.{lanes // vw}v{vw}"
         em.shared_functions[copy] = copy_panel(lanes // vw, vw, em.uses_intrinsics)
         buf = em.fresh("panel")
         em.allocas.append(f"{buf} = alloca float, i64 {(plan.k_block or arg.k) * lanes}, align 64")
-        first = line(sc, f"or i1 {line(sc, f'icmp eq i64 {rt}, 0')}, {line(sc, f'icmp eq i64 {t}, {start}')}")
+        first = line(sc, f"or i1 {line(sc, f'icmp eq i64 {rin}, 0')}, {line(sc, f'icmp eq i64 {t}, {start}')}")
         valid = line(sc, f"select i1 {last_l}, i64 {lanes_tail}, i64 {lanes}")
         p = em.fresh_label()
         sc.lines += [f"  br i1 {first}, label %P{p}.copy, label %P{p}.go", f"P{p}.copy:",
