@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from svodc.codegen.llvm_gemm_epilogue import emit_vector_epilogue, vector_epilogue
 from svodc.gemm_plan import B_PANEL, CpuGemmPlan, a_panel, cpu_plan
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import GemmArg, GemmOperand, Ops, RangeArg, RangeKind
@@ -53,20 +54,27 @@ class Side:
     panel_stride: int = 0  # vector side, packed: elements from one panel to the next (K * B_PANEL)
 
 
-def micro_kernel_name(rows: int, nvec: int, vw: int, unroll: int, masked: bool, packed: bool, scatter: bool) -> str:
-    modes = f"{'m' if masked else ''}{'p' if packed else ''}{'s' if scatter else ''}"
+def micro_kernel_name(rows: int, nvec: int, vw: int, unroll: int, masked: bool, packed: bool, scatter: bool,
+                      returns: bool = False) -> str:
+    modes = f"{'m' if masked else ''}{'p' if packed else ''}{'s' if scatter else ''}{'r' if returns else ''}"
     return f"svod.mk.{rows}x{nvec}v{vw}u{unroll}{modes}"
 
 
+def tile_type(rows: int, nvec: int, vw: int) -> str:
+    """The struct a returning micro-kernel gives back: its accumulators, row-major."""
+    return "{ " + ", ".join([f"<{vw} x float>"] * (rows * nvec)) + " }"
+
+
 def micro_kernel(rows: int, nvec: int, vw: int, unroll: int, masked: bool, packed: bool, scatter: bool,
-                 intrinsics: set[str]) -> str:
+                 intrinsics: set[str], returns: bool = False) -> str:
     """void mk(ptr s, ptr v, ptr c, i64 k, i64 s_k, i64 s_row, i64 v_k, i64 v_panel, i64 c_row,
     i64 c_lane, i64 tail, i1 accumulate): C tile (rows x nvec vectors) = S[rows, :k] x V[:k, lanes]
     (+= with accumulate), its k loop unrolled `unroll` times (plus a loop for the k % unroll steps left).
 
     Specialized only on its shape (rows, vectors) and modes, so kernels share micro-kernels; sizes and
     strides are arguments. masked: the last vector has `tail` valid lanes (masked loads of V unless
-    V is packed and zero-padded; masked stores). scatter: C lanes are c_lane apart (transposed GEMM)."""
+    V is packed and zero-padded; masked stores). scatter: C lanes are c_lane apart (transposed GEMM).
+    returns: the tile is returned (tile_type) instead of stored, for the epilogue in registers."""
     vt = f"<{vw} x float>"
     mt = f"<{vw} x i1>"
     fma = f"llvm.fmuladd.v{vw}f32"
@@ -76,8 +84,9 @@ def micro_kernel(rows: int, nvec: int, vw: int, unroll: int, masked: bool, packe
     intrinsics.add(f"declare void @llvm.masked.scatter.v{vw}f32.v{vw}p0({vt}, <{vw} x ptr>, i32, {mt})")
     intrinsics.add(f"declare {vt} @llvm.masked.gather.v{vw}f32.v{vw}p0(<{vw} x ptr>, i32, {mt}, {vt})")
     iota = "<" + ", ".join(f"i64 {i}" for i in range(vw)) + ">"
-    name = micro_kernel_name(rows, nvec, vw, unroll, masked, packed, scatter)
-    L = [f"define internal void @{name}(ptr noalias %s, ptr noalias %v, ptr noalias %c, i64 %kn, i64 %s_k, "
+    name = micro_kernel_name(rows, nvec, vw, unroll, masked, packed, scatter, returns)
+    ret = tile_type(rows, nvec, vw) if returns else "void"
+    L = [f"define internal {ret} @{name}(ptr noalias %s, ptr noalias %v, ptr noalias %c, i64 %kn, i64 %s_k, "
          "i64 %s_row, i64 %v_k, i64 %v_panel, i64 %c_row, i64 %c_lane, i64 %tail, i1 %accumulate) #0 {", "entry:"]
     L.append(f"  %ti = insertelement <{vw} x i64> poison, i64 %tail, i64 0")
     L.append(f"  %tv = shufflevector <{vw} x i64> %ti, <{vw} x i64> poison, <{vw} x i32> zeroinitializer")
@@ -136,6 +145,12 @@ def micro_kernel(rows: int, nvec: int, vw: int, unroll: int, masked: bool, packe
     L += ["  br label %store", "store:"]
     _phis(L, "f", vt, [([[f"%c{i}.{j}" for j in range(nvec)] for i in range(rows)], "%done"),
                        ([[f"%sum{i}.{j}" for j in range(nvec)] for i in range(rows)], "%add")])
+    if returns:
+        st, agg = tile_type(rows, nvec, vw), "undef"
+        for e in range(rows * nvec):
+            L.append(f"  %t{e} = insertvalue {st} {agg}, {vt} %f{e // nvec}.{e % nvec}, {e}")
+            agg = f"%t{e}"
+        return "\n".join([*L, f"  ret {st} {agg}", "}"])
     for i in range(rows):
         for j in range(nvec):
             last = j == nvec - 1 and masked
@@ -368,6 +383,10 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
                                    f"i64 {plan.k_block}")
         k0 = em.emit_line(kbs, f"mul nuw nsw i64 {kbs.ivar}, {plan.k_block}")
         s_k0, v_k0 = (em.emit_line(kbs, f"mul nuw nsw i64 {k0}, {side.k_stride}") for side in (s_src, v_src))
+    # the epilogue on the accumulators in registers where it has a vector form (llvm_gemm_epilogue.py)
+    vepi = None
+    if epilogue is not None and not arg.transposed and not arg.runtime and plan.k_blocks == 1:
+        vepi = vector_epilogue(epilogue, node.src[2], tuple(ranges), em.free)
     calls = {}
     for r in row_sizes:
         if arg.n_var is not None:  # the last lane tile: nvec vectors, the last one masked to vec_tail lanes
@@ -382,8 +401,9 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
             nvec = -(-c // vw)
             tail = c - (nvec - 1) * vw
             mode = (tail != vw, v_side.packed_panels, c_lane != 1)
-            name = micro_kernel_name(r, nvec, vw, unroll, *mode)
-            em.shared_functions[name] = micro_kernel(r, nvec, vw, unroll, *mode, em.uses_intrinsics)
+            name = micro_kernel_name(r, nvec, vw, unroll, *mode, vepi is not None)
+            em.shared_functions[name] = micro_kernel(r, nvec, vw, unroll, *mode, em.uses_intrinsics,
+                                                     vepi is not None)
             calls[(r, c)] = (f"@{name}", f"i64 {k_size}, i64 {s_side.k_stride}, i64 {s_side.row_stride}, "
                                          f"i64 {v_side.k_stride}, i64 {v_side.panel_stride}, i64 {c_row}, "
                                          f"i64 {c_lane}, i64 {tail}, i1 {accumulate}")
@@ -472,9 +492,18 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
                                  f"  br label %T{k}.join"]
                 continue
             fn, sizes = calls[(r, c)]
-            sc.lines += [f"T{k}.{tag}{sub}:", f"  call void {fn}({call_args}, {sizes})", f"  br label %T{k}.join"]
+            sc.lines.append(f"T{k}.{tag}{sub}:")
+            if vepi is None:
+                sc.lines.append(f"  call void {fn}({call_args}, {sizes})")
+            else:
+                nvec = -(-c // vw)
+                tt = tile_type(r, nvec, vw)
+                res = line(sc, f"call {tt} {fn}({call_args}, {sizes})")
+                acc = [[line(sc, f"extractvalue {tt} {res}, {i * nvec + j}") for j in range(nvec)] for i in range(r)]
+                emit_vector_epilogue(em, sc, vepi, acc, vw, c - (nvec - 1) * vw, batch, m0, n0)
+            sc.lines.append(f"  br label %T{k}.join")
     sc.lines.append(f"T{k}.join:")
-    if epilogue is not None:
+    if epilogue is not None and vepi is None:
         # Two copies of the epilogue: full tiles get constant trip counts (rows x lanes), which LLVM
         # unrolls into straight vector code; edge tiles get the general loops.
         *batch_ranges, m_range, n_range = ranges
