@@ -11,7 +11,8 @@ Read by lowering (passes/lower_gemm.py packs constant operands in panels), the C
   side), from the variant's GEMM blocking (svodc/policy.py: its registers) and the target's vector
   width; the tiles of all batch indices form one parallel loop, in the order `lanes_first` says:
   lane tiles innermost when a k x lanes vector panel is small next to L1d (a tile is then mostly its
-  C stores, so sweeping the lanes of a row block writes C as `rows` contiguous streams).
+  C stores, so sweeping the lanes of a row block writes C as `rows` contiguous streams); a run-time
+  A that lane tiles reuse is packed per block of row tiles, and the loop then goes over the blocks.
 - GPU tiles: BM x BN of C per block, TK along k per shared-memory step.
 """
 

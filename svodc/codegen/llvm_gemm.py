@@ -10,10 +10,12 @@ cut into parts that the entry's work queue hands to the threads (codegen/module.
 innermost so consecutive tiles reuse the same vector panel (lane tiles innermost when the panels are
 small, see emit_gemm). For each tile a micro-kernel keeps rows x (lanes/vw) vector accumulators in
 registers for its K loop (unrolled by the variant's GemmBlocking, svodc/policy.py), then stores the
-tile to C. The epilogue (the kernel's STORE over m and n) rewrites the tile in place while it is
-still in cache. A long K is cut into k blocks (gemm_plan.py): the part's tiles run once per block,
+tile to C, or returns it to the epilogue in registers (llvm_gemm_epilogue.py), which stores C once.
+Otherwise the epilogue (the kernel's STORE over m and n) rewrites the stored tile in place while it
+is still in cache. A long K is cut into k blocks (gemm_plan.py): the part's tiles run once per block,
 adding to C after the first, the epilogue after the last. An unpacked B that several row tiles
-reuse is copied contiguous per lane tile (and k block) to a stack buffer first (copy_panel).
+reuse is copied contiguous per lane tile (and k block) to a stack buffer first (copy_panel); a
+run-time A that several lane tiles reuse is packed per block of row tiles (pack_rows).
 
 Sizes are compile-time constants, except a bounded dim (passes/dynamic.py) sizing the outermost batch
 axis, m, n or k, read from the entry's `dims`: the tile loop then covers the run-time tiles, the last
