@@ -130,17 +130,19 @@ def _vector_value(em: KernelEmitter, epi: VectorEpilogue, acc: str, vw: int, mas
     vt, bt = f"<{vw} x float>", f"<{vw} x i1>"
     n, idx = epi.n_range, epi.store.src[1]
     vals: dict[UOp, str] = {}
+
+    def vector(s: UOp) -> str:
+        """A source's vector: emitted before (n-dependent), or a row's scalar (float or bool) broadcast."""
+        if s not in vals:
+            t = "float" if s.dtype is dtypes.float32 else "i1"
+            vals[s] = ("<" + ", ".join([f"{t} {const(s.dtype, s.arg)}"] * vw) + ">" if s.op is Ops.CONST
+                       else _splat(em, scope, t, em.value(s), vw))
+        return vals[s]
+
     for x in toposort([epi.store.src[2]]):
-        if x.dtype.kind == "index":
-            continue
-        if n not in em.free[x]:
-            if x.op is Ops.CONST:
-                vals[x] = "<" + ", ".join([f"{'float' if x.dtype is dtypes.float32 else 'i1'} "
-                                           f"{const(x.dtype, x.arg)}"] * vw) + ">"
-            elif x.dtype in (dtypes.float32, dtypes.bool):
-                vals[x] = _splat(em, scope, "float" if x.dtype is dtypes.float32 else "i1", em.value(x), vw)
-            continue
-        v = [vals.get(s, "") for s in x.src]
+        if n not in em.free[x] or x.dtype.kind == "index":
+            continue  # scalar: broadcast where an n-dependent op uses it (vector), or an address
+        v = [] if x.op is Ops.LOAD else [vector(s) for s in x.src]  # float ops take floats and bools only
         if x.op is Ops.LOAD:
             if x.src[0] is epi.c_param and x.src[1] is idx:
                 vals[x] = acc
