@@ -105,13 +105,14 @@ def cpu_plan(arg: GemmArg, target: Target, blocking: GemmBlocking) -> CpuGemmPla
     # sets, so a k x lanes panel does not stay in L1 however small. Where row tiles reuse it, the tile
     # loop copies each (k block of a) panel to a contiguous buffer first.
     # A run-time scalar side read in place is `rows` streams (A's rows: 4 KiB apart for k = 1024, one
-    # L1 set again) that every lane tile re-reads from L3 once A is past L2. Where lane tiles reuse it,
-    # the tile loop goes over blocks of row tiles (row tiles innermost, then lane tiles, then blocks)
-    # and packs each block's (k block of) rows contiguous, k-major per row tile, once per part: one
-    # stream per tile, the block in L2 while the lane tiles sweep it.
+    # L1 set again) that every lane tile re-reads from L3 once A is past L2. Where enough lane tiles
+    # reuse it (the pack costs about one lane tile's FMAs), the tile loop goes over blocks of row tiles
+    # (row tiles innermost, then lane tiles, then blocks) and packs each block's (k block of) rows
+    # contiguous, k-major per row tile, once per part: one stream per tile, the block in L2 while the
+    # lane tiles sweep it. (Rows copied dense, k-contiguous, measured slower than reading A in place.)
     regular = rows_total > 2 and not arg.transposed and not arg.runtime and not lanes_first
     block_row_tiles = 0
-    if regular and not arg.a.packed and ceil_div(lanes_total, lanes) >= 2:
+    if regular and not arg.a.packed and ceil_div(lanes_total, lanes) >= blocking.scalar_pack_min_lane_tiles:
         per_tile = rows * (k_block or arg.k) * 4
         block_row_tiles = min(ceil_div(rows_total, rows), max(1, blocking.scalar_block_bytes // per_tile))
     reuse = block_row_tiles or ceil_div(rows_total, rows)  # row tiles that read one copied vector panel

@@ -34,6 +34,7 @@ class GemmBlocking:
     lanes_first_max_panel: int  # bytes of a k x lanes vector panel up to which lane tiles go innermost
     k_block_bytes: int  # a vector panel over this is cut into k blocks of about this (codegen/llvm_gemm.py)
     scalar_block_bytes: int  # a run-time scalar side is packed in row blocks of about this (gemm_plan.py)
+    scalar_pack_min_lane_tiles: int  # ... where at least this many lane tiles reuse a block
 
 
 def gemm_blocking(target: Target) -> GemmBlocking:
@@ -47,11 +48,12 @@ def gemm_blocking(target: Target) -> GemmBlocking:
     A k block's vector panel is half of L1d: it stays in L1 while the row tiles reuse it, next to the
     scalar side's rows streaming through. A packed block of a run-time scalar side (rows x k block) is
     four times L1d: it stays in L2 (at least eight times L1d on the cores we know) while the lane tiles
-    sweep it."""
+    sweep it; a pack costs about one lane tile's FMAs, so it is done where 16 lane tiles (~6 %) reuse it."""
     regs = target.vector_regs
     return GemmBlocking(accumulators=min(16, regs - 4), vector_regs=regs, max_rows=8, k_unroll=4,
                         lanes_first_max_panel=target.l1d_bytes // 4, k_block_bytes=target.l1d_bytes // 2,
-                        scalar_block_bytes=target.l1d_bytes * 4)
+                        scalar_block_bytes=target.l1d_bytes * 4,
+                        scalar_pack_min_lane_tiles=16)
 
 
 @dataclass(frozen=True)

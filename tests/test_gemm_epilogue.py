@@ -89,7 +89,7 @@ def test_epilogue_with_nan_keeps_numpy_max_semantics():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-# A run-time A packed in blocks of 3 row tiles (the last block shorter), k blocks, and several parts
+# A run-time A packed in blocks of a few row tiles (the last block shorter), k blocks, and several parts
 # (module.parallel_parts), which start inside blocks, on one thread and on two: every row of A must
 # still meet every column of B.
 @pytest.mark.parametrize("threads", [1, 2])
