@@ -35,6 +35,7 @@ class GemmBlocking:
     k_block_bytes: int  # a vector panel over this is cut into k blocks of about this (codegen/llvm_gemm.py)
     scalar_block_bytes: int  # a run-time scalar side is packed in row blocks of about this (gemm_plan.py)
     scalar_pack_min_lane_tiles: int  # ... where at least this many lane tiles reuse a block
+    epilogue_in_registers: bool  # the epilogue on the accumulators where it can (codegen/llvm_gemm_epilogue.py)
 
 
 def gemm_blocking(target: Target) -> GemmBlocking:
@@ -53,7 +54,7 @@ def gemm_blocking(target: Target) -> GemmBlocking:
     return GemmBlocking(accumulators=min(16, regs - 4), vector_regs=regs, max_rows=8, k_unroll=4,
                         lanes_first_max_panel=target.l1d_bytes // 4, k_block_bytes=target.l1d_bytes // 2,
                         scalar_block_bytes=target.l1d_bytes * 4,
-                        scalar_pack_min_lane_tiles=16)
+                        scalar_pack_min_lane_tiles=16, epilogue_in_registers=True)
 
 
 @dataclass(frozen=True)

@@ -387,7 +387,8 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
         s_k0, v_k0 = (em.emit_line(kbs, f"mul nuw nsw i64 {k0}, {side.k_stride}") for side in (s_src, v_src))
     # the epilogue on the accumulators in registers where it has a vector form (llvm_gemm_epilogue.py)
     vepi = None
-    if epilogue is not None and not arg.transposed and not arg.runtime and plan.k_blocks == 1:
+    if (epilogue is not None and blocking.epilogue_in_registers and not arg.transposed and not arg.runtime
+            and plan.k_blocks == 1):
         vepi = vector_epilogue(epilogue, node.src[2], tuple(ranges), em.free)
     calls = {}
     for r in row_sizes:
