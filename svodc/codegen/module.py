@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 
+from svodc.codegen.llvm_gemm_int8 import int8_plan
 from svodc.codegen.llvm_ir import FN_ATTRS, body_name, render_body, render_wrapper
 from svodc.gemm_plan import cpu_plan
 from svodc.ir.ops import GemmArg, Ops, RangeKind
@@ -132,7 +133,8 @@ def parallel_parts(kernel: Kernel, target: Target, blocking: GemmBlocking) -> in
     for stmt in kernel.ast.src:
         if stmt.op is Ops.GEMM:
             arg: GemmArg = stmt.arg
-            trips.append(cpu_plan(arg, target, blocking).tiles)  # the GEMM's parallel tile loop (llvm_gemm.py)
+            # the GEMM's parallel tile loop (llvm_gemm.py, llvm_gemm_int8.py)
+            trips.append(int8_plan(arg, target, blocking)[2] if arg.quant else cpu_plan(arg, target, blocking).tiles)
             work_ns += math.prod(arg.batch) * arg.m * arg.n * arg.k * GEMM_NS_PER_MAC
             continue
         sizes = []

@@ -28,6 +28,7 @@ from svodc.passes.dynamic import DynamicAxes, dims_kernel, is_constant
 from svodc.passes.fold import is_folded_constant, pm_fold
 from svodc.passes.lower import lower_kernel
 from svodc.passes.lower_gemm import find_matmul, lower_gemm_kernel
+from svodc.passes.lower_gemm_int8 import lower_int8_gemm_kernel
 from svodc.passes.memory import plan_arena, plan_weights
 from svodc.passes.schedule import KernelPlan, plan_kernels
 from svodc.policy import DEFAULT_POLICY, OptimizationPolicy
@@ -152,7 +153,13 @@ def build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimiz
         name = _kernel_name(len(kernels), prov)
         copy_from = written[plan.root] if plan.copy else None
         mm = None if plan.copy else find_matmul(plan.root, lambda n: n in realized or n.op in (Ops.INPUT, Ops.WEIGHT))
-        if mm is not None:
+        if mm is not None and mm.dtype is dtypes.int32:  # the integer GEMM: its epilogue reads C from a scratch
+            c_buf = out
+            if plan.root is not mm:
+                c_buf = Buffer(next(next_id), BufferKind.SCRATCH, dtypes.int32, mm.shape, f"t{len(scratch)}")
+                scratch.append(c_buf)
+            ast, params = lower_int8_gemm_kernel(name, plan.root, mm, out, c_buf, buffers, policy)
+        elif mm is not None:
             ast, params = lower_gemm_kernel(name, plan.root, mm, out, buffers, policy, dyn,
                                             getattr(dtypes, PRECISIONS[options.precision]))
         else:

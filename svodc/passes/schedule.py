@@ -16,7 +16,8 @@ GATHER reads its source at run-time positions, so for the rules above it reuses 
 Realizing a movement op realizes its source instead: views of a buffer cost nothing.
 
 A MATMUL is the core of a contraction kernel. Its epilogue is the chain of single-consumer ALU ops
-and reshapes above it that keep its memory layout (float32 throughout); the top of that chain is
+and reshapes above it that keep its memory layout (float32 throughout; for an integer GEMM any types,
+up to and including the first cast to 8 bits: the requantized output); the top of that chain is
 realized and the GEMM writes straight into it. Its operands must be affine views of buffers (or
 constants, which are packed at compile time); a computed operand is realized, and a view that is not
 affine (im2col of a padded input) or whose columns are not contiguous (B) is realized as a copy.
@@ -31,6 +32,7 @@ from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import ALU, MOVEMENT, Ops
 from svodc.ir.uop import UOp, toposort
 from svodc.passes.branches import ALWAYS, Guard, branch_roots, guards, order_for_guards
+from svodc.passes.lower_gemm_int8 import BYTE_TYPES, int8_activation, int8_gemm_shape
 from svodc.passes.views import affine_view
 from svodc.policy import DEFAULT_POLICY, OptimizationPolicy
 
@@ -76,22 +78,29 @@ def _plan_matmuls(nodes: list[UOp], consumers: dict[UOp, list[UOp]],
     for mm in nodes:
         if mm.op is not Ops.MATMUL:
             continue
+        int8 = int8_gemm_shape(mm)  # its B is an 8-bit view read in place (the kernel packs any strides)
         for role, x in (("a", mm.src[0]), ("b", mm.src[1])):
+            if int8 and role == "b":
+                x = int8_activation(x).value
             base = _base(x)
             if base.op in (Ops.WEIGHT, Ops.CONST):
                 continue  # packed at compile time
             if base.op is not Ops.INPUT:
                 forced.add(base)
             view = affine_view(x, lambda n, base=base: n is base)
-            if view is None or (role == "b" and view.strides[-1] != 1 and x.shape[-1] > 1):
+            if view is None or (role == "b" and not int8 and view.strides[-1] != 1 and x.shape[-1] > 1):
                 forced.add(x)
         top = mm
         while top not in output_roots and len(consumers[top]) == 1:
             c = consumers[top][0]
-            if (c.op not in ALU and c.op is not Ops.RESHAPE) or c.dtype is not dtypes.float32 or c in claimed:
+            if (c.op not in ALU and c.op is not Ops.RESHAPE) or c in claimed:
+                break
+            if not (c.dtype is dtypes.float32 or int8):
                 break
             claimed.add(c)
             top = c
+            if int8 and top.dtype in BYTE_TYPES:
+                break  # requantized: the next integer GEMM reads these bytes in place
         forced.add(top)
     return forced, claimed - forced
 
