@@ -33,6 +33,9 @@ class GemmBlocking:
     k_unroll: int  # k steps per iteration of the micro-kernel's loop (fewer loop instructions per FMA)
     lanes_first_max_panel: int  # bytes of a k x lanes vector panel up to which lane tiles go innermost
     k_block_bytes: int  # a vector panel over this is cut into k blocks of about this (codegen/llvm_gemm.py)
+    scalar_block_bytes: int  # a run-time scalar side is packed in row blocks of about this (gemm_plan.py)
+    scalar_pack_min_lane_tiles: int  # ... where at least this many lane tiles reuse a block
+    epilogue_in_registers: bool  # the epilogue on the accumulators where it can (codegen/llvm_gemm_epilogue.py)
 
 
 def gemm_blocking(target: Target) -> GemmBlocking:
@@ -44,10 +47,14 @@ def gemm_blocking(target: Target) -> GemmBlocking:
     vectors and a broadcast): 12 on AVX2 and rv64gc (16 registers). The lanes-first panel limit is a
     quarter of L1d: the vector panel then stays in L1 while the lane tiles of a row block sweep it.
     A k block's vector panel is half of L1d: it stays in L1 while the row tiles reuse it, next to the
-    scalar side's rows streaming through."""
+    scalar side's rows streaming through. A packed block of a run-time scalar side (rows x k block) is
+    four times L1d: it stays in L2 (at least eight times L1d on the cores we know) while the lane tiles
+    sweep it; a pack costs about one lane tile's FMAs, so it is done where 16 lane tiles (~6 %) reuse it."""
     regs = target.vector_regs
     return GemmBlocking(accumulators=min(16, regs - 4), vector_regs=regs, max_rows=8, k_unroll=4,
-                        lanes_first_max_panel=target.l1d_bytes // 4, k_block_bytes=target.l1d_bytes // 2)
+                        lanes_first_max_panel=target.l1d_bytes // 4, k_block_bytes=target.l1d_bytes // 2,
+                        scalar_block_bytes=target.l1d_bytes * 4,
+                        scalar_pack_min_lane_tiles=16, epilogue_in_registers=True)
 
 
 @dataclass(frozen=True)
