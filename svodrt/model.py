@@ -235,11 +235,9 @@ def _join(futures: list[Future]) -> None:
     using the call's arena); then raise the first exception, the handler's or a helper's."""
     first: BaseException | None = None
     for f in futures:
-        if f.cancel():  # not started yet, so it never enters the code: the caller did all the work, no wait
-            continue
         while True:
-            try:
-                error = f.exception()
+            try:  # cancel: not started yet, so it never enters the code (the caller did all the work)
+                error = None if f.cancel() else f.exception()
                 break
             except BaseException as e:  # KeyboardInterrupt or a handler's exception: keep waiting
                 first = first or e

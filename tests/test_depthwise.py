@@ -119,3 +119,17 @@ def test_over_a_run_time_height_the_padded_copy_stays_and_outputs_match():
             feeds = {"x": r.standard_normal((1, 6, h, 11)).astype(np.float32)}
             got = next(iter(m.run(feeds).values()))
             np.testing.assert_allclose(got, reference(model, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_short_float16_sum_rounds_once_as_the_loop_does():
+    """Sums of float16 are not written out (each term would round to float16): the loop accumulates them in
+    float32 and rounds once, so the result is the exact sum rounded, but for rare near-ties."""
+    r = np.random.default_rng(5)
+    x = r.standard_normal((64, 32)).astype(np.float16)
+    axes = np.array([1], np.int64)
+    model = make_model([helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)],
+                       {"x": (np.float16, [64, 32])}, ["y"], {"axes": axes}, opset=18)
+    got = compile_and_run(model, {"x": x})["y"]
+    exact = x.astype(np.float64).sum(axis=1).astype(np.float16)
+    ulps = np.abs(got.view(np.int16).astype(np.int32) - exact.view(np.int16).astype(np.int32))
+    assert ulps.max() <= 1 and np.mean(ulps == 0) >= 0.95, ulps

@@ -238,10 +238,7 @@ def entry_module(kernels: list[tuple[str, int]], target: Target, guards: list[Fl
         if i:
             lines.append(f"  call void @svod_wait(ptr %donep, i32 {base}, ptr %sync)")
         n = f"%n{i}.all" if guard else f"%n{i}"
-        if cap == 1:
-            lines.append(f"  {n} = add i32 0, 1")
-        else:
-            lines += [f"  %few{i} = icmp ult i32 {cap}, %limit", f"  {n} = select i1 %few{i}, i32 {cap}, i32 %limit"]
+        lines += [f"  %few{i} = icmp ult i32 {cap}, %limit", f"  {n} = select i1 %few{i}, i32 {cap}, i32 %limit"]
         if guard:  # read after the wait above: see the module docstring
             lines += [*_guard_test(guard, f"q{i}"), f"  %n{i} = select i1 %q{i}, i32 {n}, i32 0"]
         lines += [f"  %end{i} = add i32 {base}, %n{i}", f"  br label %k{i}.claim",

@@ -346,12 +346,15 @@ class KernelLowerer:
     def _unrolls(self, n: UOp) -> bool:
         """A REDUCE over at most policy.unroll_reduce_max elements of static extent (a depthwise or
         grouped convolution's taps, a pooling window) is written out term by term: with no inner loop
-        left, the output's innermost loop is the one LLVM vectorizes, each lane one output element."""
+        left, the output's innermost loop is the one LLVM vectorizes, each lane one output element.
+        Not for floats narrower than float32: the loop accumulates those in float32 and rounds once
+        (codegen), a written-out chain would round at every term."""
         src = n.src[0]
         count = math.prod(src.shape[a] for a in n.arg.axes)
         extents = self.extents(src)
+        narrow = n.dtype.is_float and n.dtype.itemsize < 4
         return (1 < count <= self.policy.unroll_reduce_max and n.arg.op in (Ops.ADD, Ops.MAX, Ops.MIN)
-                and all(isinstance(extents[a], int) for a in n.arg.axes))
+                and not (narrow and n.arg.op is Ops.ADD) and all(isinstance(extents[a], int) for a in n.arg.axes))
 
     def _unrolled_reduce(self, n: UOp, idx: tuple[UOp, ...]) -> Lowering:
         """The reduction written out over the reduced axes in row-major order, as about sqrt(count)

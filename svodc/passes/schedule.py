@@ -17,7 +17,9 @@ arithmetic, elementwise chains are recomputed in place). A compute node is reali
 GATHER reads its source at run-time positions, so for the rules above it reuses elements like EXPAND.
 Realizing a movement op realizes its source instead: views of a buffer cost nothing. A PAD that windows
 read is realized (a padded copy) and reads each element of its source once: one such copy is no reuse, so
-what it reads is computed in the copy's kernel (two copies of one node are reuse).
+what it reads is computed in the copy's kernel (two copies of one node are reuse). Except (policy
+fuse_window_pads): strided windows of a buffer into small written-out REDUCEs read the padding in place
+(_windows_into_unrolled).
 
 A MATMUL is the core of a contraction kernel. Its epilogue is the chain of single-consumer ALU ops
 and reshapes above it that keep its memory layout (float32 throughout; for an integer GEMM any types,
@@ -78,7 +80,8 @@ def _reuse_consumers(n: UOp, consumers: dict[UOp, list[UOp]], copies: set[UOp]) 
     return reuse, reduce_, count
 
 
-_POLYNOMIAL = MATH_UNARY - {Ops.ROUND, Ops.TRUNC, Ops.FLOOR}  # rewritten into polynomials (transcendental.py)
+# Rewritten into polynomials (transcendental.py; POW too, but for small integer exponents).
+_POLYNOMIAL = (MATH_UNARY - {Ops.ROUND, Ops.TRUNC, Ops.FLOOR}) | {Ops.POW}
 
 
 def _base(n: UOp, copies: set[UOp]) -> UOp:
