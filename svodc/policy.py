@@ -57,15 +57,18 @@ class OptimizationPolicy:
     gemm: bool = True  # MATMULs of at least gemm_min_macs run as GEMM kernels (else MUL + REDUCE loops)
     gemm_transpose: bool = True  # lanes along m when n wastes vector lanes (n = 7x7) and A is constant
     merge_inner_loops: bool = True  # contiguous inner output axes as one loop when that needs no div/mod
+    winograd: bool = True  # 3x3 stride-1 convolutions as Winograd F(2x2, 3x3) where the gate admits (winograd.py)
     # Thresholds:
     gemm_min_macs: int = 4096  # smaller products are cheaper on the generic path
     max_fused_ops: int = 400  # a fused subgraph past this many ops is realized (bounds kernels, LLVM time)
     cheap_to_repeat: int = 16  # ops per element a reusing consumer may recompute instead of loading
     parallel_min: int = 32  # leading output axes collapse into one parallel loop of at least this many
+    winograd_min_channels: int = 32  # Winograd only when input and output channels are both at least this
+    winograd_min_tiles: int = 64  # ... and the output has at least this many 2x2 tiles (the GEMMs' N)
     # One variant's code only (not the program): None is the target's own, gemm_blocking(target).
     cpu_gemm: GemmBlocking | None = None
 
-    STEPS: ClassVar[tuple[str, ...]] = ("conv_to_matmul", "gemm", "gemm_transpose", "merge_inner_loops")
+    STEPS: ClassVar[tuple[str, ...]] = ("conv_to_matmul", "gemm", "gemm_transpose", "merge_inner_loops", "winograd")
 
     def without(self, *steps: str) -> OptimizationPolicy:
         """This policy with the named steps switched off."""
