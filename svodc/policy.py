@@ -63,8 +63,11 @@ class OptimizationPolicy:
     max_fused_ops: int = 400  # a fused subgraph past this many ops is realized (bounds kernels, LLVM time)
     cheap_to_repeat: int = 16  # ops per element a reusing consumer may recompute instead of loading
     parallel_min: int = 32  # leading output axes collapse into one parallel loop of at least this many
-    winograd_min_channels: int = 32  # Winograd only when input and output channels are both at least this
-    winograd_min_tiles: int = 64  # ... and the output has at least this many 2x2 tiles (the GEMMs' N)
+    # Winograd convolutions need at least these input channels (the GEMMs' K: with fewer, the C stores and the
+    # transforms outweigh the 2.25x fewer multiplies), output channels and 2x2 output tiles (the GEMMs' N):
+    winograd_min_in_channels: int = 64
+    winograd_min_out_channels: int = 32
+    winograd_min_tiles: int = 16
     # One variant's code only (not the program): None is the target's own, gemm_blocking(target).
     cpu_gemm: GemmBlocking | None = None
 

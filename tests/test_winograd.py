@@ -19,7 +19,8 @@ from svodc.policy import DEFAULT_POLICY
 from tests.onnx_util import make_model, reference
 
 # Low thresholds, so small (fast) convolutions take the Winograd path.
-EVERYWHERE = dataclasses.replace(DEFAULT_POLICY, winograd_min_channels=1, winograd_min_tiles=1)
+EVERYWHERE = dataclasses.replace(DEFAULT_POLICY, winograd_min_in_channels=1, winograd_min_out_channels=1,
+                                 winograd_min_tiles=1, parallel_min=1)
 
 
 def _conv_model(c: int, o: int, h: int, w: int, pad: int, bias: bool = True, epilogue: bool = False,
@@ -48,16 +49,17 @@ def _winograd_matmuls(model, policy) -> int:
     return sum(1 for n in sink.toposort() if n.op is Ops.MATMUL and n.ndim == 3 and n.shape[0] == t2)
 
 
-@pytest.mark.parametrize("c, o, h, w, pad, bias, epilogue", [
-    (8, 8, 8, 8, 1, True, False),
-    (5, 7, 9, 11, 1, True, True),  # odd channels and sizes: the last tiles are cut off
-    (16, 12, 10, 7, 0, False, False),  # no padding
-    (3, 20, 8, 8, 0, True, True),
+@pytest.mark.parametrize("c, o, h, w, pad, bias, epilogue, policy", [
+    (8, 8, 8, 8, 1, True, False, EVERYWHERE),
+    (5, 7, 9, 11, 1, True, True, EVERYWHERE),  # odd channels and sizes: the last tiles are cut off
+    (16, 12, 10, 7, 0, False, False, EVERYWHERE),  # no padding
+    (3, 20, 8, 8, 0, True, True, EVERYWHERE),
+    (64, 32, 9, 8, 1, True, True, DEFAULT_POLICY),  # the default thresholds (the kernels' own parallel loops)
 ])
-def test_single_convolutions_match_onnxruntime(c, o, h, w, pad, bias, epilogue):
+def test_single_convolutions_match_onnxruntime(c, o, h, w, pad, bias, epilogue, policy):
     model, feeds = _conv_model(c, o, h, w, pad, bias, epilogue)
-    assert _winograd_matmuls(model, EVERYWHERE) == 1
-    bundle = svodc.compile(model, options=CompileOptions(policies={"*": EVERYWHERE}))
+    assert _winograd_matmuls(model, policy) == 1
+    bundle = svodc.compile(model, options=CompileOptions(policies={"*": policy}))
     with svodrt.load(bundle) as m:
         got = m.run(feeds)["y"]
     want = reference(model, feeds)[0]
@@ -80,7 +82,7 @@ def test_gate():
     for kwargs in ({"stride": 2}, {"group": 2}, {"dilation": 2}):  # the direct path
         strided, _ = _conv_model(8, 8, 12, 12, 1, **kwargs)
         assert _winograd_matmuls(strided, EVERYWHERE) == 0, kwargs
-    big, _ = _conv_model(DEFAULT_POLICY.winograd_min_channels, DEFAULT_POLICY.winograd_min_channels, 16, 16, 1)
+    big, _ = _conv_model(DEFAULT_POLICY.winograd_min_in_channels, DEFAULT_POLICY.winograd_min_out_channels, 8, 8, 1)
     assert _winograd_matmuls(big, DEFAULT_POLICY) == 1
 
 

@@ -19,8 +19,9 @@ once, by the kernel that computes it.
 Multiplies per output pixel and channel pair: 9 direct, t*t / (m*m) = 4 with F(2x2, 3x3). The transforms cost
 O(C) and O(O) per tile, not O(C * O), so they pay where C and O are large (the policy's thresholds).
 Only F(2x2, 3x3) is built: its transforms have coefficients 0 and +-1 (exact in float32; the error is that of
-a different summation order), while F(4x4, 3x3)'s coefficients up to 8 and 36 transformed positions raise the
-error by about an order of magnitude and need 36 loop nests, past split.py's MAX_PIECES.
+a different summation order), while F(4x4, 3x3)'s coefficients up to 8 raise the error about 15x (one 128-channel
+layer in float32 against float64: 4e-6 of max|y|, F(2x2) 2.4e-7, the direct sum 3e-7), and its 36 transformed
+positions would be 36 loop nests, past split.py's MAX_PIECES.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], dtype=np.float64)  # m x t
 
 def applies(n: UOp, policy: OptimizationPolicy) -> bool:
     """The gate: a 3x3 stride-1 dense float32 convolution of a constant, non-splat filter with at least the
-    policy's channels (C and O) and output tiles (the GEMMs' N), whose product the GEMM kernels take."""
+    policy's input and output channels and output tiles, whose product the GEMM kernels take."""
     if n.op is not Ops.CONV or n.dtype is not dtypes.float32 or n.ndim != 4:
         return False
     x, w = n.src
@@ -55,10 +56,13 @@ def applies(n: UOp, policy: OptimizationPolicy) -> bool:
             or not is_folded_constant(w) or splat_value(w) is not None):
         return False  # a splat filter is cheaper still as a collapsed MATMUL (contraction.py)
     oh, ow = n.shape[2:]
+    c, o = x.shape[1], w.shape[0]
     tiles = x.shape[0] * -(-oh // TILE) * -(-ow // TILE)
-    macs = BT.size * x.shape[1] * w.shape[0] * tiles  # the batched GEMM must be one (decompose.gemm_eligible)
-    return (min(x.shape[1], w.shape[0]) >= policy.winograd_min_channels and tiles >= policy.winograd_min_tiles
-            and macs >= policy.gemm_min_macs)
+    macs = BT.size * c * o * tiles  # the batched GEMM must be one (decompose.gemm_eligible)
+    # C >= parallel_min: the input transform's parallel loop is then over channels alone, and split.py can cut
+    # its position axis into 16 loop nests (a parallel loop merged with it would hide the concatenation).
+    return (c >= max(policy.winograd_min_in_channels, policy.parallel_min) and o >= policy.winograd_min_out_channels
+            and tiles >= policy.winograd_min_tiles and macs >= policy.gemm_min_macs)
 
 
 def filter_transform(w: np.ndarray) -> np.ndarray:
