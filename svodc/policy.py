@@ -64,10 +64,12 @@ class OptimizationPolicy:
     cheap_to_repeat: int = 16  # ops per element a reusing consumer may recompute instead of loading
     parallel_min: int = 32  # leading output axes collapse into one parallel loop of at least this many
     # Winograd convolutions need at least these input channels (the GEMMs' K: with fewer, the C stores and the
-    # transforms outweigh the 2.25x fewer multiplies), output channels and 2x2 output tiles (the GEMMs' N):
+    # transforms outweigh the 2.25x fewer multiplies), output channels, 2x2 output tiles (the GEMMs' N) and
+    # multiply-adds of the batched GEMM (under it the five kernels' fixed costs win):
     winograd_min_in_channels: int = 64
-    winograd_min_out_channels: int = 32
+    winograd_min_out_channels: int = 24
     winograd_min_tiles: int = 16
+    winograd_min_macs: int = 2_000_000
     # One variant's code only (not the program): None is the target's own, gemm_blocking(target).
     cpu_gemm: GemmBlocking | None = None
 

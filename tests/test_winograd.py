@@ -20,7 +20,7 @@ from tests.onnx_util import make_model, reference
 
 # Low thresholds, so small (fast) convolutions take the Winograd path.
 EVERYWHERE = dataclasses.replace(DEFAULT_POLICY, winograd_min_in_channels=1, winograd_min_out_channels=1,
-                                 winograd_min_tiles=1, parallel_min=1)
+                                 winograd_min_tiles=1, winograd_min_macs=1, parallel_min=1)
 
 
 def _conv_model(c: int, o: int, h: int, w: int, pad: int, bias: bool = True, epilogue: bool = False,
@@ -54,7 +54,7 @@ def _winograd_matmuls(model, policy) -> int:
     (5, 7, 9, 11, 1, True, True, EVERYWHERE),  # odd channels and sizes: the last tiles are cut off
     (16, 12, 10, 7, 0, False, False, EVERYWHERE),  # no padding
     (3, 20, 8, 8, 0, True, True, EVERYWHERE),
-    (64, 32, 9, 8, 1, True, True, DEFAULT_POLICY),  # the default thresholds (the kernels' own parallel loops)
+    (64, 32, 23, 22, 1, True, True, DEFAULT_POLICY),  # the default thresholds (the kernels' own parallel loops)
 ])
 def test_single_convolutions_match_onnxruntime(c, o, h, w, pad, bias, epilogue, policy):
     model, feeds = _conv_model(c, o, h, w, pad, bias, epilogue)
@@ -82,7 +82,7 @@ def test_gate():
     for kwargs in ({"stride": 2}, {"group": 2}, {"dilation": 2}):  # the direct path
         strided, _ = _conv_model(8, 8, 12, 12, 1, **kwargs)
         assert _winograd_matmuls(strided, EVERYWHERE) == 0, kwargs
-    big, _ = _conv_model(DEFAULT_POLICY.winograd_min_in_channels, DEFAULT_POLICY.winograd_min_out_channels, 8, 8, 1)
+    big, _ = _conv_model(DEFAULT_POLICY.winograd_min_in_channels, DEFAULT_POLICY.winograd_min_out_channels, 24, 24, 1)
     assert _winograd_matmuls(big, DEFAULT_POLICY) == 1
 
 

@@ -47,7 +47,7 @@ AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], dtype=np.float64)  # m x t
 
 def applies(n: UOp, policy: OptimizationPolicy) -> bool:
     """The gate: a 3x3 stride-1 dense float32 convolution of a constant, non-splat filter with at least the
-    policy's input and output channels and output tiles, whose product the GEMM kernels take."""
+    policy's input and output channels, output tiles and multiply-adds (a product the GEMM kernels take)."""
     if n.op is not Ops.CONV or n.dtype is not dtypes.float32 or n.ndim != 4:
         return False
     x, w = n.src
@@ -58,11 +58,11 @@ def applies(n: UOp, policy: OptimizationPolicy) -> bool:
     oh, ow = n.shape[2:]
     c, o = x.shape[1], w.shape[0]
     tiles = x.shape[0] * -(-oh // TILE) * -(-ow // TILE)
-    macs = BT.size * c * o * tiles  # the batched GEMM must be one (decompose.gemm_eligible)
+    macs = BT.size * c * o * tiles  # the batched GEMM's, which must be a GEMM kernel (decompose.gemm_eligible)
     # C >= parallel_min: the input transform's parallel loop is then over channels alone, and split.py can cut
     # its position axis into 16 loop nests (a parallel loop merged with it would hide the concatenation).
     return (c >= max(policy.winograd_min_in_channels, policy.parallel_min) and o >= policy.winograd_min_out_channels
-            and tiles >= policy.winograd_min_tiles and macs >= policy.gemm_min_macs)
+            and tiles >= policy.winograd_min_tiles and macs >= max(policy.winograd_min_macs, policy.gemm_min_macs))
 
 
 def filter_transform(w: np.ndarray) -> np.ndarray:
