@@ -34,7 +34,8 @@ test-fast: $(STAMP)
 # (tests/gpu/rdna3/). No GPU needed; scripts/gpu_check.py is the on-hardware check.
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q tests/test_gpu_light_models.py tests/test_gpu_codegen.py tests/test_gpu_runtime.py \
-		tests/test_gpu_rdna3.py tests/test_rdna3_instructions.py tests/test_gpu_precision.py tests/test_gpu_check.py
+		tests/test_gpu_rdna3.py tests/test_rdna3_instructions.py tests/test_gpu_precision.py tests/test_gpu_check.py \
+		tests/test_gpu_mma.py
 
 # Cross-compiled code (aarch64, riscv64, ppc64le, s390x) executed under qemu-user: about 15 minutes
 # on 2 idle cores (docs/architecture.md "Cross targets"), so not part of `make test`. Installs

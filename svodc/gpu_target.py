@@ -28,17 +28,20 @@ class GpuArch:
     features: str  # LLVM features (the PTX ISA version for NVPTX)
     wave: int  # threads per warp / wavefront
     what: str
+    # matrix units for GEMMs with float16/bfloat16 weights (--precision): "mma" (mma.sync, codegen/gpu_mma.py),
+    # "wmma" (gfx11, gpu_wmma.py), "mfma" (CDNA3, gpu_mfma.py); None: the vector ALUs (gfx12's WMMA differs)
+    matrix: str | None
 
 
 # PTX ISA: the oldest version the architecture allows, so the PTX JIT-compiles on the oldest drivers
 # that know the architecture (7.0: CUDA 11.0; 7.8: CUDA 11.8).
 GPU_ARCHS: dict[str, GpuArch] = {
-    "sm_80": GpuArch("cuda", "nvptx64", "nvptx64-nvidia-cuda", "+ptx70", 32, "NVIDIA Ampere (A100)"),
-    "sm_90": GpuArch("cuda", "nvptx64", "nvptx64-nvidia-cuda", "+ptx78", 32, "NVIDIA Hopper (H100, H200)"),
-    "gfx942": GpuArch("hip", "amdgcn", "amdgcn-amd-amdhsa", "", 64, "AMD CDNA3 (MI300)"),
-    "gfx1100": GpuArch("hip", "amdgcn", "amdgcn-amd-amdhsa", "", 32, "AMD RDNA3 (RX 7900)"),
-    "gfx1151": GpuArch("hip", "amdgcn", "amdgcn-amd-amdhsa", "", 32, "AMD RDNA3.5 (Ryzen AI Max)"),
-    "gfx1200": GpuArch("hip", "amdgcn", "amdgcn-amd-amdhsa", "", 32, "AMD RDNA4 (RX 9060)"),
+    "sm_80": GpuArch("cuda", "nvptx64", "nvptx64-nvidia-cuda", "+ptx70", 32, "NVIDIA Ampere (A100)", "mma"),
+    "sm_90": GpuArch("cuda", "nvptx64", "nvptx64-nvidia-cuda", "+ptx78", 32, "NVIDIA Hopper (H100, H200)", "mma"),
+    "gfx942": GpuArch("hip", "amdgcn", "amdgcn-amd-amdhsa", "", 64, "AMD CDNA3 (MI300)", "mfma"),
+    "gfx1100": GpuArch("hip", "amdgcn", "amdgcn-amd-amdhsa", "", 32, "AMD RDNA3 (RX 7900)", "wmma"),
+    "gfx1151": GpuArch("hip", "amdgcn", "amdgcn-amd-amdhsa", "", 32, "AMD RDNA3.5 (Ryzen AI Max)", "wmma"),
+    "gfx1200": GpuArch("hip", "amdgcn", "amdgcn-amd-amdhsa", "", 32, "AMD RDNA4 (RX 9060)", None),
 }
 _PREFIXES = {"cuda": "cuda", "nvptx64": "cuda", "nvptx64-nvidia-cuda": "cuda",
              "hip": "hip", "amdgcn": "hip", "amdgcn-amd-amdhsa": "hip"}

@@ -20,7 +20,6 @@ from svodc.codegen.elf import read_object
 from svodc.codegen.gpu_emit import GpuEmitter, Launch, map_launch, scaling_dims
 from svodc.codegen.gpu_gemm import gemm_launch
 from svodc.codegen.gpu_tools import assemble_ptx, check_amd_code_object, link_amd_code_object
-from svodc.codegen.gpu_wmma import WMMA_ARCHS
 from svodc.codegen.link import CodeImage, link
 from svodc.codegen.llvm_ir import FN_ATTRS
 from svodc.codegen.worker import WorkerPool, borrow
@@ -73,11 +72,11 @@ def plan_statements(program: Program, check_ir: bool = False) -> list[Statement]
     return out
 
 
-def gpu_module(statements: list[Statement], backend: str, triple: str, wmma: bool = False) -> str:
+def gpu_module(statements: list[Statement], backend: str, triple: str, matrix: str | None = None) -> str:
     bodies, declares, globals_, metadata = [], set(), [], []
     md_ids = itertools.count(1)  # !0 is the module flag
     for s in statements:
-        em = GpuEmitter(s.launch.symbol, s.stmt, s.launch, backend, md_ids, wmma)
+        em = GpuEmitter(s.launch.symbol, s.stmt, s.launch, backend, md_ids, matrix)
         bodies.append(em.render(s.nparams))
         declares |= em.uses_intrinsics
         globals_ += em.globals
@@ -107,7 +106,7 @@ def compile_gpu_programs(program: Program, targets: list[GpuTarget], options: Co
     jobs = []
     for t in targets:
         backend = "nvptx" if t.kind == "cuda" else "amdgcn"
-        module = gpu_module(statements, backend, t.triple, t.cpu in WMMA_ARCHS)
+        module = gpu_module(statements, backend, t.triple, t.spec.matrix)
         jobs.append(LLVMJob(f"kernels for {t.describe()}", module, t.triple, t.cpu,
                             t.llvm_features, options.opt_level, "small", False, set_datalayout=True,
                             emit="assembly" if t.kind == "cuda" else "object"))
@@ -127,15 +126,18 @@ def compile_gpu_programs(program: Program, targets: list[GpuTarget], options: Co
 
 
 def compile_gpu_emulation(program: Program, host: Target, options: CompileOptions,
-                          workers: WorkerPool | None = None) -> tuple[CodeImage, list[Launch]]:
+                          workers: WorkerPool | None = None,
+                          matrix: str | None = None) -> tuple[CodeImage, list[Launch]]:
     """The GPU kernels as CPU functions `void SYMBOL(void **args)` (one call runs the whole grid), in
     one code image for `host`, with the launch list they implement. For tests: the grid mapping,
-    tiling and epilogues of the GPU code, checked by running them here."""
+    tiling and epilogues of the GPU code, checked by running them here. matrix="mma": GEMMs with
+    float16/bfloat16 weights as the CUDA variants run them (gpu_mma.py), else on the vector path."""
     statements = plan_statements(program, options.check_ir)
     chunks = [statements[i: i + KERNELS_PER_EMULATION_MODULE]
               for i in range(0, len(statements), KERNELS_PER_EMULATION_MODULE)]
-    jobs = [LLVMJob(f"emulated GPU kernels {i}", gpu_module(c, "emulate", host.triple), host.triple, host.llvm_cpu,
-                    host.llvm_features, options.opt_level, host.codemodel, False) for i, c in enumerate(chunks)]
+    jobs = [LLVMJob(f"emulated GPU kernels {i}", gpu_module(c, "emulate", host.triple, matrix), host.triple,
+                    host.llvm_cpu, host.llvm_features, options.opt_level, host.codemodel, False)
+            for i, c in enumerate(chunks)]
     with borrow(workers, options.jobs or 2) as pool:
         results = run_jobs(jobs, pool)
     objects = [read_object(obj, j.name) for j, (obj, _) in zip(jobs, results, strict=True)]

@@ -36,6 +36,7 @@ from svodc.ir.ops import Ops, RangeArg, RangeKind
 from svodc.ir.uop import UOp
 
 BACKENDS = ("nvptx", "amdgcn", "emulate")
+MATRIX_UNITS = (None, "wmma", "mma", "mfma")  # gpu_wmma.py, gpu_mma.py, gpu_mfma.py
 MAP_BLOCK = 256  # threads per block of a map kernel
 MAX_GRID = 4096  # blocks of a map kernel at most (the grid-stride loop covers the rest)
 
@@ -87,7 +88,7 @@ class GpuEmitter(KernelEmitter):
     """Emits one statement as one GPU kernel function for `backend`."""
 
     def __init__(self, symbol: str, stmt: UOp, launch: Launch, backend: str, md_ids: Iterator[int],
-                 wmma: bool = False):
+                 matrix: str | None = None):
         super().__init__(symbol, stmt, None)  # type: ignore[arg-type]  (the CPU target is not used)
         assert backend in BACKENDS
         self.backend = backend
@@ -101,7 +102,9 @@ class GpuEmitter(KernelEmitter):
         self.bid_r = loop_range(-2, launch.grid)
         self.tid_r = loop_range(-3, launch.block)
         self.emulated = backend == "emulate"
-        self.wmma = wmma  # gfx11 matrix units, for GEMMs with float16/bfloat16 weights (gpu_wmma.py)
+        # the matrix units GEMMs with float16/bfloat16 weights use (GpuArch.matrix; the emulation models "mma")
+        assert matrix in MATRIX_UNITS and (not self.emulated or matrix in (None, "mma")), matrix
+        self.matrix = matrix
 
     # ------------------------------------------------------------------ ids, phases, memory
     def extent(self, r: UOp) -> str:

@@ -1,6 +1,8 @@
 """GPU code for GEMM nodes: a shared-memory tiled kernel (the first correct version) on the vector ALUs;
-on gfx11 with float16/bfloat16 weights (--precision) its inner products run on the matrix units instead
-(gpu_wmma.accumulate_wmma; MFMA and mma.sync are not used).
+with float16/bfloat16 weights (--precision) its inner products run on the matrix units instead, where the
+target has them (GpuArch.matrix): mma.sync on sm_80/sm_90 (gpu_mma.py), WMMA on gfx11 (gpu_wmma.py), MFMA
+on gfx942 (gpu_mfma.py). Each keeps the same staged tiles and 16 float32 accumulators per thread, in its
+own layout (its *_position maps them back to C).
 
 C[b, m, n] = sum_k A[b, m, k] * B[b, k, n]. One block of THREADS = 16 x 16 threads computes a
 BM x BN = 64 x 64 tile of C; thread (ty, tx) = (t / 16, t % 16) owns the 4 x 4 elements
@@ -28,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from svodc.codegen.gpu_emit import GpuEmitter, Launch, loop_range
+from svodc.codegen.gpu_mfma import accumulate_mfma, mfma_position
+from svodc.codegen.gpu_mma import accumulate_mma, mma_position
 from svodc.codegen.gpu_wmma import accumulate_wmma, wmma_position
 from svodc.codegen.llvm_gemm import operand_offset
 from svodc.gemm_plan import B_PANEL, GPU_BM, GPU_BN, GPU_TK, a_panel, gpu_plan
@@ -42,6 +46,9 @@ RM, RN = BM // SIDE, BN // SIDE
 # Unrolling the k loop of a step 16 times keeps 16 x 8 tile values live (~270 VGPRs on gfx942: one
 # wave per SIMD) and quadruples LLVM time; 2 keeps both low.
 KK_UNROLL = 2
+# matrix units (GpuArch.matrix): one k step's products, and accumulator c's (row, column) in the tile
+POSITION = {"wmma": wmma_position, "mma": mma_position, "mfma": mfma_position}
+ACCUMULATE_IN_PHASE = {"wmma": accumulate_wmma, "mfma": accumulate_mfma}  # mma opens its own phases
 
 
 def gemm_launch(kernel: int, symbol: str, arg: GemmArg, with_dims: bool = False) -> Launch | None:
@@ -198,11 +205,11 @@ def _tiled_position(em: GpuEmitter, c: str) -> tuple[str, str]:
 
 
 def _store(em: GpuEmitter, arg: GemmArg, size: Sizes, pc: str, c_base: str, m0: str, n0: str, batch: list[str],
-           acc: str, epilogue: UOp | None, ranges: tuple[UOp, ...], wmma: bool) -> None:
+           acc: str, epilogue: UOp | None, ranges: tuple[UOp, ...], matrix: str | None) -> None:
     """Every thread writes its elements of C that lie inside C, each followed by the epilogue. A loop
     over the thread's RM x RN elements, so the epilogue's code exists once (not RM x RN times); the
-    element's value is picked from the accumulators (registers) by a chain of selects. wmma: the
-    accumulators are in the matrix units' layout (gpu_wmma.wmma_position)."""
+    element's value is picked from the accumulators (registers) by a chain of selects. matrix: the
+    accumulators are in those matrix units' layout (POSITION)."""
     line = em.emit_line
     values = [line(em.stack[-1], f"load float, {em.PRIVATE_PTR} {em.private_slot(acc, RM * RN, c)}, align 4")
               for c in range(RM * RN)]
@@ -212,7 +219,7 @@ def _store(em: GpuEmitter, arg: GemmArg, size: Sizes, pc: str, c_base: str, m0: 
     v = values[0]
     for e in range(1, RM * RN):
         v = line(sc, f"select i1 {line(sc, f'icmp eq i64 {c}, {e}')}, float {values[e]}, float {v}")
-    row, col = (wmma_position if wmma else _tiled_position)(em, c)
+    row, col = (POSITION[matrix] if matrix else _tiled_position)(em, c)
     m = line(sc, f"add nuw nsw i64 {m0}, {row}")
     n = line(sc, f"add nuw nsw i64 {n0}, {col}")
     inside = line(sc, f"and i1 {line(sc, f'icmp ult i64 {m}, {size.m}')}, {line(sc, f'icmp ult i64 {n}, {size.n}')}")
@@ -238,9 +245,10 @@ def emit_gpu_gemm(em: GpuEmitter, node: UOp) -> None:
     elem_a, elem_b, elem_c = (x.dtype.base for x in node.src[:3])
     assert elem_c is dtypes.float32 and {elem_a, elem_b} <= {dtypes.float32, dtypes.float16, dtypes.bfloat16}, \
         "GEMM kernels compute in float32 (packed constants may be float16/bfloat16: --precision)"
-    # gfx11 with float16/bfloat16 weights (--precision): the matrix units, the other operand rounded to that type
+    # float16/bfloat16 weights (--precision): the matrix units, the other operand rounded to that type
     reduced = {elem_a, elem_b} - {dtypes.float32}
-    wmma = next(iter(reduced)) if em.wmma and len(reduced) == 1 else None
+    unit = em.matrix if len(reduced) == 1 else None
+    low = next(iter(reduced)) if unit else None
     pa, pb, pc = (em.value(x) for x in node.src[:3])
     epilogue = node.src[3] if len(node.src) > 3 else None
     ranges = node.src[4:]
@@ -273,14 +281,17 @@ def emit_gpu_gemm(em: GpuEmitter, node: UOp) -> None:
             _stage(em, arg, size, "a", pa, elem_a, a_base, a_tile, a_t, m0, k0)
             _stage(em, arg, size, "b", pb, elem_b, b_base, b_tile, b_t, k0, n0)
         em.barrier()
-        with em.threads():
-            if wmma is not None:
-                accumulate_wmma(em, a_tile, a_t, b_tile, b_t, acc, wmma)
-            else:
-                _accumulate(em, a_tile, a_t, b_tile, b_t, acc)
+        if unit == "mma":
+            accumulate_mma(em, a_tile, a_t, b_tile, b_t, acc, low)
+        else:
+            with em.threads():
+                if unit:
+                    ACCUMULATE_IN_PHASE[unit](em, a_tile, a_t, b_tile, b_t, acc, low)
+                else:
+                    _accumulate(em, a_tile, a_t, b_tile, b_t, acc)
         em.barrier()  # the next step overwrites the tiles
         em.close_loop()
         with em.threads():
-            _store(em, arg, size, pc, c_base, m0, n0, batch, acc, epilogue, ranges, wmma is not None)
+            _store(em, arg, size, pc, c_base, m0, n0, batch, acc, epilogue, ranges, unit)
         if arg.runtime:
             em.close_loop()

@@ -134,7 +134,7 @@ INTRINSIC = {"float16": ("half", "llvm.amdgcn.wmma.f32.16x16x16.f16"),
              "bfloat16": ("i16", "llvm.amdgcn.wmma.f32.16x16x16.bf16")}
 
 
-def _round_to(em: GpuEmitter, x: str, elem: DType) -> str:
+def round_to(em: GpuEmitter, x: str, elem: DType) -> str:
     line, sc = em.emit_line, em.stack[-1]
     if elem is dtypes.float16:
         return line(sc, f"fptrunc float {x} to half")
@@ -164,7 +164,6 @@ def accumulate_wmma(em: GpuEmitter, a_tile: str, a_t: str, b_tile: str, b_t: str
     scalar, intrinsic = INTRINSIC[elem.name]
     vec = f"<{TILE} x {scalar}>"
     em.uses_intrinsics.add(f"declare <8 x float> @{intrinsic}({vec}, {vec}, <8 x float>)")
-    pt = em.PRIVATE_PTR
     for q in range(SUBTILES_PER_WAVE):
         row0, col0, lane = _subtile(em, q)
         l16 = _i64(em, "urem", lane, TILE)
@@ -175,19 +174,27 @@ def accumulate_wmma(em: GpuEmitter, a_tile: str, a_t: str, b_tile: str, b_t: str
             ia, ib = _i64(em, "add nuw nsw", a_row, e), _i64(em, "add nuw nsw", b_col, e * SUBTILES_PER_SIDE * TILE)
             pa = line(sc, f"getelementptr inbounds float, {a_t} {a_tile}, i64 {ia}", "ptr")
             pb = line(sc, f"getelementptr inbounds float, {b_t} {b_tile}, i64 {ib}", "ptr")
-            xa = _round_to(em, line(sc, f"load float, {a_t} {pa}, align 4"), elem)
-            xb = _round_to(em, line(sc, f"load float, {b_t} {pb}, align 4"), elem)
+            xa = round_to(em, line(sc, f"load float, {a_t} {pa}, align 4"), elem)
+            xb = round_to(em, line(sc, f"load float, {b_t} {pb}, align 4"), elem)
             av = line(sc, f"insertelement {vec} {av}, {scalar} {xa}, i32 {e}")
             bv = line(sc, f"insertelement {vec} {bv}, {scalar} {xb}, i32 {e}")
-        slots = [em.private_slot(acc, 2 * 8, 8 * q + v) for v in range(8)]
-        cv = "poison"
-        for v, slot in enumerate(slots):
-            x = line(sc, f"load float, {pt} {slot}, align 4")
-            cv = line(sc, f"insertelement <8 x float> {cv}, float {x}, i32 {v}")
-        d = line(sc, f"call <8 x float> @{intrinsic}({vec} {av}, {vec} {bv}, <8 x float> {cv})")
-        for v, slot in enumerate(slots):
-            x = line(sc, f"extractelement <8 x float> {d}, i32 {v}")
-            sc.lines.append(f"  store float {x}, {pt} {slot}, align 4")
+        update_accumulators(em, acc, 2 * 8, 8 * q, 8,
+                            lambda cv, av=av, bv=bv: f"call <8 x float> @{intrinsic}({vec} {av}, {vec} {bv}, {cv})")
+
+
+def update_accumulators(em: GpuEmitter, acc: str, n: int, first: int, width: int, call) -> None:
+    """Accumulators first .. first + width of the thread's n as one <width x float> C, replaced by the D that
+    call(C operand) returns (a matrix instruction)."""
+    line, sc, pt = em.emit_line, em.stack[-1], em.PRIVATE_PTR
+    slots = [em.private_slot(acc, n, first + v) for v in range(width)]
+    cv = "poison"
+    for v, slot in enumerate(slots):
+        x = line(sc, f"load float, {pt} {slot}, align 4")
+        cv = line(sc, f"insertelement <{width} x float> {cv}, float {x}, i32 {v}")
+    d = line(sc, call(f"<{width} x float> {cv}"))
+    for v, slot in enumerate(slots):
+        x = line(sc, f"extractelement <{width} x float> {d}, i32 {v}")
+        sc.lines.append(f"  store float {x}, {pt} {slot}, align 4")
 
 
 def wmma_position(em: GpuEmitter, c: str) -> tuple[str, str]:
