@@ -165,6 +165,7 @@ def rewrite_graph(sink: UOp, policy: OptimizationPolicy, prov: Provenance) -> UO
             consumers[s] += 1
     new: dict[UOp, UOp] = {}
     tiled: dict[UOp, UOp] = {}  # original node -> its value in tile layout (new[node] is from_tiles of it)
+    sunk: set[UOp] = set()  # those of tiled that a sunk consumer took over
     for nd in nodes:
         if applies(nd, policy):
             y, e = winograd_conv(nd.replace(src=tuple(new[s] for s in nd.src)))
@@ -179,11 +180,17 @@ def rewrite_graph(sink: UOp, policy: OptimizationPolicy, prov: Provenance) -> UO
             prov.inherit(e, nd)
             tiled[nd], new[nd] = e, from_tiles(e, nd.shape)
             prov.inherit(new[nd], nd)
+            sunk.update(s for s in nd.src if s in tiled and consumers[s] == 1)
             continue
         srcs = tuple(new[s] for s in nd.src)
         new[nd] = nd if all(a is b for a, b in zip(srcs, nd.src, strict=True)) else nd.replace(src=srcs)
         if new[nd] is not nd:
             prov.inherit(new[nd], nd)
+    # The top of each chain is realized in tile layout: its consumers then read it through a reshape and a slice
+    # (an affine view) instead of evaluating the output transform's selects per element, with div/mod.
+    for nd, e in tiled.items():
+        if nd not in sunk:
+            prov.ask_realize(e)
     return new[sink]
 
 
