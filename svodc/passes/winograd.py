@@ -12,9 +12,9 @@ convolution becomes
   output transform Y = A^T M A: m*m loop nests, each a sum of M planes, written into the output's tile layout
                    [N, O, TH, m, TW, m] (a reshape of [N, O, TH*m, TW*m], so the kernel iterates it without
                    div/mod; an odd OH or OW is a last row or column of tiles cut off by a slice view).
-The elementwise chain the convolution feeds (bias, BatchNormalization's shift, activation, residual add) is
-moved below that reshape (`sink_epilogues`), so it runs in the output transform's loops: the output is written
-once, by the kernel that computes it.
+The elementwise chain the convolution alone feeds (bias, BatchNormalization's shift, activation, residual add) is
+moved below that reshape (`rewrite_graph`), so it runs in the output transform's loops, and the chain's top is
+realized in tile layout: the output is written once, by the kernel that computes it, and read through views.
 
 Multiplies per output pixel and channel pair: 9 direct, t*t / (m*m) = 4 with F(2x2, 3x3). The transforms cost
 O(C) and O(O) per tile, not O(C * O), so they pay where C and O are large (the policy's thresholds).
@@ -32,6 +32,7 @@ import numpy as np
 
 from svodc.ir import tensor as T
 from svodc.ir.dtypes import dtypes
+from svodc.ir.interpret import evaluate
 from svodc.ir.ops import ALU, ConvArg, Ops
 from svodc.ir.provenance import Provenance
 from svodc.ir.uop import UOp
@@ -112,7 +113,7 @@ def winograd_conv(n: UOp) -> tuple[UOp, UOp]:
               for xi in range(t) for nu in range(t)]
     # [t*t, C, tiles]: a strided view, columns contiguous
     v = T.permute(T.reshape(T.concat(pieces, 1), (C, t * t, N * th * tw)), (1, 0, 2))
-    u = broadcast_weight(dtypes.float32, filter_transform(_constant(w)))
+    u = broadcast_weight(dtypes.float32, filter_transform(evaluate([w])[0]))
     prod = T.reshape(UOp(Ops.MATMUL, dtypes.float32, (u, v)), (t, t, O, N, th, tw))
 
     def plane(xi: int, nu: int) -> UOp:  # M[xi nu] as [N, O, th, tw]
@@ -142,12 +143,6 @@ def to_tiles(x: UOp, tile_shape: tuple[int, ...]) -> UOp:
     _, _, th, m, tw, _ = tile_shape
     padded = T.pad(x, [(0, 0), (0, 0), (0, th * m - x.shape[2]), (0, tw * m - x.shape[3])])
     return T.reshape(padded, tile_shape)
-
-
-def _constant(w: UOp) -> np.ndarray:
-    from svodc.ir.interpret import evaluate
-
-    return evaluate([w])[0]
 
 
 def _elementwise_over(n: UOp, shape: tuple[int, ...]) -> bool:
