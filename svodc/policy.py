@@ -57,6 +57,7 @@ class OptimizationPolicy:
     gemm: bool = True  # MATMULs of at least gemm_min_macs run as GEMM kernels (else MUL + REDUCE loops)
     gemm_transpose: bool = True  # lanes along m when n wastes vector lanes (n = 7x7) and A is constant
     merge_inner_loops: bool = True  # contiguous inner output axes as one loop when that needs no div/mod
+    int8_gemm: bool = True  # int32 products of 8-bit operands and a constant run as integer GEMM kernels (CPU)
     winograd: bool = True  # 3x3 stride-1 convolutions as Winograd F(2x2, 3x3) where the gate admits (winograd.py)
     # Thresholds:
     gemm_min_macs: int = 4096  # smaller products are cheaper on the generic path
@@ -73,7 +74,8 @@ class OptimizationPolicy:
     # One variant's code only (not the program): None is the target's own, gemm_blocking(target).
     cpu_gemm: GemmBlocking | None = None
 
-    STEPS: ClassVar[tuple[str, ...]] = ("conv_to_matmul", "gemm", "gemm_transpose", "merge_inner_loops", "winograd")
+    STEPS: ClassVar[tuple[str, ...]] = ("conv_to_matmul", "gemm", "gemm_transpose", "merge_inner_loops", "int8_gemm",
+                                        "winograd")
 
     def without(self, *steps: str) -> OptimizationPolicy:
         """This policy with the named steps switched off."""

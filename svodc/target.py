@@ -75,6 +75,12 @@ class Target:
                 "ppc64le": "power9" in self.features, "s390x": False}[self.arch]
 
     @property
+    def native_roundeven(self) -> bool:
+        """Whether the CPU rounds to nearest even in one instruction (SSE4.1 roundps/pd, aarch64 frintn),
+        which llvm.roundeven becomes; elsewhere it would call libm, so codegen/transcendental.py rewrites ROUND."""
+        return self.arch == "aarch64" or (self.arch == "x86_64" and "sse4.1" in self.features)
+
+    @property
     def vector_bits(self) -> int:
         """The vector register width kernels can count on (SVE and RVV: their 128-bit minimum)."""
         if "avx512f" in self.features:

@@ -134,3 +134,23 @@ def test_parts_shared_by_more_threads_than_cores_match_one_thread():
         wants = [m.run({"x": feeds["x"] + np.float32(i)})["y"] for i in range(4)]
     with svodrt.load(bundle, threads=2) as m:
         assert _hammer(m, feeds, wants, threads=4, runs=10) == []
+
+
+def test_kernels_of_one_part_are_the_calling_threads(small_bundle):
+    """In the work queue (svodc/codegen/module.py) a kernel too small to split runs on thread 0 only: a
+    helper entering alone skips every such kernel (small_model's are all one part) and returns without
+    waiting, writing nothing; thread 0 then runs the whole call with the same sync block."""
+    path, feeds = small_bundle
+    with svodrt.load(path, threads=1) as m:
+        want = m.run(feeds)["y"]
+        out = np.full(m.outputs[0].shape, np.nan, np.float32)
+        seen = []
+
+        def helper_then_caller(table, sync) -> None:
+            m._entry(table, None, 1, 2, sync)  # a helper alone: would hang or run kernels if it took tickets
+            seen.append(out.copy())
+            m._entry(table, None, 0, 2, sync)
+
+        m._call(m.check_inputs(feeds), helper_then_caller, outs=[out])
+    assert np.isnan(seen[0]).all(), "the helper ran a one-part kernel"
+    np.testing.assert_array_equal(out, want)

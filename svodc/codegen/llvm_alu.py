@@ -72,8 +72,9 @@ def _float_op(em: KernelEmitter, scope: Scope, n: UOp, v: list[str]) -> str:
         return line(scope, f"fneg {t} {v[0]}")
     if op is Ops.RECIP:
         return line(scope, f"fdiv {t} {const(dt, 1.0)}, {v[0]}")
-    if op in (Ops.SQRT, Ops.ABS):
-        name = _intrinsic(em, f"llvm.{'sqrt' if op is Ops.SQRT else 'fabs'}.{_suffix(dt)}", t, [t])
+    if op in (Ops.SQRT, Ops.ABS, Ops.ROUND):  # ROUND: kept only for targets with an instruction (native_roundeven)
+        fn = {Ops.SQRT: "sqrt", Ops.ABS: "fabs", Ops.ROUND: "roundeven"}[op]
+        name = _intrinsic(em, f"llvm.{fn}.{_suffix(dt)}", t, [t])
         return line(scope, f"call {t} @{name}({t} {v[0]})")
     if op is Ops.MULACC:
         name = _intrinsic(em, f"llvm.fmuladd.{_suffix(dt)}", t, [t, t, t])
@@ -206,6 +207,18 @@ def emit_cast(em: KernelEmitter, scope: Scope, src: DType, dst: DType, x: str) -
     if src.is_float and dst.is_float:
         op = "fpext" if src.bits < dst.bits else "fptrunc"
         return line(scope, f"{op} {s} {x} to {t}")
+    if src.is_float and dst in (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16):
+        # fptosi.sat's integers (NaN -> 0, out of range -> the type's min/max) by compares and selects
+        # around a plain conversion: LLVM scalarizes vector fptosi.sat to 8/16 bits on x86, and this
+        # vectorizes (requantized outputs are mostly uint8 / int8)
+        lo, hi = const(src, float(min_value(dst))), const(src, float(max_value(dst)))
+        low = line(scope, f"fcmp olt {s} {x}, {lo}")
+        a = line(scope, f"select i1 {low}, {s} {lo}, {s} {x}")
+        high = line(scope, f"fcmp ogt {s} {a}, {hi}")
+        b = line(scope, f"select i1 {high}, {s} {hi}, {s} {a}")
+        nan = line(scope, f"fcmp uno {s} {x}, {x}")
+        c = line(scope, f"select i1 {nan}, {s} {const(src, 0.0)}, {s} {b}")
+        return line(scope, f"trunc i32 {line(scope, f'fptosi {s} {c} to i32')} to {t}")
     if src.is_float:  # saturating: NaN -> 0, out of range -> the type's min/max (never poison)
         kind = "fptosi" if _signed(dst) else "fptoui"
         name = _intrinsic(em, f"llvm.{kind}.sat.{t}.{_suffix(src)}", t, [s])

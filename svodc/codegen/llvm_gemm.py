@@ -414,15 +414,8 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
             r1 = line(sc, f"add nuw nsw i64 {r0}, {nrows}")
             l1 = line(sc, f"add nuw nsw i64 {l0}, {nlanes}")
             m1, n1 = (l1, r1) if arg.transposed else (r1, l1)
-            for r, v in zip(batch_ranges, batch, strict=True):
-                em.bind_range(r, v)
-            em.open_loop(m_range, m0, m1)  # n innermost: contiguous in C
-            em.open_loop(n_range, n0, n1)
-            em.emit_statement(epilogue)
-            em.close_loop()
-            em.close_loop()
-            for _ in batch_ranges:
-                em.close_loop()
+            em.emit_over_tile(epilogue, list(zip(batch_ranges, batch, strict=True)), (m_range, m0, m1),
+                              (n_range, n0, n1))
             sc.lines.append(f"  br label %E{e}.done")
         sc.lines.append(f"E{e}.done:")
     em.close_loop()

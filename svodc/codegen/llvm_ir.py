@@ -96,6 +96,18 @@ class KernelEmitter:
         self.range_pos[r] = len(self.stack)
         self.stack.append(Scope(r, ivar=value, pseudo=True))
 
+    def emit_over_tile(self, store: UOp, bound: list[tuple[UOp, str]], m: tuple[UOp, str, str],
+                       n: tuple[UOp, str, str]) -> None:
+        """A GEMM epilogue STORE over one tile of C: its batch ranges bound to values, loops over
+        m = [m0, m1) and, innermost (contiguous in C), n = [n0, n1); each a (range, start, end)."""
+        for r, v in bound:
+            self.bind_range(r, v)
+        self.open_loop(*m)
+        self.open_loop(*n)
+        self.emit_statement(store)
+        for _ in range(len(bound) + 2):
+            self.close_loop()
+
     def close_loop(self) -> None:
         s = self.stack.pop()
         del self.range_pos[s.range]
@@ -262,10 +274,11 @@ class KernelEmitter:
     # ------------------------------------------------------------------ the function
     def render_body(self, nparams: int) -> str:
         from svodc.codegen.llvm_gemm import emit_gemm
+        from svodc.codegen.llvm_gemm_int8 import emit_int8_gemm
 
         for stmt in self.ast.src:
             if stmt.op is Ops.GEMM:
-                emit_gemm(self, stmt, self.target, self.gemm_blocking)
+                (emit_int8_gemm if stmt.arg.quant else emit_gemm)(self, stmt, self.target, self.gemm_blocking)
             else:
                 self.emit_store(stmt)
         params = [f"ptr noalias %p{i}" for i in range(nparams)] + (["ptr %dims"] if self.uses_dims else [])

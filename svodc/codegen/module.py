@@ -16,9 +16,18 @@ a barrier (the static split did; on a busy machine that cost a time slice per ke
 briefly, then call `yield`, so an oversubscribed machine is not burned. A thread returns when the
 last kernel has no ticket left; the caller joins every thread before it reads the outputs.
 
+A kernel too small to split (one part) is the calling thread's (thread 0) alone: it takes one ticket,
+which thread 0 counts on `next` (an atomic add: no claim races it, a helper still in an earlier
+kernel's claim loop sees `next` past that kernel's tickets) and on `done` once it has run; the
+helpers skip it and wait at the next splittable kernel. So a helper never holds a tiny kernel (a
+helper the OS deschedules mid-kernel would stall the call for a time slice), a chain of tiny kernels
+runs on one core with its data in that core's caches and no claim traffic between cores, and when
+the last kernels are tiny the helpers return early.
+
 Guarded kernels (a run-time If's branches, passes/branches.py) run only when their guard holds, a
 formula over one-byte flags that earlier kernels wrote. Invariant: every thread takes the same
-decision, so all agree on every kernel's tickets. A thread reads a kernel's flags only after its
+decision, so all agree on every kernel's tickets (a one-part kernel takes its ticket whether it runs
+or not: only thread 0 reads its guard). A thread reads a kernel's flags only after its
 wait for that kernel (`done` >= base_i, an acquire): the kernels that wrote them are all finished
 and visible, and nothing writes a flag again in the call (memory.plan_arena keeps flags to the end of
 the call: a thread held back by the OS may read one after the others have run every later kernel), so
@@ -30,6 +39,7 @@ from __future__ import annotations
 
 import math
 
+from svodc.codegen.llvm_gemm_int8 import int8_plan
 from svodc.codegen.llvm_ir import FN_ATTRS, body_name, render_body, render_wrapper
 from svodc.gemm_plan import cpu_plan
 from svodc.ir.ops import GemmArg, Ops, RangeKind
@@ -132,7 +142,8 @@ def parallel_parts(kernel: Kernel, target: Target, blocking: GemmBlocking) -> in
     for stmt in kernel.ast.src:
         if stmt.op is Ops.GEMM:
             arg: GemmArg = stmt.arg
-            trips.append(cpu_plan(arg, target, blocking).tiles)  # the GEMM's parallel tile loop (llvm_gemm.py)
+            # the GEMM's parallel tile loop (llvm_gemm.py, llvm_gemm_int8.py)
+            trips.append(int8_plan(arg, target, blocking)[2] if arg.quant else cpu_plan(arg, target, blocking).tiles)
             work_ns += math.prod(arg.batch) * arg.m * arg.n * arg.k * GEMM_NS_PER_MAC
             continue
         sizes = []
@@ -203,11 +214,27 @@ def entry_module(kernels: list[tuple[str, int]], target: Target, guards: list[Fl
     lines += ["  ret void", "queue:",
               f"  %nextp = getelementptr inbounds i8, ptr %sync, i64 {SYNC_NEXT}",
               f"  %donep = getelementptr inbounds i8, ptr %sync, i64 {SYNC_DONE}",
-              f"  %limit = mul i32 %nthreads, {PARTS_PER_THREAD}", "  br label %k0.start"]
+              f"  %limit = mul i32 %nthreads, {PARTS_PER_THREAD}", "  %caller = icmp eq i32 %thread, 0",
+              "  br label %k0.start"]
     base = "0"
     for i, ((k, cap), guard) in enumerate(zip(kernels, guards, strict=True)):
         nxt = f"%k{i + 1}.start"
         lines.append(f"k{i}.start:")
+        if cap == 1:  # the calling thread's alone: see the module docstring
+            lines += [f"  %end{i} = add i32 {base}, 1", f"  br i1 %caller, label %k{i}.solo, label {nxt}",
+                      f"k{i}.solo:"]
+            if i:
+                lines.append(f"  call void @svod_wait(ptr %donep, i32 {base}, ptr %sync)")
+            call = f"  call void @{k}(ptr %bufs, ptr %dims, i32 0, i32 1)"
+            if guard:  # read after the wait above, by the one thread that reads it
+                lines += [*_guard_test(guard, f"q{i}"), f"  br i1 %q{i}, label %k{i}.run, label %k{i}.done",
+                          f"k{i}.run:", call, f"  br label %k{i}.done", f"k{i}.done:"]
+            else:
+                lines.append(call)
+            lines += [f"  %c{i} = atomicrmw add ptr %nextp, i32 1 monotonic",
+                      f"  %d{i} = atomicrmw add ptr %donep, i32 1 release", f"  br label {nxt}"]
+            base = f"%end{i}"
+            continue
         if i:
             lines.append(f"  call void @svod_wait(ptr %donep, i32 {base}, ptr %sync)")
         n = f"%n{i}.all" if guard else f"%n{i}"

@@ -380,3 +380,9 @@ pm_transcendental = PatternMatcher([
     (UPat(tuple(_IMPL), name="n"), _rewrite_unary),
     (UPat(Ops.POW, name="n"), _rewrite_pow),
 ], name="transcendental")
+# For CPUs with a round-to-nearest-even instruction (Target.native_roundeven): float32/float64 ROUND stays.
+pm_transcendental_native_round = PatternMatcher([
+    (UPat(tuple(op for op in _IMPL if op is not Ops.ROUND), name="n"), _rewrite_unary),
+    (UPat(Ops.ROUND, name="n"), lambda n: None if n.dtype in (F32, F64) else _rewrite_unary(n)),
+    (UPat(Ops.POW, name="n"), _rewrite_pow),
+], name="transcendental_native_round")

@@ -286,6 +286,16 @@ class GemmOperand:
 
 
 @dataclass(frozen=True, slots=True)
+class QuantGemm:
+    """An integer GEMM (passes/lower_gemm_int8.py): A is int8 weight panels (its row sums a fourth
+    source), B 8-bit activations (int8 when signed, else uint8) less the scalar zero point
+    b_zero, C int32."""
+
+    b_zero: int
+    b_signed: bool
+
+
+@dataclass(frozen=True, slots=True)
 class GemmArg:
     """C[b, m, n] = sum_k A[b, m, k] * B[b, k, n] for every batch index b (then the epilogue).
 
@@ -308,6 +318,7 @@ class GemmArg:
     m_var: VarArg | None = None
     n_var: VarArg | None = None
     k_var: VarArg | None = None
+    quant: QuantGemm | None = None  # an integer GEMM (its own kernels: codegen/llvm_gemm_int8.py)
 
     @property
     def runtime(self) -> bool:

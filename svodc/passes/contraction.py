@@ -27,6 +27,7 @@ from svodc.ir.ops import ConvArg, Ops
 from svodc.ir.pattern import PatternMatcher, UPat
 from svodc.ir.uop import UOp
 from svodc.passes.fold import broadcast_weight, is_folded_constant, splat_value
+from svodc.passes.lower_gemm_int8 import int8_activation
 from svodc.passes.views import affine_view
 from svodc.policy import OptimizationPolicy
 
@@ -85,10 +86,16 @@ pm_fold_into_conv = PatternMatcher([
 ], name="fold_into_conv")
 
 
-def conv_to_matmul(n: UOp, min_macs: int) -> UOp | None:
+def conv_to_matmul(n: UOp, min_macs: int, int8: bool = False) -> UOp | None:
+    """int8: an int32 CONV(x - x_zero, W') of an 8-bit x and a constant int8-range W' (QLinearConv,
+    ConvInteger) becomes the integer GEMM's MATMUL (passes/lower_gemm_int8.py): im2col of the 8-bit x
+    itself, padded with x_zero (a padded tap is then x_zero - x_zero = 0, as ONNX pads x - x_zero)."""
     x, w = n.src
     arg: ConvArg = n.arg
-    if n.dtype is not dtypes.float32:
+    act = int8_activation(x) if int8 and n.dtype is dtypes.int32 else None
+    if act is not None and fits_int8(w):
+        x = act.value
+    elif n.dtype is not dtypes.float32:
         return None
     N, C = x.shape[:2]
     O = w.shape[0]
@@ -99,13 +106,15 @@ def conv_to_matmul(n: UOp, min_macs: int) -> UOp | None:
     K = cg * math.prod(kernel)
     if cg == 1 or og * K * math.prod(n.shape[2:]) < min_macs:
         return None  # depthwise or tiny: the generic path does better
-    xp = T.pad(x, [(0, 0), (0, 0), *arg.pads])
+    xp = T.pad(x, [(0, 0), (0, 0), *arg.pads], act.zero if act else 0)
     win = T.window(xp, range(2, 2 + nsp), kernel, arg.strides, arg.dilations)  # [N, C, *OS, *K]
     out_sp = win.shape[2:2 + nsp]
     P = math.prod(out_sp)
     win = T.reshape(win, (N, g, cg, *out_sp, *kernel))
     order = (0, 1, 2, *range(3 + nsp, 3 + 2 * nsp), *range(3, 3 + nsp))  # [N, g, cg, *K, *OS]
     col = T.reshape(T.permute(win, order), (N, g, K, P))
+    if act is not None:
+        col = minus_zero(col, act.zero)
     w2 = T.expand(T.reshape(w, (1, g, og, K)), (N, g, og, K))
     return T.reshape(UOp(Ops.MATMUL, n.dtype, (w2, col)), (N, O, *out_sp))
 
@@ -114,9 +123,15 @@ def conv_to_row_matmuls(n: UOp, min_macs: int) -> UOp | None:
     """A convolution of one image (N = 1, one group) over run-time spatial sizes (passes/dynamic.py) as one
     GEMM per output row: MATMUL(W [OH, O, K] (one matrix, broadcast), im2col(x) [OH, K, OW]) -> [OH, O, OW],
     permuted to [1, O, OH, OW]. Its run-time OH is the GEMM's outermost batch axis and OW its N, the
-    run-time sizes the GEMM kernels take (lower_gemm.py); the im2col of conv_to_matmul would merge them."""
+    run-time sizes the GEMM kernels take (lower_gemm.py); the im2col of conv_to_matmul would merge them.
+    A 1D convolution is one of height 1: a single GEMM whose N is the run-time length (not a GEMV per position)."""
     x, w = n.src
     arg: ConvArg = n.arg
+    if n.dtype is dtypes.float32 and x.ndim == 3 and x.shape[0] == 1 and arg.groups == 1:
+        arg2 = ConvArg((1, *arg.strides), (1, *arg.dilations), ((0, 0), *arg.pads), 1)
+        x2, w2 = T.reshape(x, (1, x.shape[1], 1, x.shape[2])), T.reshape(w, (*w.shape[:2], 1, w.shape[2]))
+        rows = conv_to_row_matmuls(UOp(Ops.CONV, n.dtype, (x2, w2), arg2), min_macs)
+        return None if rows is None else T.reshape(rows, n.shape)
     if n.dtype is not dtypes.float32 or x.ndim != 4 or x.shape[0] != 1 or arg.groups != 1:
         return None
     C, O, kernel = x.shape[1], w.shape[0], w.shape[2:]
@@ -147,10 +162,40 @@ def collapse_splat_operand(n: UOp) -> UOp | None:
     return None
 
 
+def minus_zero(x: UOp, zero: int) -> UOp:
+    """CAST(x, int32) - zero (the form passes/lower_gemm_int8.int8_activation recognizes)."""
+    xi = x.cast(dtypes.int32)
+    return T.alu(Ops.SUB, xi, T.scalar_like(xi, zero)) if zero else xi
+
+
+def fits_int8(w: UOp) -> bool:
+    """A constant int32 tensor whose values all fit int8 (a weight less its zero point)."""
+    if not is_folded_constant(w):
+        return False
+    data = evaluate([w])[0]
+    return data.size == 0 or (int(data.min()) >= -128 and int(data.max()) <= 127)
+
+
+def transpose_int8_matmul(n: UOp) -> UOp | None:
+    """An int32 MATMUL(x - x_zero, W') of 8-bit activations and a constant W' (MatMulInteger,
+    QLinearMatMul, QGemm) as (W'^T (x - x_zero)^T)^T: the integer GEMM's rows are its constant."""
+    a, b = n.src
+    act = int8_activation(a)
+    if n.dtype is not dtypes.int32 or act is None or a.ndim != b.ndim or not fits_int8(b) or is_folded_constant(a):
+        return None
+    perm = (*range(a.ndim - 2), a.ndim - 1, a.ndim - 2)
+    at = minus_zero(T.permute(act.value, perm), act.zero)
+    return T.permute(UOp(Ops.MATMUL, n.dtype, (T.permute(b, perm), at)), perm)
+
+
 def pm_conv_to_matmul(policy: OptimizationPolicy) -> PatternMatcher:
     """Splat operands of MATMULs collapsed, and with the conv_to_matmul step, convolutions as MATMULs
-    (those under policy.gemm_min_macs stay on the generic path)."""
+    (those under policy.gemm_min_macs stay on the generic path); with the int8_gemm step, integer
+    products of 8-bit operands in the integer GEMM's orientation (passes/lower_gemm_int8.py)."""
     rules = [(UPat(Ops.MATMUL, name="n"), collapse_splat_operand)]
+    int8 = policy.int8_gemm and policy.gemm
+    if int8:
+        rules.append((UPat(Ops.MATMUL, name="n"), transpose_int8_matmul))
     if policy.conv_to_matmul:
-        rules.append((UPat(Ops.CONV, name="n"), lambda n: conv_to_matmul(n, policy.gemm_min_macs)))
+        rules.append((UPat(Ops.CONV, name="n"), lambda n: conv_to_matmul(n, policy.gemm_min_macs, int8)))
     return PatternMatcher(rules, name="conv_to_matmul")

@@ -9,6 +9,7 @@ where they apply.
 from __future__ import annotations
 
 from svodc.ir import tensor as T
+from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import ConvArg, Ops
 from svodc.ir.pattern import PatternMatcher, UPat
 from svodc.ir.uop import UOp
@@ -16,6 +17,12 @@ from svodc.policy import OptimizationPolicy
 
 
 def decompose_conv(n: UOp) -> UOp:
+    """An 8-bit input less its zero point (a quantized convolution) is padded as bytes with the zero
+    point, and the windows are taken before CAST - zero: the same integers, and the padded copy the
+    scheduler realizes for the windows holds bytes."""
+    from svodc.passes.contraction import minus_zero
+    from svodc.passes.lower_gemm_int8 import int8_activation
+
     x, w = n.src
     arg: ConvArg = n.arg
     nsp = x.ndim - 2
@@ -24,8 +31,11 @@ def decompose_conv(n: UOp) -> UOp:
     g = arg.groups
     cg, og = C // g, O // g
     kernel = w.shape[2:]
-    xp = T.pad(x, [(0, 0), (0, 0), *arg.pads])
+    act = int8_activation(x) if n.dtype is dtypes.int32 else None
+    xp = T.pad(x if act is None else act.value, [(0, 0), (0, 0), *arg.pads], 0 if act is None else act.zero)
     win = T.window(xp, range(2, 2 + nsp), kernel, arg.strides, arg.dilations)  # [N, C, *OS, *K]
+    if act is not None:
+        win = minus_zero(win, act.zero)
     out_sp = win.shape[2:2 + nsp]
     full = (N, g, og, cg, *out_sp, *kernel)
     xw = T.expand(T.reshape(win, (N, g, 1, cg, *out_sp, *kernel)), full)
@@ -36,18 +46,23 @@ def decompose_conv(n: UOp) -> UOp:
 
 
 def gemm_eligible(n: UOp, policy: OptimizationPolicy) -> bool:
-    """MATMULs the GEMM kernels run (the gemm step): float32 and at least policy.gemm_min_macs. (A splat
+    """MATMULs the GEMM kernels run (the gemm step): float32, or int32 of 8-bit operands that the integer
+    GEMM takes (the int8_gemm step), and at least policy.gemm_min_macs. (A splat
     operand was collapsed to one row or column by contraction.collapse_splat_operand, so packing it
     costs K values.)"""
-    from svodc.ir.dtypes import dtypes
-
     if not policy.gemm:
         return False
     a, _ = n.src
     macs = a.shape[-1]
     for d in n.shape:
         macs *= d
-    return n.dtype is dtypes.float32 and macs >= policy.gemm_min_macs
+    if macs < policy.gemm_min_macs:
+        return False
+    if n.dtype is dtypes.int32:
+        from svodc.passes.lower_gemm_int8 import is_int8_gemm
+
+        return policy.int8_gemm and is_int8_gemm(n)
+    return n.dtype is dtypes.float32
 
 
 def decompose_matmul(n: UOp, policy: OptimizationPolicy, force: bool = False) -> UOp | None:

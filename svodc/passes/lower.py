@@ -361,6 +361,8 @@ def lower_kernel(name: str, root: UOp, out: Buffer, buffers: Buffers, policy: Op
         lowerer = KernelLowerer(name, out, buffers, policy, dyn)
         ast = lowerer.lower_kernel(root, copy_from, merge_inner=merge)
         results.append((_divmods(ast), ast, lowerer.params))
+        if results[0][0] == 0:  # no div/mod: nothing can beat it (and the first wins a tie)
+            break
     _, ast, params = min(results, key=lambda r: r[0])  # the first (merged) on a tie
     return ast, params
 

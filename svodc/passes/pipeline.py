@@ -1,8 +1,9 @@
 """The pass pipeline: ImportedGraph -> Program.
 
-fold constants -> decompose contractions -> fold again -> schedule into kernels -> lower each kernel
-to loops -> plan memory. Each step is a named rule set or a function of one graph; with
-SVOD_DEBUG >= 2 the graph after each pass is printed, with CompileOptions.check_ir it is verified.
+fold constants -> split reductions over concatenations -> decompose contractions -> fold again -> share
+windowed pads -> schedule into kernels -> lower each kernel to loops -> plan memory. Each step is a named
+rule set or a function of one graph; with SVOD_DEBUG >= 2 the graph after each pass is printed, with
+CompileOptions.check_ir it is verified.
 """
 
 from __future__ import annotations
@@ -22,13 +23,16 @@ from svodc.options import PRECISIONS, CompileOptions
 from svodc.passes import value_dims, winograd
 from svodc.passes.branches import ALWAYS, Guard, find_branch_selects
 from svodc.passes.buffers import Buffers
+from svodc.passes.concat import pm_reduce_concat
 from svodc.passes.contraction import conv_to_row_matmuls, pm_conv_to_matmul, pm_fold_into_conv
 from svodc.passes.decompose import decompose_conv, decompose_matmul, pm_decompose
 from svodc.passes.dynamic import DynamicAxes, dims_kernel, is_constant
 from svodc.passes.fold import is_folded_constant, pm_fold
 from svodc.passes.lower import lower_kernel
 from svodc.passes.lower_gemm import find_matmul, lower_gemm_kernel
+from svodc.passes.lower_gemm_int8 import lower_int8_gemm_kernel
 from svodc.passes.memory import plan_arena, plan_weights
+from svodc.passes.pads import share_window_pads
 from svodc.passes.schedule import KernelPlan, plan_kernels
 from svodc.policy import DEFAULT_POLICY, OptimizationPolicy
 from svodc.program import Buffer, BufferKind, ImportedGraph, Kernel, KernelGuard, Program
@@ -50,6 +54,8 @@ def optimize(graph: ImportedGraph, options: CompileOptions, policy: Optimization
     _after_pass("import", sink, options)
     sink = graph_rewrite(sink, fold, prov=prov)
     _after_pass("fold", sink, options)
+    sink = graph_rewrite(sink, pm_reduce_concat, prov=prov)
+    _after_pass("reduce over concat", sink, options)
     sink = graph_rewrite(sink, pm_fold_into_conv + fold, prov=prov)
     _after_pass("fold into conv", sink, options)
     if dyn:
@@ -67,6 +73,8 @@ def optimize(graph: ImportedGraph, options: CompileOptions, policy: Optimization
     _after_pass("decompose", sink, options)
     sink = graph_rewrite(sink, fold, prov=prov)
     _after_pass("fold after decompose", sink, options)
+    sink = share_window_pads(sink, dyn is not None, prov)
+    _after_pass("shared window pads", sink, options)
     return sink
 
 
@@ -155,7 +163,13 @@ def build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimiz
         name = _kernel_name(len(kernels), prov)
         copy_from = written[plan.root] if plan.copy else None
         mm = None if plan.copy else find_matmul(plan.root, lambda n: n in realized or n.op in (Ops.INPUT, Ops.WEIGHT))
-        if mm is not None:
+        if mm is not None and mm.dtype is dtypes.int32:  # the integer GEMM: its epilogue reads C from a scratch
+            c_buf = out
+            if plan.root is not mm:
+                c_buf = Buffer(next(next_id), BufferKind.SCRATCH, dtypes.int32, mm.shape, f"t{len(scratch)}")
+                scratch.append(c_buf)
+            ast, params = lower_int8_gemm_kernel(name, plan.root, mm, out, c_buf, buffers, policy)
+        elif mm is not None:
             ast, params = lower_gemm_kernel(name, plan.root, mm, out, buffers, policy, dyn,
                                             getattr(dtypes, PRECISIONS[options.precision]))
         else:

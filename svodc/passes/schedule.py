@@ -13,10 +13,13 @@ arithmetic, elementwise chains are recomputed in place). A compute node is reali
 - the frontend asked for it (NodeContext.realize: a recurrent layer's state after each step, which
   every later step reads; fused, step t would recompute it from the first step on).
 GATHER reads its source at run-time positions, so for the rules above it reuses elements like EXPAND.
-Realizing a movement op realizes its source instead: views of a buffer cost nothing.
+Realizing a movement op realizes its source instead: views of a buffer cost nothing. A PAD that windows
+read is realized (a padded copy) and reads each element of its source once: one such copy is no reuse, so
+what it reads is computed in the copy's kernel (two copies of one node are reuse).
 
 A MATMUL is the core of a contraction kernel. Its epilogue is the chain of single-consumer ALU ops
-and reshapes above it that keep its memory layout (float32 throughout); the top of that chain is
+and reshapes above it that keep its memory layout (float32 throughout; for an integer GEMM any types,
+up to and including the first cast to 8 bits: the requantized output); the top of that chain is
 realized and the GEMM writes straight into it. Its operands must be affine views of buffers (or
 constants, which are packed at compile time); a computed operand is realized, and a view that is not
 affine (im2col of a padded input) or whose columns are not contiguous (B) is realized as a copy.
@@ -31,6 +34,7 @@ from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import ALU, MOVEMENT, Ops
 from svodc.ir.uop import UOp, toposort
 from svodc.passes.branches import ALWAYS, Guard, branch_roots, guards, order_for_guards
+from svodc.passes.lower_gemm_int8 import BYTE_TYPES, int8_activation, int8_gemm_shape
 from svodc.passes.views import affine_view
 from svodc.policy import DEFAULT_POLICY, OptimizationPolicy
 
@@ -46,14 +50,19 @@ class KernelPlan:
     guard: Guard = ALWAYS  # when the kernel must run (passes/branches.py)
 
 
-def _reuse_consumers(n: UOp, consumers: dict[UOp, list[UOp]]) -> tuple[bool, bool]:
-    """(some consumer reuses elements, some consumer is a REDUCE), looking through pure views."""
+def _reuse_consumers(n: UOp, consumers: dict[UOp, list[UOp]], copies: set[UOp]) -> tuple[bool, bool]:
+    """(some consumer reuses elements, some consumer is a REDUCE), looking through pure views. A padded copy
+    for windows (`copies`) reads each element once (the windows reuse the copy, not its source): only a second
+    copy of the same node is reuse."""
     reuse = reduce_ = False
-    stack = [n]
+    stack, read_by_copies = [n], 0
     while stack:
         x = stack.pop()
         for c in consumers[x]:
-            if c.op in _REUSE or (c.op is Ops.GATHER and c.src[0] is x):
+            if c in copies:
+                read_by_copies += 1
+                reuse |= read_by_copies > 1
+            elif c.op in _REUSE or (c.op is Ops.GATHER and c.src[0] is x):
                 reuse = True
             elif c.op is Ops.REDUCE:
                 reduce_ = True
@@ -62,42 +71,56 @@ def _reuse_consumers(n: UOp, consumers: dict[UOp, list[UOp]]) -> tuple[bool, boo
     return reuse, reduce_
 
 
-def _base(n: UOp) -> UOp:
-    while n.op in MOVEMENT:
+def _base(n: UOp, copies: set[UOp]) -> UOp:
+    while n.op in MOVEMENT and n not in copies:
         n = n.src[0]
     return n
 
 
-def _plan_matmuls(nodes: list[UOp], consumers: dict[UOp, list[UOp]],
-                  output_roots: set[UOp]) -> tuple[set[UOp], set[UOp]]:
-    """(nodes that must be realized, nodes fused into a GEMM epilogue)."""
+def _plan_matmuls(nodes: list[UOp], consumers: dict[UOp, list[UOp]], output_roots: set[UOp],
+                  copies: set[UOp]) -> tuple[set[UOp], set[UOp]]:
+    """(nodes that must be realized, nodes fused into a GEMM epilogue). An operand's base is the buffer it views:
+    a padded copy for windows (`copies`, realized anyway) or the first non-movement node below it."""
     forced: set[UOp] = set()
     claimed: set[UOp] = set()
     for mm in nodes:
         if mm.op is not Ops.MATMUL:
             continue
+        int8 = int8_gemm_shape(mm)  # its B is an 8-bit view read in place (the kernel packs any strides)
         for role, x in (("a", mm.src[0]), ("b", mm.src[1])):
-            base = _base(x)
+            if int8 and role == "b":
+                x = int8_activation(x).value
+            base = _base(x, copies)
             if base.op in (Ops.WEIGHT, Ops.CONST):
                 continue  # packed at compile time
             if base.op is not Ops.INPUT:
                 forced.add(base)
             view = affine_view(x, lambda n, base=base: n is base)
-            if view is None or (role == "b" and view.strides[-1] != 1 and x.shape[-1] > 1):
+            if view is None or (role == "b" and not int8 and view.strides[-1] != 1 and x.shape[-1] > 1):
                 forced.add(x)
         top = mm
         while top not in output_roots and len(consumers[top]) == 1:
             c = consumers[top][0]
-            if (c.op not in ALU and c.op is not Ops.RESHAPE) or c.dtype is not dtypes.float32 or c in claimed:
+            if (c.op not in ALU and c.op is not Ops.RESHAPE) or c in claimed:
+                break
+            if not (c.dtype is dtypes.float32 or int8):
                 break
             claimed.add(c)
             top = c
+            if int8 and top.dtype in BYTE_TYPES:
+                break  # requantized: the next integer GEMM reads these bytes in place
         forced.add(top)
     return forced, claimed - forced
 
 
-def _pads_window(n: UOp) -> bool:
-    return any(b or a for b, a in n.arg.pads) and n.src[0].op is not Ops.CONST
+def _window_copies(nodes: list[UOp], consumers: dict[UOp, list[UOp]]) -> set[UOp]:
+    """PADs that windows (convolution, pooling) read: each is realized, a padded copy, so every tap is then in
+    bounds and the kernels index it without clamps or selects and vectorize."""
+    def windowed(n: UOp) -> bool:  # through slices: pads.py shares one copy among windows of different pads
+        return any(c.op is Ops.WINDOW or (c.op is Ops.SLICE and windowed(c)) for c in consumers[n])
+
+    return {n for n in nodes if n.op is Ops.PAD and windowed(n) and any(b or a for b, a in n.arg.pads)
+            and n.src[0].op is not Ops.CONST}
 
 
 def plan_kernels(outputs: list[tuple[str, UOp]], policy: OptimizationPolicy = DEFAULT_POLICY,
@@ -113,7 +136,8 @@ def plan_kernels(outputs: list[tuple[str, UOp]], policy: OptimizationPolicy = DE
         for s in dict.fromkeys(n.src):
             consumers[s].append(n)
     output_roots = set(roots)
-    forced, epilogue = _plan_matmuls(nodes, consumers, output_roots)
+    copies = _window_copies(nodes, consumers)
+    forced, epilogue = _plan_matmuls(nodes, consumers, output_roots, copies)
     if selects:
         branch_forced = branch_roots(selects)
         forced |= branch_forced
@@ -134,9 +158,7 @@ def plan_kernels(outputs: list[tuple[str, UOp]], policy: OptimizationPolicy = DE
     for n in nodes:
         if n.op in (Ops.INPUT, Ops.WEIGHT, Ops.CONST):
             continue
-        if n.op is Ops.PAD and any(c.op is Ops.WINDOW for c in consumers[n]) and _pads_window(n):
-            # Windows over a padded tensor (convolution, pooling) read a padded copy: every tap is then
-            # in bounds, so the kernels index it without clamps or selects and vectorize.
+        if n in copies:
             realized.add(n)
         srcs = [state(s) for s in n.src]
         hr = n.op in (Ops.REDUCE, Ops.MATMUL) or any(h for h, _ in srcs)
@@ -150,7 +172,7 @@ def plan_kernels(outputs: list[tuple[str, UOp]], policy: OptimizationPolicy = DE
             continue
         if n in epilogue or (n.op not in ALU and n.op not in (Ops.REDUCE, Ops.GATHER)):
             continue
-        reuse, into_reduce = _reuse_consumers(n, consumers)
+        reuse, into_reduce = _reuse_consumers(n, consumers, copies)
         many = len(consumers[n]) > 1
         if n.op is Ops.GATHER:
             # a gathered element costs an index load, wrap and clamp: a consumer that reuses elements

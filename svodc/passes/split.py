@@ -60,12 +60,46 @@ def _clamps(x: UOp) -> int:
     return sum(1 for n in toposort([x]) if n.op in (Ops.MIN, Ops.MAX) and n.dtype is dtypes.index)
 
 
-def _substitute(root: UOp, old: UOp, new: UOp) -> UOp:
+_VISIT, _DECIDE, _BUILD, _ALIAS = range(4)
+
+
+def _restrict(root: UOp, old: UOp, new: UOp) -> UOp:
+    """root with old replaced by new, and every select whose condition the replacement decides cut to
+    the branch it takes: the branch not taken is never walked. A concatenation of k inputs split into
+    k pieces so costs O(k) per piece, not O(k) nodes rebuilt and simplified in each of them (densenet121:
+    quadratic in a dense block's width).
+
+    Invariant: pm_symbolic is pure and folds WHERE(True, a, b) to a (and False to b), so simplifying the
+    result equals simplifying the plain substitution. Deciding a condition is simplifying it (memoized:
+    the final simplification reuses it)."""
     done: dict[UOp, UOp] = {old: new}
-    for n in toposort([root]):
-        if n not in done:
-            src = tuple(done.get(s, s) for s in n.src)
+    stack: list[tuple[int, UOp, UOp | None]] = [(_VISIT, root, None)]
+    while stack:
+        state, n, taken = stack.pop()
+        if state == _VISIT:
+            if n in done:
+                continue
+            if n.op is Ops.WHERE:
+                stack.append((_DECIDE, n, None))
+                stack.append((_VISIT, n.src[0], None))
+            else:
+                stack.append((_BUILD, n, None))
+                stack.extend((_VISIT, s, None) for s in reversed(n.src) if s not in done)
+        elif state == _DECIDE:
+            cond = graph_rewrite(done[n.src[0]], pm_symbolic)
+            if cond.op is Ops.CONST:
+                branch = n.src[1] if cond.arg else n.src[2]
+                stack.append((_ALIAS, n, branch))
+                stack.append((_VISIT, branch, None))
+            else:
+                stack.append((_BUILD, n, None))
+                stack.extend((_VISIT, s, None) for s in reversed(n.src[1:]) if s not in done)
+        elif state == _BUILD:
+            src = tuple(done[s] for s in n.src)
             done[n] = n if all(a is b for a, b in zip(src, n.src, strict=True)) else n.replace(src=src)
+        else:  # _ALIAS: a decided select is the branch it takes
+            assert taken is not None
+            done[n] = done[taken]
     return done[root]
 
 
@@ -93,7 +127,7 @@ def split_store(store: UOp) -> list[UOp]:
                 # keeps its place in the loop nest (a new, larger id would make it the innermost loop).
                 sub = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, hi - lo),), r.arg)
                 new = sub if lo == 0 else UOp(Ops.ADD, dtypes.index, (sub, UOp.const(dtypes.index, lo)))
-                new_pieces.append(graph_rewrite(_substitute(st, r, new), pm_symbolic))
+                new_pieces.append(graph_rewrite(_restrict(st, r, new), pm_symbolic))
             # Worth it when every piece reads fewer buffers than the whole (a concatenation), or when
             # one threshold splits off an end whose index clamps the longer piece then loses (a pad at
             # the end only, as ceil-mode pooling makes: the clamped load was a gather to the

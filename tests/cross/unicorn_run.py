@@ -32,12 +32,14 @@ def _up(n: int) -> int:
     return max(PAGE, (n + PAGE - 1) // PAGE * PAGE)
 
 
-def _engine(arch: str):
+def _engine(arch: str, features: set[str]):
     import unicorn as uc
     from unicorn import arm64_const, riscv_const
 
     if arch == "aarch64":
         mu = uc.Uc(uc.UC_ARCH_ARM64, uc.UC_MODE_ARM)
+        if "dotprod" in features:  # the default CPU (Cortex-A72) lacks it; "max" has it
+            mu.ctl_set_cpu_model(arm64_const.UC_CPU_ARM64_MAX)
         mu.reg_write(arm64_const.UC_ARM64_REG_CPACR_EL1, 3 << 20)  # FP/SIMD on at EL0/EL1, as Linux sets it
         regs = [arm64_const.UC_ARM64_REG_X0 + i for i in range(5)]
         return mu, regs, arm64_const.UC_ARM64_REG_SP, arm64_const.UC_ARM64_REG_LR, arm64_const.UC_ARM64_REG_PC
@@ -55,7 +57,7 @@ def run_unicorn(bundle: bytes, arch: str, features: set[str], feeds: dict[str, n
     v = select_variant(b, Host(arch, frozenset(features)))
     check_section(bundle, v.section)  # svodrt checks the code it runs (svodrt/memory.py map_code)
     order = "<" if b.manifest["byte_order"] == "little" else ">"
-    mu, arg_regs, sp_reg, ret_reg, pc_reg = _engine(arch)
+    mu, arg_regs, sp_reg, ret_reg, pc_reg = _engine(arch, features)
 
     code = bytearray(bundle[v.section.offset: v.section.offset + v.section.length])
     for off in v.fixups:  # what svodrt/memory.py map_code does, at the emulated base

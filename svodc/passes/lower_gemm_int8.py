@@ -1,0 +1,148 @@
+"""Integer GEMM kernels: an int32 MATMUL of a constant 8-bit weight matrix and 8-bit activations.
+
+The quantized ops (frontend/ops/quantize.py) build C = MATMUL(W - w_zero, x - x_zero) in int32, W a
+constant and x an uint8 or int8 tensor. Where W - w_zero fits int8 and x - x_zero is CAST(x) or
+SUB(CAST(x), scalar constant), the kernel reads x itself (one byte per element) and accumulates
+sum_k W'[m, k] * x[k, n] exactly in int32; the zero point is a constant per row, folded in from the
+weights' row sums: sum_k W'[m, k] * (x[k, n] - x_zero) = sum_k W'[m, k] * x[k, n] - x_zero * rowsum[m].
+
+Orientation: A (the rows, m) is the constant weight, B (the lanes, n) the activation. A product whose
+constant is its B (MatMulInteger, QLinearMatMul, QGemm: activation x weight) is rewritten as the
+transposed product (C^T = W^T x^T, contraction.py), so one kernel shape serves both.
+
+The packing (fixed for every target, so one weights section serves every CPU variant): W' as int8
+panels of Q_PANEL rows, each [ceil(K/4)][Q_PANEL][4] (four consecutive k of one row together, zero
+past K and past M), and the row sums as an int32 vector of ceil(M/Q_PANEL) * Q_PANEL values. Each
+target's micro-kernel (codegen/llvm_gemm_int8.py) reads them the way its dot-product instruction wants.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from svodc.ir.dtypes import dtypes, max_value, min_value
+from svodc.ir.interpret import evaluate
+from svodc.ir.ops import ConstData, GemmArg, GemmOperand, KernelArg, Ops, QuantGemm, RangeKind
+from svodc.ir.rewrite import graph_rewrite
+from svodc.ir.symbolic import pm_symbolic
+from svodc.ir.uop import UOp
+from svodc.passes.buffers import Buffers
+from svodc.passes.fold import is_folded_constant, splat_value
+from svodc.passes.lower import KernelLowerer, reshape_index
+from svodc.passes.views import affine_view
+from svodc.policy import OptimizationPolicy
+from svodc.program import Buffer
+
+Q_PANEL = 4  # weight rows per packed panel (the micro-kernel's tile rows)
+K_MAX = 8192  # a lane tile's packed activations live on the stack: K x lanes bytes (at most 256 KiB)
+BYTE_TYPES = (dtypes.uint8, dtypes.int8)
+
+
+@dataclass(frozen=True)
+class Int8Operand:
+    """An activation operand x - zero: `value` is the 8-bit tensor (a view), `zero` its zero point."""
+
+    value: UOp
+    zero: int
+
+
+def int8_activation(x: UOp) -> Int8Operand | None:
+    """x as CAST(v, int32) or SUB(CAST(v, int32), scalar constant in v's range) with v uint8 or int8."""
+    zero = 0
+    if x.op is Ops.SUB:
+        z = splat_value(x.src[1])
+        if z is None or x.src[1].dtype is not dtypes.int32:
+            return None
+        x, zero = x.src[0], int(z.arg)
+    if x.op is not Ops.CAST or x.dtype is not dtypes.int32 or x.src[0].dtype not in BYTE_TYPES:
+        return None
+    if not min_value(x.src[0].dtype) <= zero <= max_value(x.src[0].dtype):
+        return None  # a zero point is a value of x's type (a padded tap holds it, contraction.py)
+    return Int8Operand(x.src[0], zero)
+
+
+def int8_weight(a: UOp) -> np.ndarray | None:
+    """The constant weight matrix of an int32 MATMUL's A when it fits int8 and is one matrix for
+    every batch index, as [M, K]; else None."""
+    if a.dtype is not dtypes.int32 or not is_folded_constant(a):
+        return None
+    data = evaluate([a])[0]
+    flat = data.reshape((-1,) + data.shape[-2:])
+    if flat.size and (flat.min() < -128 or flat.max() > 127 or not (flat == flat[:1]).all()):
+        return None
+    return flat[0]
+
+
+def is_int8_gemm(mm: UOp) -> bool:
+    """Does the integer GEMM kernel take this MATMUL? (Evaluates the weight: call once per node.)"""
+    a, b = mm.src
+    return (mm.dtype is dtypes.int32 and a.shape[-1] <= K_MAX and int8_activation(b) is not None
+            and is_folded_constant(a) and int8_weight(a) is not None)
+
+
+def int8_gemm_shape(mm: UOp) -> bool:
+    """The structure is_int8_gemm checks, without evaluating the weight (for the scheduler, after
+    decompose has sent every other int32 MATMUL to the generic path)."""
+    return mm.dtype is dtypes.int32 and int8_activation(mm.src[1]) is not None and is_folded_constant(mm.src[0])
+
+
+def pack_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[M, K] int8 -> (panels [ceil(M/Q_PANEL), ceil(K/4), Q_PANEL, 4] int8, row sums
+    [ceil(M/Q_PANEL) * Q_PANEL] int32)."""
+    m, k = w.shape
+    mp, k4 = -(-m // Q_PANEL), -(-k // 4)
+    padded = np.zeros((mp * Q_PANEL, k4 * 4), np.int8)
+    padded[:m, :k] = w
+    panels = padded.reshape(mp, Q_PANEL, k4, 4).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(panels), padded.astype(np.int32).sum(axis=1, dtype=np.int32)
+
+
+class Int8GemmLowerer(KernelLowerer):
+    def lower_int8_gemm(self, root: UOp, mm: UOp, c_buf: Buffer) -> UOp:
+        """The GEMM node writing C into c_buf; with root above mm, the epilogue STORE of root's value
+        (read back from c_buf, per lane tile) into the kernel's output."""
+        a, b = mm.src
+        batch, (m, n), k = mm.shape[:-2], mm.shape[-2:], a.shape[-1]
+        act = int8_activation(b)
+        assert act is not None and c_buf.dtype is dtypes.int32 and (root is mm) == (c_buf is self.params[0])
+        panels, sums = pack_int8(int8_weight(a))
+        w_param = self.param(self.buffers.weight(UOp(Ops.WEIGHT, dtypes.int8, (), ConstData(panels))))
+        s_param = self.param(self.buffers.weight(UOp(Ops.WEIGHT, dtypes.int32, (), ConstData(sums))))
+
+        def is_base(x: UOp) -> bool:
+            return x.op is Ops.WEIGHT or self.buffers.get(x) is not None
+
+        view = affine_view(act.value, is_base)
+        assert view is not None, "the scheduler realizes a non-affine int8 GEMM operand"
+        buf = self.buffers.get(view.base)
+        assert buf is not None
+        *bs, rs, cs = view.strides
+        b_op = GemmOperand(tuple(bs), rs, cs, view.offset)
+        c_strides, s = [], m * n
+        for d in reversed(batch):
+            c_strides.append(s)
+            s *= d
+        c_op = GemmOperand(tuple(reversed(c_strides)), n, 1, 0)
+        a_op = GemmOperand((0,) * len(batch), 0, 0, 0, packed=True)
+        quant = QuantGemm(act.zero, act.value.dtype is dtypes.int8)
+        arg = GemmArg(tuple(batch), m, n, k, a_op, b_op, c_op, quant=quant)
+        src = (w_param, self.param(buf), self.param(c_buf), s_param)
+        if root is mm:
+            return UOp(Ops.GEMM, dtypes.void, src, arg)
+        ranges = [self.new_range(d, RangeKind.LOOP) for d in (*batch, m, n)]
+        self.read_back[mm] = c_buf
+        idx = tuple(graph_rewrite(i, pm_symbolic) for i in reshape_index(tuple(ranges), mm.shape, root.shape))
+        value = self.lower(root, idx, top=True)
+        store = UOp(Ops.STORE, dtypes.void, (self.param(self.params[0]), self.linear(idx, root.shape), value))
+        return UOp(Ops.GEMM, dtypes.void, (*src, store, *ranges), arg)
+
+
+def lower_int8_gemm_kernel(name: str, root: UOp, mm: UOp, out: Buffer, c_buf: Buffer, buffers: Buffers,
+                           policy: OptimizationPolicy) -> tuple[UOp, list[Buffer]]:
+    """c_buf: where C goes, `out` itself when root is mm, else a scratch the epilogue reads."""
+    lowerer = Int8GemmLowerer(name, out, buffers, policy, None)
+    gemm = lowerer.lower_int8_gemm(root, mm, c_buf)
+    sink = UOp(Ops.SINK, dtypes.void, (gemm,), KernelArg(name))
+    return graph_rewrite(sink, pm_symbolic), lowerer.params

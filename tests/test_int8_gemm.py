@@ -1,0 +1,153 @@
+"""The integer GEMM kernels (passes/lower_gemm_int8.py, codegen/llvm_gemm_int8.py): which products take
+them, and their integers equal onnx.reference's on every dot-product path: vpmaddwd here (AVX2, and
+SSE2 at the x86_64 floor), sdot (aarch64 dotprod) and the generic one (aarch64 without it) under
+unicorn; vpdpbusd (AVX512-VNNI, AVX-VNNI) is compiled and found in the code (this host cannot run it,
+and Intel SDE is not installed here).
+
+The model mixes what the kernels must handle: uint8 and int8 activations with zero points, a padded
+3x3 convolution (its im2col padded with the zero point), per-channel weight zero points, weight rows
+and activation columns that leave partial tiles, K not a multiple of 4, and products whose constant
+is B (QLinearMatMul, MatMulInteger: the transposed GEMM, columns read with a stride)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import svodc
+import svodrt
+from svodc.codegen.llvm_gemm_int8 import int8_path
+from svodc.frontend.importer import import_model
+from svodc.ir.ops import Ops
+from svodc.options import CompileOptions
+from svodc.passes.pipeline import build_program
+from svodc.target import parse_target
+from svodrt.bundle import parse_bundle
+from svodrt.host import Host
+from svodrt.model import select_variant
+from tests.cross.unicorn_run import run_unicorn
+
+R = np.random.default_rng(21)
+U8, I8, I32 = TensorProto.UINT8, TensorProto.INT8, TensorProto.INT32
+
+
+def _init(name: str, v) -> TensorProto:
+    return numpy_helper.from_array(np.asarray(v), name)
+
+
+def int8_model():
+    """x (uint8, 2x5x9x7) -> QLinearConv 3x3 pad 1 (13 ch) -> QLinearConv 1x1 (6 ch, per-channel zero points)
+    -> y1; a (int8, 2x37x75) -> QLinearMatMul with B 75x10 -> y2; a -> MatMulInteger with B 75x21 -> y3
+    (batch 2 everywhere: the GEMMs' batch strides)."""
+    f = np.float32
+    inits = [
+        _init("xs", f(0.03)), _init("xz", np.uint8(117)), _init("w1", R.integers(-128, 128, (13, 5, 3, 3), np.int8)),
+        _init("w1s", np.linspace(0.001, 0.004, 13).astype(f)), _init("w1z", np.zeros(13, np.int8)),
+        _init("hs", f(0.9)), _init("hz", np.uint8(90)), _init("b1", R.integers(-3000, 3000, 13).astype(np.int32)),
+        _init("w2", R.integers(-100, 100, (6, 13, 1, 1), np.int8)), _init("w2s", f(0.004)),
+        _init("w2z", np.array([0, 3, -5, 7, 0, -1], np.int8)), _init("ys", f(0.2)), _init("yz", np.uint8(130)),
+        _init("as", f(0.05)), _init("az", np.int8(-7)), _init("b", R.integers(-128, 128, (75, 10), np.int8)),
+        _init("bs", f(0.02)), _init("bz", np.int8(0)), _init("y2s", f(1.5)), _init("y2z", np.int8(4)),
+        _init("c", R.integers(-100, 100, (75, 21), np.int8)), _init("cz", np.int8(2)),
+    ]
+    nodes = [
+        helper.make_node("QLinearConv", ["x", "xs", "xz", "w1", "w1s", "w1z", "hs", "hz", "b1"], ["h"],
+                         pads=[1, 1, 1, 1]),
+        helper.make_node("QLinearConv", ["h", "hs", "hz", "w2", "w2s", "w2z", "ys", "yz"], ["y1"]),
+        helper.make_node("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "y2s", "y2z"], ["y2"]),
+        helper.make_node("MatMulInteger", ["a", "c", "az", "cz"], ["y3"]),
+    ]
+    g = helper.make_graph(nodes, "int8", [helper.make_tensor_value_info("x", U8, [2, 5, 9, 7]),
+                                          helper.make_tensor_value_info("a", I8, [2, 37, 75])],
+                          [helper.make_tensor_value_info(n, t, None) for n, t in (("y1", U8), ("y2", I8), ("y3", I32))],
+                          inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    feeds = {"x": R.integers(0, 256, (2, 5, 9, 7)).astype(np.uint8),
+             "a": R.integers(-128, 128, (2, 37, 75)).astype(np.int8)}
+    return model, feeds
+
+
+@pytest.fixture(scope="module")
+def case():
+    model, feeds = int8_model()
+    return model, feeds, ReferenceEvaluator(model).run(None, feeds)
+
+
+def _equal(got: dict[str, np.ndarray], want: list[np.ndarray], label: str) -> None:
+    for (name, g), w in zip(got.items(), want, strict=True):
+        assert g.dtype == w.dtype, f"{label} {name}"
+        np.testing.assert_array_equal(g, w, err_msg=f"{label} {name}")
+
+
+def test_every_product_takes_the_integer_gemm(case):
+    model, _, _ = case
+    options = CompileOptions()
+    program = build_program(import_model(model, options), options)
+    gemms = [s.arg for k in program.kernels for s in k.ast.src if s.op is Ops.GEMM]
+    assert len(gemms) == 4 and all(g.quant is not None for g in gemms)
+    assert {g.quant.b_signed for g in gemms} == {False, True}
+    assert any(g.b.col_stride != 1 for g in gemms)  # activation x constant: the transposed product
+
+
+@pytest.mark.parametrize("spec", ["host", "x86_64"])
+def test_integers_equal_the_reference_here(case, spec):
+    model, feeds, want = case
+    t = parse_target(spec)[0]
+    assert int8_path(t) == "pmaddwd"
+    with svodrt.load(svodc.compile(model, target=spec)) as m:
+        _equal(m.run(feeds), want, spec)
+
+
+@pytest.mark.parametrize("spec, path", [("aarch64", "generic"), ("aarch64:cortex-a76", "sdot")])
+def test_integers_equal_the_reference_under_unicorn(case, spec, path):
+    model, feeds, want = case
+    t = parse_target(spec)[0]
+    assert int8_path(t) == path
+    _equal(run_unicorn(svodc.compile(model, target=spec), t.arch, set(t.features), feeds), want, spec)
+
+
+def _disassembly(bundle: bytes, spec: str) -> str:
+    """The variant's code image, disassembled by llvm-objdump (wrapped as an ELF object by llvm-objcopy)."""
+    t = parse_target(spec)[0]
+    b = parse_bundle(bundle)
+    v = select_variant(b, Host(t.arch, frozenset(t.features)))
+    elf = {"x86_64": "elf64-x86-64", "aarch64": "elf64-littleaarch64"}[t.arch]
+    with tempfile.TemporaryDirectory() as d:
+        Path(d, "code.bin").write_bytes(bundle[v.section.offset: v.section.offset + v.section.length])
+        subprocess.run(["llvm-objcopy", "-I", "binary", "-O", elf, "--rename-section=.data=.text,alloc,load,readonly,code",
+                        "code.bin", "code.o"], cwd=d, check=True)
+        mattr = ["--mattr=+dotprod"] if t.arch == "aarch64" else []  # else shown as <unknown>
+        return subprocess.run(["llvm-objdump", "-d", *mattr, "code.o"], cwd=d, capture_output=True, text=True,
+                              check=True).stdout
+
+
+@pytest.mark.skipif(not (shutil.which("llvm-objdump") and shutil.which("llvm-objcopy")),
+                    reason="llvm-objdump / llvm-objcopy are not installed")
+@pytest.mark.parametrize("spec, instruction", [("x86_64:znver4", r"vpdpbusd\s+%zmm"),
+                                               ("x86_64:sapphirerapids", r"vpdpbusd\s+%zmm"),
+                                               ("x86_64:x86-64-v3+avxvnni", r"\{vex\}\s*vpdpbusd\s+%ymm"),
+                                               ("x86_64:x86-64-v3", r"vpmaddwd\s+%ymm"),
+                                               ("aarch64:cortex-a76", r"sdot\s+v")])
+def test_each_path_uses_its_instruction(case, spec, instruction):
+    """VNNI variants cannot run here (Zen 3; no Intel SDE): their code is checked for vpdpbusd instead."""
+    model, _, _ = case
+    code = _disassembly(svodc.compile(model, target=spec), spec)
+    assert re.search(instruction, code), f"no {instruction} in the {spec} code"
+    if "vpdpbusd" in instruction:
+        assert "vpmaddwd" not in code
+
+
+def test_a_bundle_with_a_gpu_variant_keeps_generic_integer_loops(case):
+    """The integer GEMM kernels are CPU code and a bundle holds one program: with a GPU variant the
+    integer products stay generic loops, which both variants run (the CPU one here)."""
+    model, feeds, want = case
+    with svodrt.load(svodc.compile(model, target="host,sm_80")) as m:
+        _equal(m.run(feeds), want, "host,sm_80")
