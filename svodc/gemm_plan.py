@@ -11,7 +11,8 @@ Read by lowering (passes/lower_gemm.py packs constant operands in panels), the C
   side), from the variant's GEMM blocking (svodc/policy.py: its registers) and the target's vector
   width; the tiles of all batch indices form one parallel loop, in the order `lanes_first` says:
   lane tiles innermost when a k x lanes vector panel is small next to L1d (a tile is then mostly its
-  C stores, so sweeping the lanes of a row block writes C as `rows` contiguous streams).
+  C stores, so sweeping the lanes of a row block writes C as `rows` contiguous streams); a run-time
+  A that lane tiles reuse is packed per block of row tiles, and the loop then goes over the blocks.
 - GPU tiles: BM x BN of C per block, TK along k per shared-memory step.
 """
 
@@ -51,6 +52,7 @@ class CpuGemmPlan:
     k_block: int = 0  # k per block when the tile loop runs once per k block (0: one pass over all of k)
     k_total: int = 0  # k (a constant where k_block is set)
     copy_panel: bool = False  # the vector side's panel is copied contiguous once per lane tile (see cpu_plan)
+    block_row_tiles: int = 0  # row tiles per packed block of the scalar side (0: read in place; see cpu_plan)
 
     @property
     def k_blocks(self) -> int:
@@ -78,10 +80,9 @@ class CpuGemmPlan:
         return math.prod(self.batch) * self.row_tiles * self.lane_tiles
 
     @property
-    def loop_sizes(self) -> tuple[int, ...]:
-        """The tile loop's index split innermost first: (inner tiles, outer tiles, batch axes last to first)."""
-        inner, outer = (self.lane_tiles, self.row_tiles) if self.lanes_first else (self.row_tiles, self.lane_tiles)
-        return (inner, outer, *reversed(self.batch))
+    def row_blocks(self) -> int:
+        """Blocks of block_row_tiles row tiles (the last one may have fewer) when the scalar side is packed."""
+        return ceil_div(self.row_tiles, self.block_row_tiles) if self.block_row_tiles else 1
 
 
 def cpu_plan(arg: GemmArg, target: Target, blocking: GemmBlocking) -> CpuGemmPlan:
@@ -103,9 +104,21 @@ def cpu_plan(arg: GemmArg, target: Target, blocking: GemmBlocking) -> CpuGemmPla
     # An unpacked B read in place strides k by a whole row of B (n floats): rows 4 KiB apart share L1
     # sets, so a k x lanes panel does not stay in L1 however small. Where row tiles reuse it, the tile
     # loop copies each (k block of a) panel to a contiguous buffer first.
-    copy_panel = (not arg.transposed and not arg.b.packed and not arg.runtime and not lanes_first
-                  and ceil_div(rows_total, rows) >= 4 and arg.b.row_stride != lanes)
-    return CpuGemmPlan(rows, lanes, vw, rows_total, lanes_total, arg.batch, lanes_first, k_block, arg.k, copy_panel)
+    # A run-time scalar side read in place is `rows` streams (A's rows: 4 KiB apart for k = 1024, one
+    # L1 set again) that every lane tile re-reads from L3 once A is past L2. Where enough lane tiles
+    # reuse it (the pack costs about one lane tile's FMAs), the tile loop goes over blocks of row tiles
+    # (row tiles innermost, then lane tiles, then blocks) and packs each block's (k block of) rows
+    # contiguous, k-major per row tile, once per part: one stream per tile, the block in L2 while the
+    # lane tiles sweep it. (Rows copied dense, k-contiguous, measured slower than reading A in place.)
+    regular = rows_total > 2 and not arg.transposed and not arg.runtime and not lanes_first
+    block_row_tiles = 0
+    if regular and not arg.a.packed and ceil_div(lanes_total, lanes) >= blocking.scalar_pack_min_lane_tiles:
+        per_tile = rows * (k_block or arg.k) * 4
+        block_row_tiles = min(ceil_div(rows_total, rows), max(1, blocking.scalar_block_bytes // per_tile))
+    reuse = block_row_tiles or ceil_div(rows_total, rows)  # row tiles that read one copied vector panel
+    copy_panel = regular and not arg.b.packed and reuse >= 4 and arg.b.row_stride != lanes
+    return CpuGemmPlan(rows, lanes, vw, rows_total, lanes_total, arg.batch, lanes_first, k_block, arg.k, copy_panel,
+                       block_row_tiles)
 
 
 def _register_tile(arg: GemmArg, rows_total: int, lanes_total: int, vw: int, blocking: GemmBlocking

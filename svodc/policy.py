@@ -33,6 +33,9 @@ class GemmBlocking:
     k_unroll: int  # k steps per iteration of the micro-kernel's loop (fewer loop instructions per FMA)
     lanes_first_max_panel: int  # bytes of a k x lanes vector panel up to which lane tiles go innermost
     k_block_bytes: int  # a vector panel over this is cut into k blocks of about this (codegen/llvm_gemm.py)
+    scalar_block_bytes: int  # a run-time scalar side is packed in row blocks of about this (gemm_plan.py)
+    scalar_pack_min_lane_tiles: int  # ... where at least this many lane tiles reuse a block
+    epilogue_in_registers: bool  # the epilogue on the accumulators where it can (codegen/llvm_gemm_epilogue.py)
 
 
 def gemm_blocking(target: Target) -> GemmBlocking:
@@ -44,10 +47,14 @@ def gemm_blocking(target: Target) -> GemmBlocking:
     vectors and a broadcast): 12 on AVX2 and rv64gc (16 registers). The lanes-first panel limit is a
     quarter of L1d: the vector panel then stays in L1 while the lane tiles of a row block sweep it.
     A k block's vector panel is half of L1d: it stays in L1 while the row tiles reuse it, next to the
-    scalar side's rows streaming through."""
+    scalar side's rows streaming through. A packed block of a run-time scalar side (rows x k block) is
+    four times L1d: it stays in L2 (at least eight times L1d on the cores we know) while the lane tiles
+    sweep it; a pack costs about one lane tile's FMAs, so it is done where 16 lane tiles (~6 %) reuse it."""
     regs = target.vector_regs
     return GemmBlocking(accumulators=min(16, regs - 4), vector_regs=regs, max_rows=8, k_unroll=4,
-                        lanes_first_max_panel=target.l1d_bytes // 4, k_block_bytes=target.l1d_bytes // 2)
+                        lanes_first_max_panel=target.l1d_bytes // 4, k_block_bytes=target.l1d_bytes // 2,
+                        scalar_block_bytes=target.l1d_bytes * 4,
+                        scalar_pack_min_lane_tiles=16, epilogue_in_registers=True)
 
 
 @dataclass(frozen=True)
@@ -58,12 +65,15 @@ class OptimizationPolicy:
     gemm_transpose: bool = True  # lanes along m when n wastes vector lanes (n = 7x7) and A is constant
     merge_inner_loops: bool = True  # contiguous inner output axes as one loop when that needs no div/mod
     int8_gemm: bool = True  # int32 products of 8-bit operands and a constant run as integer GEMM kernels (CPU)
+    fuse_window_pads: bool = True  # small windowed reductions read their padding in place (passes/schedule.py)
     winograd: bool = True  # 3x3 stride-1 convolutions as Winograd F(2x2, 3x3) where the gate admits (winograd.py)
     # Thresholds:
     gemm_min_macs: int = 4096  # smaller products are cheaper on the generic path
     max_fused_ops: int = 400  # a fused subgraph past this many ops is realized (bounds kernels, LLVM time)
     cheap_to_repeat: int = 16  # ops per element a reusing consumer may recompute instead of loading
+    math_op_cost: int = 16  # ops a math function counts for there (exp, tanh...: a polynomial of about so many)
     parallel_min: int = 32  # leading output axes collapse into one parallel loop of at least this many
+    unroll_reduce_max: int = 32  # reductions over at most this many elements are written out (passes/lower.py)
     # Winograd convolutions need at least these input channels (the GEMMs' K: with fewer, the C stores and the
     # transforms outweigh the 2.25x fewer multiplies), output channels, 2x2 output tiles (the GEMMs' N) and
     # multiply-adds of the batched GEMM (under it the five kernels' fixed costs win):
@@ -75,7 +85,7 @@ class OptimizationPolicy:
     cpu_gemm: GemmBlocking | None = None
 
     STEPS: ClassVar[tuple[str, ...]] = ("conv_to_matmul", "gemm", "gemm_transpose", "merge_inner_loops", "int8_gemm",
-                                        "winograd")
+                                        "fuse_window_pads", "winograd")
 
     def without(self, *steps: str) -> OptimizationPolicy:
         """This policy with the named steps switched off."""

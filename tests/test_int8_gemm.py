@@ -11,6 +11,8 @@ is B (QLinearMatMul, MatMulInteger: the transposed GEMM, columns read with a str
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import re
 import shutil
 import subprocess
@@ -101,7 +103,8 @@ def test_every_product_takes_the_integer_gemm(case):
 def test_integers_equal_the_reference_here(case, spec):
     model, feeds, want = case
     t = parse_target(spec)[0]
-    assert int8_path(t) == "pmaddwd"
+    if spec != "host":  # the host's path is whatever its CPU has (vpdpbusd on a VNNI machine)
+        assert int8_path(t) == "pmaddwd"
     with svodrt.load(svodc.compile(model, target=spec)) as m:
         _equal(m.run(feeds), want, spec)
 
@@ -112,6 +115,45 @@ def test_integers_equal_the_reference_under_unicorn(case, spec, path):
     t = parse_target(spec)[0]
     assert int8_path(t) == path
     _equal(run_unicorn(svodc.compile(model, target=spec), t.arch, set(t.features), feeds), want, spec)
+
+
+@pytest.mark.parametrize("spec, path", [("x86_64:x86-64-v2+avx", "generic"), ("x86_64:x86-64-v3", "pmaddwd"),
+                                        ("x86_64:skylake-avx512", "pmaddwd"), ("x86_64:znver4", "vnni"),
+                                        ("x86_64:x86-64-v3+avxvnni", "vnni")])
+def test_the_path_needs_integer_vectors_of_its_width(spec, path):
+    """AVX alone has 256-bit float vectors only: such a CPU (Sandy Bridge, Bulldozer) gets the generic loop,
+    not a vpmaddwd on ymm it cannot execute (LLVM refuses to select it)."""
+    assert int8_path(parse_target(spec)[0]) == path
+
+
+def _before_a_guard_page(a: np.ndarray) -> np.ndarray:
+    """A copy of a whose last byte is followed by an inaccessible page: a read past it faults."""
+    page = mmap.PAGESIZE
+    pages = -(-a.nbytes // page) + 1
+    region = mmap.mmap(-1, (pages + 1) * page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    assert ctypes.CDLL(None).mprotect(ctypes.c_void_p(base + pages * page), page, 0) == 0
+    out = np.frombuffer(region, a.dtype, a.size, offset=pages * page - a.nbytes).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+def test_bounded_dims_keep_integer_products_on_loops_that_take_run_time_extents():
+    """The integer GEMM kernels take no run-time extent: with a bounded batch, the quantized products run on the
+    generic loops, which stop at the call's size (a kernel sized at the bound would read past a smaller input:
+    here the input ends at a guard page)."""
+    model, _ = int8_model()
+    for inp in model.graph.input:
+        inp.type.tensor_type.shape.dim[0].dim_param = "N"
+    options = CompileOptions(dims={"N": (1, 3)})
+    program = build_program(import_model(model, options), options)
+    assert not [s for k in program.kernels for s in k.ast.src if s.op is Ops.GEMM and s.arg.quant is not None]
+    with svodrt.load(svodc.compile(model, target="host", options=options)) as m:
+        for n in (1, 3):
+            feeds = {"x": R.integers(0, 256, (n, 5, 9, 7)).astype(np.uint8),
+                     "a": R.integers(-128, 128, (n, 37, 75)).astype(np.int8)}
+            got = m.run({k: _before_a_guard_page(v) for k, v in feeds.items()})
+            _equal(got, ReferenceEvaluator(model).run(None, feeds), f"N={n}")
 
 
 def _disassembly(bundle: bytes, spec: str) -> str:

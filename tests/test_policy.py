@@ -81,7 +81,8 @@ def test_variants_with_their_own_gemm_blocking_share_a_bundle():
     v3, v4 = parse_target("x86_64:x86-64-v3,x86-64-v4")
     assert default_policy(v3).cpu_gemm != default_policy(v4).cpu_gemm  # 16 ymm registers vs 32 zmm
     small = GemmBlocking(accumulators=2, vector_regs=16, max_rows=2, k_unroll=1, lanes_first_max_panel=1024,
-                         k_block_bytes=512)
+                         k_block_bytes=512, scalar_block_bytes=2048,
+                         scalar_pack_min_lane_tiles=2, epilogue_in_registers=False)
     target = "x86_64:x86-64-v3,x86-64"
     own = svodc.compile(model, target=target, options=CompileOptions(
         policies={"x86_64:x86-64": dataclasses.replace(DEFAULT_POLICY, cpu_gemm=small)}))
@@ -91,3 +92,28 @@ def test_variants_with_their_own_gemm_blocking_share_a_bundle():
             got = list(m.run(feeds).values())
         for g, w in zip(got, want, strict=True):
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_an_expensive_input_of_a_normalization_is_computed_once():
+    """tanh(x) feeds a REDUCE (the mean) and the subtraction after it: realized once instead of recomputed
+    by each kernel after the reduction, unless the policy counts a math function as one cheap op."""
+    from onnx import helper
+
+    from svodc.ir.uop import toposort
+    from tests.onnx_util import compile_and_run, make_model
+
+    nodes = [helper.make_node("Tanh", ["x"], ["t"]), helper.make_node("Mul", ["t", "x"], ["g"]),
+             helper.make_node("LayerNormalization", ["g", "s", "b"], ["y"], axis=-1)]
+    r = np.random.default_rng(5)
+    inits = {"s": r.standard_normal(24).astype(np.float32), "b": r.standard_normal(24).astype(np.float32)}
+    model = make_model(nodes, {"x": (np.float32, [6, 24])}, ["y"], inits)
+    graph = import_model(model)
+
+    def kernels_with_tanh(policy: OptimizationPolicy) -> int:
+        program = build_program(graph, CompileOptions(), policy)
+        return sum(any(n.op is Ops.TANH for n in toposort([k.ast])) for k in program.kernels)
+
+    assert kernels_with_tanh(DEFAULT_POLICY) == 1
+    assert kernels_with_tanh(OptimizationPolicy(math_op_cost=1)) > 1
+    feeds = {"x": r.standard_normal((6, 24)).astype(np.float32)}
+    np.testing.assert_allclose(compile_and_run(model, feeds)["y"], reference(model, feeds)[0], rtol=1e-4, atol=1e-5)

@@ -10,10 +10,12 @@ cut into parts that the entry's work queue hands to the threads (codegen/module.
 innermost so consecutive tiles reuse the same vector panel (lane tiles innermost when the panels are
 small, see emit_gemm). For each tile a micro-kernel keeps rows x (lanes/vw) vector accumulators in
 registers for its K loop (unrolled by the variant's GemmBlocking, svodc/policy.py), then stores the
-tile to C. The epilogue (the kernel's STORE over m and n) rewrites the tile in place while it is
-still in cache. A long K is cut into k blocks (gemm_plan.py): the part's tiles run once per block,
+tile to C, or returns it to the epilogue in registers (llvm_gemm_epilogue.py), which stores C once.
+Otherwise the epilogue (the kernel's STORE over m and n) rewrites the stored tile in place while it
+is still in cache. A long K is cut into k blocks (gemm_plan.py): the part's tiles run once per block,
 adding to C after the first, the epilogue after the last. An unpacked B that several row tiles
-reuse is copied contiguous per lane tile (and k block) to a stack buffer first (copy_panel).
+reuse is copied contiguous per lane tile (and k block) to a stack buffer first; a
+run-time A that many lane tiles reuse is packed per block of row tiles (both: llvm_gemm_copy.py).
 
 Sizes are compile-time constants, except a bounded dim (passes/dynamic.py) sizing the outermost batch
 axis, m, n or k, read from the entry's `dims`: the tile loop then covers the run-time tiles, the last
@@ -29,6 +31,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from svodc.codegen.llvm_gemm_copy import blocked_tile, copy_panel, pack_block
+from svodc.codegen.llvm_gemm_epilogue import emit_vector_epilogue, vector_epilogue
 from svodc.gemm_plan import B_PANEL, a_panel, cpu_plan
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import GemmArg, GemmOperand, Ops, RangeArg, RangeKind
@@ -53,20 +57,27 @@ class Side:
     panel_stride: int = 0  # vector side, packed: elements from one panel to the next (K * B_PANEL)
 
 
-def micro_kernel_name(rows: int, nvec: int, vw: int, unroll: int, masked: bool, packed: bool, scatter: bool) -> str:
-    modes = f"{'m' if masked else ''}{'p' if packed else ''}{'s' if scatter else ''}"
+def micro_kernel_name(rows: int, nvec: int, vw: int, unroll: int, masked: bool, packed: bool, scatter: bool,
+                      returns: bool = False) -> str:
+    modes = f"{'m' if masked else ''}{'p' if packed else ''}{'s' if scatter else ''}{'r' if returns else ''}"
     return f"svod.mk.{rows}x{nvec}v{vw}u{unroll}{modes}"
 
 
+def tile_type(rows: int, nvec: int, vw: int) -> str:
+    """The struct a returning micro-kernel gives back: its accumulators, row-major."""
+    return "{ " + ", ".join([f"<{vw} x float>"] * (rows * nvec)) + " }"
+
+
 def micro_kernel(rows: int, nvec: int, vw: int, unroll: int, masked: bool, packed: bool, scatter: bool,
-                 intrinsics: set[str]) -> str:
+                 intrinsics: set[str], returns: bool = False) -> str:
     """void mk(ptr s, ptr v, ptr c, i64 k, i64 s_k, i64 s_row, i64 v_k, i64 v_panel, i64 c_row,
     i64 c_lane, i64 tail, i1 accumulate): C tile (rows x nvec vectors) = S[rows, :k] x V[:k, lanes]
     (+= with accumulate), its k loop unrolled `unroll` times (plus a loop for the k % unroll steps left).
 
     Specialized only on its shape (rows, vectors) and modes, so kernels share micro-kernels; sizes and
     strides are arguments. masked: the last vector has `tail` valid lanes (masked loads of V unless
-    V is packed and zero-padded; masked stores). scatter: C lanes are c_lane apart (transposed GEMM)."""
+    V is packed and zero-padded; masked stores). scatter: C lanes are c_lane apart (transposed GEMM).
+    returns: the tile is returned (tile_type) instead of stored, for the epilogue in registers."""
     vt = f"<{vw} x float>"
     mt = f"<{vw} x i1>"
     fma = f"llvm.fmuladd.v{vw}f32"
@@ -76,8 +87,9 @@ def micro_kernel(rows: int, nvec: int, vw: int, unroll: int, masked: bool, packe
     intrinsics.add(f"declare void @llvm.masked.scatter.v{vw}f32.v{vw}p0({vt}, <{vw} x ptr>, i32, {mt})")
     intrinsics.add(f"declare {vt} @llvm.masked.gather.v{vw}f32.v{vw}p0(<{vw} x ptr>, i32, {mt}, {vt})")
     iota = "<" + ", ".join(f"i64 {i}" for i in range(vw)) + ">"
-    name = micro_kernel_name(rows, nvec, vw, unroll, masked, packed, scatter)
-    L = [f"define internal void @{name}(ptr noalias %s, ptr noalias %v, ptr noalias %c, i64 %kn, i64 %s_k, "
+    name = micro_kernel_name(rows, nvec, vw, unroll, masked, packed, scatter, returns)
+    ret = tile_type(rows, nvec, vw) if returns else "void"
+    L = [f"define internal {ret} @{name}(ptr noalias %s, ptr noalias %v, ptr noalias %c, i64 %kn, i64 %s_k, "
          "i64 %s_row, i64 %v_k, i64 %v_panel, i64 %c_row, i64 %c_lane, i64 %tail, i1 %accumulate) #0 {", "entry:"]
     L.append(f"  %ti = insertelement <{vw} x i64> poison, i64 %tail, i64 0")
     L.append(f"  %tv = shufflevector <{vw} x i64> %ti, <{vw} x i64> poison, <{vw} x i32> zeroinitializer")
@@ -136,6 +148,12 @@ def micro_kernel(rows: int, nvec: int, vw: int, unroll: int, masked: bool, packe
     L += ["  br label %store", "store:"]
     _phis(L, "f", vt, [([[f"%c{i}.{j}" for j in range(nvec)] for i in range(rows)], "%done"),
                        ([[f"%sum{i}.{j}" for j in range(nvec)] for i in range(rows)], "%add")])
+    if returns:
+        st, agg = tile_type(rows, nvec, vw), "undef"
+        for e in range(rows * nvec):
+            L.append(f"  %t{e} = insertvalue {st} {agg}, {vt} %f{e // nvec}.{e % nvec}, {e}")
+            agg = f"%t{e}"
+        return "\n".join([*L, f"  ret {st} {agg}", "}"])
     for i in range(rows):
         for j in range(nvec):
             last = j == nvec - 1 and masked
@@ -200,32 +218,6 @@ def _k_loop_body(L: list[str], tag: str, k: str, steps: int, start: tuple[list[l
     return acc
 
 
-def copy_panel(nvec: int, vw: int, intrinsics: set[str]) -> str:
-    """void copy(ptr src, ptr dst, i64 k, i64 src_k, i64 valid): dst[k][nvec * vw] = the first `valid`
-    lanes of rows src + k * src_k, zero past them (so the micro-kernel's masked tail reads zeros)."""
-    vt, mt = f"<{vw} x float>", f"<{vw} x i1>"
-    iota = "<" + ", ".join(f"i64 {i}" for i in range(vw)) + ">"
-    intrinsics.add(f"declare {vt} @llvm.masked.load.v{vw}f32.p0(ptr, i32, {mt}, {vt})")
-    L = [f"define internal void @svod.copy.{nvec}v{vw}(ptr noalias %src, ptr noalias %dst, i64 %kn, i64 %src_k, "
-         "i64 %valid) #0 {", "entry:",
-         f"  %vi = insertelement <{vw} x i64> poison, i64 %valid, i64 0",
-         f"  %vv = shufflevector <{vw} x i64> %vi, <{vw} x i64> poison, <{vw} x i32> zeroinitializer"]
-    for j in range(nvec):
-        L.append(f"  %lane{j} = add nuw <{vw} x i64> {iota}, <{', '.join([f'i64 {j * vw}'] * vw)}>")
-        L.append(f"  %mask{j} = icmp ult <{vw} x i64> %lane{j}, %vv")
-    L += ["  br label %loop", "loop:", "  %k = phi i64 [ 0, %entry ], [ %k.next, %loop ]",
-          "  %so = mul nsw i64 %k, %src_k", f"  %do = mul nsw i64 %k, {nvec * vw}"]
-    for j in range(nvec):
-        L += [f"  %sa{j} = add nsw i64 %so, {j * vw}", f"  %sp{j} = getelementptr inbounds float, ptr %src, i64 %sa{j}",
-              f"  %x{j} = call {vt} @llvm.masked.load.v{vw}f32.p0(ptr %sp{j}, i32 4, {mt} %mask{j}, "
-              f"{vt} zeroinitializer)",
-              f"  %da{j} = add nsw i64 %do, {j * vw}", f"  %dp{j} = getelementptr inbounds float, ptr %dst, i64 %da{j}",
-              f"  store {vt} %x{j}, ptr %dp{j}, align 4"]
-    L += ["  %k.next = add nuw i64 %k, 1", "  %more = icmp ult i64 %k.next, %kn",
-          "  br i1 %more, label %loop, label %done", "done:", "  ret void", "}"]
-    return "\n".join(L)
-
-
 def _runtime_tiles(em: KernelEmitter, total: str, tile: int) -> tuple[str, str, str]:
     """(tiles, index of the last one, its size in 1..tile) of a run-time extent `total` >= 1."""
     top = em.stack[0]
@@ -271,7 +263,9 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
     ranges = node.src[4:]
     rt_n, lt_n, tiles = plan.row_tiles, plan.lane_tiles, plan.tiles
     rows_tail, lanes_tail = plan.rows_tail, plan.lanes_tail
-    s_side, v_src, c_row, c_lane = _sides(arg)
+    s_src, v_src, c_row, c_lane = _sides(arg)
+    # what the micro-kernels read on the scalar side: a packed block's rows, k-major per row tile, or in place
+    s_side = Side(rows, 1) if plan.block_row_tiles else s_src
     v_side = Side(lanes) if plan.copy_panel else v_src  # what the micro-kernels read: the copy, rows of `lanes`
     row_sizes = {rows, rows_tail}
     top = em.stack[0]
@@ -299,7 +293,12 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
         k_size = em.emit_line(kbs, f"select i1 {last_kb}, i64 {plan.k_total - last_block * plan.k_block}, "
                                    f"i64 {plan.k_block}")
         k0 = em.emit_line(kbs, f"mul nuw nsw i64 {kbs.ivar}, {plan.k_block}")
-        s_k0, v_k0 = (em.emit_line(kbs, f"mul nuw nsw i64 {k0}, {side.k_stride}") for side in (s_side, v_src))
+        s_k0, v_k0 = (em.emit_line(kbs, f"mul nuw nsw i64 {k0}, {side.k_stride}") for side in (s_src, v_src))
+    # the epilogue on the accumulators in registers where it has a vector form (llvm_gemm_epilogue.py)
+    vepi = None
+    if (epilogue is not None and blocking.epilogue_in_registers and not arg.transposed and not arg.runtime
+            and plan.k_blocks == 1):
+        vepi = vector_epilogue(epilogue, node.src[2], tuple(ranges), em.free)
     calls = {}
     for r in row_sizes:
         if arg.n_var is not None:  # the last lane tile: nvec vectors, the last one masked to vec_tail lanes
@@ -314,8 +313,9 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
             nvec = -(-c // vw)
             tail = c - (nvec - 1) * vw
             mode = (tail != vw, v_side.packed_panels, c_lane != 1)
-            name = micro_kernel_name(r, nvec, vw, unroll, *mode)
-            em.shared_functions[name] = micro_kernel(r, nvec, vw, unroll, *mode, em.uses_intrinsics)
+            name = micro_kernel_name(r, nvec, vw, unroll, *mode, vepi is not None)
+            em.shared_functions[name] = micro_kernel(r, nvec, vw, unroll, *mode, em.uses_intrinsics,
+                                                     vepi is not None)
             calls[(r, c)] = (f"@{name}", f"i64 {k_size}, i64 {s_side.k_stride}, i64 {s_side.row_stride}, "
                                          f"i64 {v_side.k_stride}, i64 {v_side.panel_stride}, i64 {c_row}, "
                                          f"i64 {c_lane}, i64 {tail}, i1 {accumulate}")
@@ -336,15 +336,22 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
     # Tile order (gemm_plan.py): lane tiles innermost when the vector panels are small, else row tiles,
     # reusing each vector panel (k x lanes) across the row blocks while it is in L1/L2. The tile counts
     # are run-time values for a bounded m or n.
-    inner_n, outer_n = (lt_count, rt_count) if plan.lanes_first else (rt_count, lt_count)
-    inner, outer, *batch = em.split_index(sc, t, (inner_n, outer_n, *reversed(arg.batch)))
-    batch.reverse()
-    rt, lt = (outer, inner) if plan.lanes_first else (inner, outer)
+    if plan.block_row_tiles:
+        rt, lt, rin, first_in_block, batch = blocked_tile(em, sc, plan, t, start)
+    else:
+        inner_n, outer_n = (lt_count, rt_count) if plan.lanes_first else (rt_count, lt_count)
+        inner, outer, *batch = em.split_index(sc, t, (inner_n, outer_n, *reversed(arg.batch)))
+        batch.reverse()
+        rt, lt = (outer, inner) if plan.lanes_first else (inner, outer)
+        rin = rt
     r0 = line(sc, f"mul nuw nsw i64 {rt}, {rows}")
     l0 = line(sc, f"mul nuw nsw i64 {lt}, {lanes}")
     m0, n0 = (l0, r0) if arg.transposed else (r0, l0)
     if arg.a.packed:
         a_off = _packed_offset(em, sc, arg.a, batch, m0, a_panel(arg), arg.k)
+    elif plan.block_row_tiles:  # the block's first row: the pack's source
+        block_m0 = line(sc, f"mul nuw nsw i64 {line(sc, f'sub nuw nsw i64 {rt}, {rin}')}, {rows}")
+        a_off = operand_offset(em, sc, arg.a, batch, [(block_m0, arg.a.row_stride)])
     else:
         a_off = operand_offset(em, sc, arg.a, batch, [(m0, arg.a.row_stride)])
     if arg.b.packed:
@@ -359,13 +366,16 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
         s_ptr, v_ptr = (line(sc, f"getelementptr inbounds float, ptr {p}, i64 {o}", "ptr")
                         for p, o in ((s_ptr, s_k0), (v_ptr, v_k0)))
     last_r = line(sc, f"icmp eq i64 {rt}, {last_start}") if rows_tail != rows or arg.m_var else "false"
+    if plan.block_row_tiles:  # the first tile of a row block in this part packs the block, the rest read it
+        s_ptr = pack_block(em, sc, plan, s_src.k_stride, s_src.row_stride, s_ptr, first_in_block, block_m0,
+                           rin, k_size)
     last_l = line(sc, f"icmp eq i64 {lt}, {last_lane_tile}") if lanes_tail != lanes or arg.n_var else "false"
     if plan.copy_panel:  # the first tile of a lane tile in this part copies the panel, the rest read the copy
         copy = f"svod.copy.{lanes // vw}v{vw}"
         em.shared_functions[copy] = copy_panel(lanes // vw, vw, em.uses_intrinsics)
         buf = em.fresh("panel")
         em.allocas.append(f"{buf} = alloca float, i64 {(plan.k_block or arg.k) * lanes}, align 64")
-        first = line(sc, f"or i1 {line(sc, f'icmp eq i64 {rt}, 0')}, {line(sc, f'icmp eq i64 {t}, {start}')}")
+        first = line(sc, f"or i1 {line(sc, f'icmp eq i64 {rin}, 0')}, {line(sc, f'icmp eq i64 {t}, {start}')}")
         valid = line(sc, f"select i1 {last_l}, i64 {lanes_tail}, i64 {lanes}")
         p = em.fresh_label()
         sc.lines += [f"  br i1 {first}, label %P{p}.copy, label %P{p}.go", f"P{p}.copy:",
@@ -395,9 +405,18 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
                                  f"  br label %T{k}.join"]
                 continue
             fn, sizes = calls[(r, c)]
-            sc.lines += [f"T{k}.{tag}{sub}:", f"  call void {fn}({call_args}, {sizes})", f"  br label %T{k}.join"]
+            sc.lines.append(f"T{k}.{tag}{sub}:")
+            if vepi is None:
+                sc.lines.append(f"  call void {fn}({call_args}, {sizes})")
+            else:
+                nvec = -(-c // vw)
+                tt = tile_type(r, nvec, vw)
+                res = line(sc, f"call {tt} {fn}({call_args}, {sizes})")
+                acc = [[line(sc, f"extractvalue {tt} {res}, {i * nvec + j}") for j in range(nvec)] for i in range(r)]
+                emit_vector_epilogue(em, sc, vepi, acc, vw, c - (nvec - 1) * vw, batch, m0, n0)
+            sc.lines.append(f"  br label %T{k}.join")
     sc.lines.append(f"T{k}.join:")
-    if epilogue is not None:
+    if epilogue is not None and vepi is None:
         # Two copies of the epilogue: full tiles get constant trip counts (rows x lanes), which LLVM
         # unrolls into straight vector code; edge tiles get the general loops.
         *batch_ranges, m_range, n_range = ranges

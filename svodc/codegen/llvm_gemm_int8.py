@@ -40,9 +40,10 @@ def int8_path(target: Target) -> str:
     """The dot-product instruction of the target's integer GEMM micro-kernel (see the module docstring)."""
     f, vw = set(target.features), target.vector_bits // 32
     if target.arch == "x86_64":
-        if (vw == 16 and "avx512vnni" in f) or (vw == 8 and ("avxvnni" in f or {"avx512vnni", "avx512vl"} <= f)):
+        if (vw == 16 and "avx512vnni" in f) or (vw == 8 and "avxvnni" in f):
             return "vnni"
-        if vw in (4, 8) or (vw == 16 and "avx512bw" in f):
+        # 256-bit integer vectors need AVX2 and 512-bit ones AVX512BW (AVX alone has 256-bit float only).
+        if vw == 4 or (vw == 8 and "avx2" in f) or (vw == 16 and "avx512bw" in f):
             return "pmaddwd"
     if target.arch == "aarch64" and "dotprod" in f and vw == 4:
         return "sdot"

@@ -3,7 +3,8 @@
 A code image may not call libm (it has no symbols to call), and LLVM's exp/log/sin intrinsics become
 libm calls on CPUs (and abort on NVPTX). So EXP, EXP2, LOG, LOG2, POW, TANH, ERF, the trigonometric,
 hyperbolic and inverse functions, ROUND, TRUNC and FLOOR are rewritten here into +, *, comparisons,
-selects and bit manipulation, which every backend compiles inline.
+selects and bit manipulation, which every backend compiles inline (float32/float64 ROUND stays on CPUs that
+round to nearest even in one instruction: Target.native_roundeven).
 
 float32 follows the Cephes single-precision algorithms (range reduction + minimax polynomial, about
 1-3 ulp); float64 EXP/LOG use Taylor series on a reduced range to double precision; other float64
@@ -30,10 +31,10 @@ def _c(x: UOp, v: float) -> UOp:
 
 
 def poly(x: UOp, coeffs: list[float]) -> UOp:
-    """Horner: coeffs[0]*x^(n-1) + ... + coeffs[-1]."""
+    """Horner: coeffs[0]*x^(n-1) + ... + coeffs[-1], each step a MULACC (one FMA where the target has it)."""
     acc = _c(x, coeffs[0])
     for c in coeffs[1:]:
-        acc = acc * x + _c(x, c)
+        acc = UOp(Ops.MULACC, x.dtype, (acc, x, _c(x, c)))
     return acc
 
 
@@ -71,10 +72,19 @@ def _copysign_small(x: UOp, r: UOp) -> UOp:
     return x.eq(_c(x, 0.0)).where(x, r.alu(Ops.NEG))
 
 
+def small_integral_to_int(n: UOp) -> UOp:
+    """An integral float n with |n| < 2**(mantissa - 1) as the same-width integer, without a conversion:
+    n + 1.5 * 2**mantissa has the exponent of 2**mantissa, so its low bits hold n (biased). A CAST would
+    do it too, but the IR's casts saturate, which LLVM scalarizes on x86 (a compare and a cmov per lane)."""
+    it = _bits_int(n.dtype)
+    magic = _c(n, 1.5 * 2.0 ** _mantissa_bits(n.dtype))
+    return UOp(Ops.BITCAST, it, (n + magic,)) - UOp(Ops.BITCAST, it, (magic,))
+
+
 def scale_by_pow2(p: UOp, n: UOp) -> UOp:
     """p * 2**n for integral n in [-2*emax, 2*emax], in two steps so each factor is a normal number."""
     it = _bits_int(p.dtype)
-    ni = n.cast(it)
+    ni = small_integral_to_int(n)
     n1 = ni // UOp.const(it, 2)  # IDIV floors
     n2 = ni - n1
     return p * pow2i(n1, p.dtype) * pow2i(n2, p.dtype)

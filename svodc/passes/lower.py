@@ -17,6 +17,7 @@ writes (or combines) each update at its run-time position, in order, on one thre
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 from collections.abc import Generator
@@ -322,6 +323,8 @@ class KernelLowerer:
             return (yield x, tuple(sidx))
         if op is Ops.REDUCE:
             assert isinstance(arg, ReduceArg)
+            if self._unrolls(n):
+                return (yield from self._unrolled_reduce(n, idx))
             ranges = []
             sidx = list(idx)
             extents = self.extents(src)
@@ -339,6 +342,48 @@ class KernelLowerer:
                 return inner
             return UOp(Ops.LOOP_REDUCE, n.dtype, (inner, *ranges), arg.op)
         raise NotImplementedError(f"cannot lower {op.name} (it should have been decomposed before lowering)")
+
+    def _unrolls(self, n: UOp) -> bool:
+        """A REDUCE over at most policy.unroll_reduce_max elements of static extent (a depthwise or
+        grouped convolution's taps, a pooling window) is written out term by term: with no inner loop
+        left, the output's innermost loop is the one LLVM vectorizes, each lane one output element."""
+        src = n.src[0]
+        count = math.prod(src.shape[a] for a in n.arg.axes)
+        extents = self.extents(src)
+        return (1 < count <= self.policy.unroll_reduce_max and n.arg.op in (Ops.ADD, Ops.MAX, Ops.MIN)
+                and all(isinstance(extents[a], int) for a in n.arg.axes))
+
+    def _unrolled_reduce(self, n: UOp, idx: tuple[UOp, ...]) -> Lowering:
+        """The reduction written out over the reduced axes in row-major order, as about sqrt(count)
+        independent chains of consecutive terms (a 3x3 window: one per row) summed pairwise: a single
+        chain of dependent FMAs would make each output wait count FMA latencies. A float sum of
+        products becomes MULACCs (fused multiply-adds)."""
+        src, op = n.src[0], n.arg.op
+        axes = [a for a in n.arg.axes if src.shape[a] != 1]
+        points = list(itertools.product(*(range(src.shape[a]) for a in axes)))
+        per_chain = max(1, round(math.sqrt(len(points))))
+        chains: list[UOp] = []
+        for start in range(0, len(points), per_chain):
+            acc: UOp | None = None
+            for point in points[start:start + per_chain]:
+                sidx = list(idx)
+                for a in n.arg.axes:
+                    sidx[a] = ic(0)
+                for a, v in zip(axes, point, strict=True):
+                    sidx[a] = ic(v)
+                term = yield src, tuple(_simplify(i) for i in sidx)
+                if acc is None:
+                    acc = term
+                elif op is Ops.ADD and n.dtype.is_float and term.op is Ops.MUL:
+                    acc = UOp(Ops.MULACC, n.dtype, (*term.src, acc))
+                else:
+                    acc = UOp(op, n.dtype, (acc, term))
+            assert acc is not None
+            chains.append(acc)
+        while len(chains) > 1:
+            pairs = [UOp(op, n.dtype, (a, b)) for a, b in zip(chains[::2], chains[1::2], strict=False)]
+            chains = pairs + chains[len(pairs) * 2:]
+        return chains[0]
 
 
 def reduce_identity(op: Ops, dtype) -> int | float | bool:

@@ -81,13 +81,17 @@ def optimize(graph: ImportedGraph, options: CompileOptions, policy: Optimization
 def _generic_runtime_matmuls(dyn: DynamicAxes, policy: OptimizationPolicy) -> PatternMatcher:
     """MATMULs with a run-time inner batch axis, or an axis of a multiple of a dim, go to the generic path
     (MUL + REDUCE, whose loops take run-time extents); the GEMM kernels take a run-time outermost batch
-    axis, M, N and K (lower_gemm.py), K only with neither operand a constant (packed at compile time)."""
+    axis, M, N and K (lower_gemm.py), K only with neither operand a constant (packed at compile time). The
+    integer GEMM kernels (int32 products, lower_gemm_int8.py) take no run-time extent at all: an integer
+    product with any bounded axis goes to the generic path (a static kernel would read the bound's rows
+    past a smaller input)."""
     def rule(n: UOp) -> UOp | None:
         *batch, m, cols = dyn.axes(n)
         k = dyn.axes(n.src[0])[-1]
         lead = batch[0] if batch else None
         runtime = (any(batch[1:]) or any(a is not None and a.factor != 1 for a in (m, cols, k, lead))
-                   or (k is not None and any(is_constant(s) for s in n.src)))
+                   or (k is not None and any(is_constant(s) for s in n.src))
+                   or (n.dtype is dtypes.int32 and any(a is not None for a in (*batch, m, cols, k))))
         return decompose_matmul(n, policy, force=True) if runtime else None
 
     return PatternMatcher([(UPat(Ops.MATMUL, name="n"), rule)], name="runtime-matmul")
@@ -140,7 +144,8 @@ def build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimiz
     nodes = sink.toposort()
     selects = find_branch_selects(nodes, graph.provenance, graph.op_types)
     plans, realized = plan_kernels(outputs + [(value_dims.PREFIX + d.name, v) for d, v in values], policy, selects,
-                                   graph.provenance.realize_asked(nodes))
+                                   graph.provenance.realize_asked(nodes),
+                                   (lambda n: any(a is not None for a in dyn.axes(n))) if dyn else None)
     value_of = {value_dims.PREFIX + d.name: d for d, _ in values}
     writers: dict[str, int] = {}  # value dim -> the kernel that computes it
 

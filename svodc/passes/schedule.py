@@ -6,8 +6,10 @@ arithmetic, elementwise chains are recomputed in place). A compute node is reali
 - it contains an unrealized REDUCE and is reused element by element by a consumer (EXPAND, PAD,
   WINDOW: a broadcast or overlapping windows would recompute the reduction per use), or feeds
   another REDUCE, or has several consumers;
-- it is an expensive elementwise chain that a consumer reuses (more than a few ops per element),
-  or a GATHER that a consumer reuses;
+- it is an expensive elementwise chain (more than a few ops per element; a math function counts as
+  its polynomial) that a consumer reuses, or that feeds a REDUCE and other consumers too (a
+  normalization's input: each kernel after the reduction would recompute it), or a GATHER that a
+  consumer reuses;
 - its fused subgraph would grow past the policy's max_fused_ops (keeps kernels and compile time bounded);
 - it is a SCATTER (always a kernel of its own: copy, then serial updates; see lower.py);
 - the frontend asked for it (NodeContext.realize: a recurrent layer's state after each step, which
@@ -27,11 +29,13 @@ affine (im2col of a padded input) or whose columns are not contiguous (B) is rea
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from svodc.ir.dtypes import dtypes
-from svodc.ir.ops import ALU, MOVEMENT, Ops
+from svodc.ir.ops import ALU, MATH_UNARY, MOVEMENT, Ops
 from svodc.ir.uop import UOp, toposort
 from svodc.passes.branches import ALWAYS, Guard, branch_roots, guards, order_for_guards
 from svodc.passes.lower_gemm_int8 import BYTE_TYPES, int8_activation, int8_gemm_shape
@@ -50,15 +54,20 @@ class KernelPlan:
     guard: Guard = ALWAYS  # when the kernel must run (passes/branches.py)
 
 
-def _reuse_consumers(n: UOp, consumers: dict[UOp, list[UOp]], copies: set[UOp]) -> tuple[bool, bool]:
-    """(some consumer reuses elements, some consumer is a REDUCE), looking through pure views. A padded copy
-    for windows (`copies`) reads each element once (the windows reuse the copy, not its source): only a second
-    copy of the same node is reuse."""
+def _reuse_consumers(n: UOp, consumers: dict[UOp, list[UOp]], copies: set[UOp]) -> tuple[bool, bool, int]:
+    """(some consumer reuses elements, some consumer is a REDUCE, how many consumers), looking through pure
+    views. A padded copy for windows (`copies`) reads each element once (the windows reuse the copy, not its
+    source): only a second copy of the same node is reuse."""
     reuse = reduce_ = False
+    count = 0
     stack, read_by_copies = [n], 0
     while stack:
         x = stack.pop()
         for c in consumers[x]:
+            if c.op in _VIEW_THROUGH:
+                stack.append(c)
+                continue
+            count += 1
             if c in copies:
                 read_by_copies += 1
                 reuse |= read_by_copies > 1
@@ -66,9 +75,10 @@ def _reuse_consumers(n: UOp, consumers: dict[UOp, list[UOp]], copies: set[UOp]) 
                 reuse = True
             elif c.op is Ops.REDUCE:
                 reduce_ = True
-            elif c.op in _VIEW_THROUGH:
-                stack.append(c)
-    return reuse, reduce_
+    return reuse, reduce_, count
+
+
+_POLYNOMIAL = MATH_UNARY - {Ops.ROUND, Ops.TRUNC, Ops.FLOOR}  # rewritten into polynomials (transcendental.py)
 
 
 def _base(n: UOp, copies: set[UOp]) -> UOp:
@@ -123,12 +133,47 @@ def _window_copies(nodes: list[UOp], consumers: dict[UOp, list[UOp]]) -> set[UOp
             and n.src[0].op is not Ops.CONST}
 
 
+def _windows_into_unrolled(pad: UOp, consumers: dict[UOp, list[UOp]], policy: OptimizationPolicy,
+                           realized: set[UOp], copies: set[UOp]) -> bool:
+    """The padded tensor is a view of a buffer and every use of it is a strided window whose taps a small
+    REDUCE sums (a depthwise convolution, a pooling window: written out term by term, passes/lower.py).
+    Such a kernel reads the padding in place: split.py cuts its output loops where taps leave the
+    tensor, so the interior has neither clamps nor selects, and no padded copy is written and read
+    again. (A computed source stays behind a padded copy: each tap would recompute it.)"""
+    base = _base(pad.src[0], copies)
+    if base not in realized and base.op is not Ops.INPUT:
+        return False
+    stack, seen = [pad], set()
+    while stack:
+        x = stack.pop()
+        for c in consumers[x]:
+            if c in seen:
+                continue
+            seen.add(c)
+            if c.op is Ops.WINDOW and all(st == 1 for st in c.arg.strides):
+                # Stride 1: the padded copy is about the size of the output, and the kernel over it runs
+                # whole rows (no border pieces, no scalar remainders): the copy measured as fast.
+                return False
+            if c.op is Ops.REDUCE:
+                src = c.src[0]
+                if not (1 < math.prod(src.shape[a] for a in c.arg.axes) <= policy.unroll_reduce_max):
+                    return False
+            elif c.op in MOVEMENT or c.op in (Ops.MUL, Ops.CAST):
+                if not consumers[c]:
+                    return False  # a graph output
+                stack.append(c)
+            else:
+                return False
+    return True
+
+
 def plan_kernels(outputs: list[tuple[str, UOp]], policy: OptimizationPolicy = DEFAULT_POLICY,
-                 selects: dict[UOp, UOp] | None = None, asked: set[UOp] | None = None
-                 ) -> tuple[list[KernelPlan], set[UOp]]:
+                 selects: dict[UOp, UOp] | None = None, asked: set[UOp] | None = None,
+                 runtime_sized: Callable[[UOp], bool] | None = None) -> tuple[list[KernelPlan], set[UOp]]:
     """The kernels in execution order, and the set of realized nodes (kernel roots). selects: the
     run-time branch selects and their flags (passes/branches.py), whose sides get guarded kernels.
-    asked: nodes the frontend asked to realize (those that are views or sources need no kernel)."""
+    asked: nodes the frontend asked to realize (those that are views or sources need no kernel).
+    runtime_sized(n): n has an axis sized at run time (passes/dynamic.py)."""
     roots = [o for _, o in outputs]
     nodes = toposort(roots)
     consumers: dict[UOp, list[UOp]] = defaultdict(list)
@@ -148,22 +193,29 @@ def plan_kernels(outputs: list[tuple[str, UOp]], policy: OptimizationPolicy = DE
         epilogue -= asked_compute
     realized: set[UOp] = set()
     has_reduce: dict[UOp, bool] = {}
-    fused_ops: dict[UOp, int] = {}
+    fused_ops: dict[UOp, int] = {}  # ALU and REDUCE nodes fused into n (bounded by max_fused_ops)
+    fused_cost: dict[UOp, int] = {}  # the same, a math function counted as its polynomial (cheap_to_repeat)
 
-    def state(s: UOp) -> tuple[bool, int]:
+    def state(s: UOp) -> tuple[bool, int, int]:
         if s in realized or s.op in (Ops.INPUT, Ops.WEIGHT, Ops.CONST):
-            return False, 0
-        return has_reduce[s], fused_ops[s]
+            return False, 0, 0
+        return has_reduce[s], fused_ops[s], fused_cost[s]
 
     for n in nodes:
         if n.op in (Ops.INPUT, Ops.WEIGHT, Ops.CONST):
             continue
-        if n in copies:
+        if n in copies and not (policy.fuse_window_pads and not (runtime_sized and runtime_sized(n))
+                                and _windows_into_unrolled(n, consumers, policy, realized, copies)):
+            # Windows over a padded tensor (convolution, pooling) read a padded copy: every tap is then
+            # in bounds, so the kernels index it without clamps or selects and vectorize. (Over a run-time
+            # extent split.py cannot cut the borders off, so those read a copy too.)
             realized.add(n)
         srcs = [state(s) for s in n.src]
-        hr = n.op in (Ops.REDUCE, Ops.MATMUL) or any(h for h, _ in srcs)
-        ops = (1 if n.op in ALU or n.op is Ops.REDUCE else 0) + sum(k for _, k in srcs)
-        has_reduce[n], fused_ops[n] = hr, ops
+        hr = n.op in (Ops.REDUCE, Ops.MATMUL) or any(h for h, _, _ in srcs)
+        own = 1 if n.op in ALU or n.op is Ops.REDUCE else 0
+        ops = own + sum(k for _, k, _ in srcs)
+        cost = (policy.math_op_cost if n.op in _POLYNOMIAL else own) + sum(c for _, _, c in srcs)
+        has_reduce[n], fused_ops[n], fused_cost[n] = hr, ops, cost
         if n.op is Ops.SCATTER:
             realized.add(n)
             continue
@@ -172,7 +224,7 @@ def plan_kernels(outputs: list[tuple[str, UOp]], policy: OptimizationPolicy = DE
             continue
         if n in epilogue or (n.op not in ALU and n.op not in (Ops.REDUCE, Ops.GATHER)):
             continue
-        reuse, into_reduce = _reuse_consumers(n, consumers, copies)
+        reuse, into_reduce, uses = _reuse_consumers(n, consumers, copies)
         many = len(consumers[n]) > 1
         if n.op is Ops.GATHER:
             # a gathered element costs an index load, wrap and clamp: a consumer that reuses elements
@@ -180,8 +232,9 @@ def plan_kernels(outputs: list[tuple[str, UOp]], policy: OptimizationPolicy = DE
             if reuse:
                 realized.add(n)
             continue
+        recomputed = reuse or (into_reduce and uses > 1)
         if (n in output_roots or (hr and (reuse or into_reduce or many))
-                or (reuse and ops > policy.cheap_to_repeat) or ops > policy.max_fused_ops):
+                or (recomputed and cost > policy.cheap_to_repeat) or ops > policy.max_fused_ops):
             realized.add(n)
     plans: list[KernelPlan] = []
     names_by_root: dict[UOp, str] = {}

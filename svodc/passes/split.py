@@ -23,12 +23,15 @@ MAX_PIECES = 24  # statements one kernel may be split into
 MAX_INTERVALS = 32  # intervals of one index
 
 
-def _offset_of(x: UOp, r: UOp) -> int | None:
-    """c when x is r or r + c (c a constant), else None."""
+def _affine_in(x: UOp, r: UOp) -> tuple[int, int] | None:
+    """(s, c) when x is r * s + c (s > 0 and c constants; a strided window's tap), else None."""
+    c = 0
+    if x.op is Ops.ADD and x.src[1].op is Ops.CONST:
+        x, c = x.src[0], x.src[1].arg
     if x is r:
-        return 0
-    if x.op is Ops.ADD and x.src[0] is r and x.src[1].op is Ops.CONST:
-        return x.src[1].arg
+        return 1, c
+    if x.op is Ops.MUL and x.src[0] is r and x.src[1].op is Ops.CONST and x.src[1].arg > 0:
+        return x.src[1].arg, c
     return None
 
 
@@ -42,12 +45,12 @@ def thresholds(value: UOp, r: UOp) -> set[int]:
         if n.op is not Ops.CMPLT:
             continue
         lhs, rhs = n.src
-        c = _offset_of(lhs, r)
-        if c is not None and rhs.op is Ops.CONST:
-            out.add(rhs.arg - c)  # r + c < t  <=>  r < t - c
-        c = _offset_of(rhs, r)
-        if c is not None and lhs.op is Ops.CONST:
-            out.add(lhs.arg - c + 1)  # t < r + c  <=>  r >= t - c + 1
+        sc = _affine_in(lhs, r)
+        if sc is not None and rhs.op is Ops.CONST:
+            out.add(-(-(rhs.arg - sc[1]) // sc[0]))  # r*s + c < t  <=>  r < ceil((t - c) / s)
+        sc = _affine_in(rhs, r)
+        if sc is not None and lhs.op is Ops.CONST:
+            out.add((lhs.arg - sc[1]) // sc[0] + 1)  # t < r*s + c  <=>  r >= floor((t - c) / s) + 1
     return {t for t in out if 0 < t < size}
 
 
@@ -58,6 +61,10 @@ def _loads(x: UOp) -> int:
 def _clamps(x: UOp) -> int:
     """Index clamps (MIN/MAX on indices) in x: what bounds analysis could not prove in range."""
     return sum(1 for n in toposort([x]) if n.op in (Ops.MIN, Ops.MAX) and n.dtype is dtypes.index)
+
+
+def _clamped_loads(x: UOp) -> int:
+    return sum(1 for n in toposort([x]) if n.op is Ops.LOAD and _clamps(n.src[1]))
 
 
 _VISIT, _DECIDE, _BUILD, _ALIAS = range(4)
@@ -129,11 +136,13 @@ def split_store(store: UOp) -> list[UOp]:
                 new = sub if lo == 0 else UOp(Ops.ADD, dtypes.index, (sub, UOp.const(dtypes.index, lo)))
                 new_pieces.append(graph_rewrite(_restrict(st, r, new), pm_symbolic))
             # Worth it when every piece reads fewer buffers than the whole (a concatenation), or when
-            # one threshold splits off an end whose index clamps the longer piece then loses (a pad at
-            # the end only, as ceil-mode pooling makes: the clamped load was a gather to the
-            # vectorizer). Cutting a border off both sides measured slower: more, shorter loops.
+            # the longest piece loses index clamps and either one threshold splits off an end (a pad
+            # at the end only, as ceil-mode pooling makes: the clamped load was a gather to the
+            # vectorizer) or several loads were clamped (a window's taps over padding read in place:
+            # the interior then runs without clamps or selects). Cutting a border off both sides of
+            # a padded copy (one load) measured slower: more, shorter loops.
             longest = new_pieces[max(range(len(new_pieces)), key=lambda i: bounds[i + 1] - bounds[i])]
-            unclamps = len(ts) == 1 and _clamps(longest) < _clamps(st)
+            unclamps = _clamps(longest) < _clamps(st) and (len(ts) == 1 or _clamped_loads(st) > 1)
             if max(_loads(p) for p in new_pieces) >= _loads(st) and not unclamps:
                 out.append(st)
                 continue

@@ -1,0 +1,104 @@
+"""Operand copies in the CPU GEMM's tile loop (codegen/llvm_gemm.py): the vector panel of a lane tile
+copied contiguous (copy_panel), and a run-time scalar side packed per block of row tiles (the blocked
+tile order, the pack; gemm_plan.py decides where)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from svodc.gemm_plan import CpuGemmPlan
+
+if TYPE_CHECKING:
+    from svodc.codegen.llvm_ir import KernelEmitter, Scope
+
+
+def copy_panel(nvec: int, vw: int, intrinsics: set[str]) -> str:
+    """void copy(ptr src, ptr dst, i64 k, i64 src_k, i64 valid): dst[k][nvec * vw] = the first `valid`
+    lanes of rows src + k * src_k, zero past them (so the micro-kernel's masked tail reads zeros)."""
+    vt, mt = f"<{vw} x float>", f"<{vw} x i1>"
+    iota = "<" + ", ".join(f"i64 {i}" for i in range(vw)) + ">"
+    intrinsics.add(f"declare {vt} @llvm.masked.load.v{vw}f32.p0(ptr, i32, {mt}, {vt})")
+    L = [f"define internal void @svod.copy.{nvec}v{vw}(ptr noalias %src, ptr noalias %dst, i64 %kn, i64 %src_k, "
+         "i64 %valid) #0 {", "entry:",
+         f"  %vi = insertelement <{vw} x i64> poison, i64 %valid, i64 0",
+         f"  %vv = shufflevector <{vw} x i64> %vi, <{vw} x i64> poison, <{vw} x i32> zeroinitializer"]
+    for j in range(nvec):
+        L.append(f"  %lane{j} = add nuw <{vw} x i64> {iota}, <{', '.join([f'i64 {j * vw}'] * vw)}>")
+        L.append(f"  %mask{j} = icmp ult <{vw} x i64> %lane{j}, %vv")
+    L += ["  br label %loop", "loop:", "  %k = phi i64 [ 0, %entry ], [ %k.next, %loop ]",
+          "  %so = mul nsw i64 %k, %src_k", f"  %do = mul nsw i64 %k, {nvec * vw}"]
+    for j in range(nvec):
+        L += [f"  %sa{j} = add nsw i64 %so, {j * vw}", f"  %sp{j} = getelementptr inbounds float, ptr %src, i64 %sa{j}",
+              f"  %x{j} = call {vt} @llvm.masked.load.v{vw}f32.p0(ptr %sp{j}, i32 4, {mt} %mask{j}, "
+              f"{vt} zeroinitializer)",
+              f"  %da{j} = add nsw i64 %do, {j * vw}", f"  %dp{j} = getelementptr inbounds float, ptr %dst, i64 %da{j}",
+              f"  store {vt} %x{j}, ptr %dp{j}, align 4"]
+    L += ["  %k.next = add nuw i64 %k, 1", "  %more = icmp ult i64 %k.next, %kn",
+          "  br i1 %more, label %loop, label %done", "done:", "  ret void", "}"]
+    return "\n".join(L)
+
+
+def pack_rows(rows: int) -> str:
+    """void pack(ptr src, ptr dst, i64 nrows, i64 k, i64 src_k, i64 src_row, i64 tile_stride): row r of
+    src (elements src_k apart along k, rows src_row apart) to dst[r // rows][k][r % rows], row tiles
+    tile_stride elements apart: what the micro-kernels read as a scalar side (k stride rows, row stride 1)."""
+    return "\n".join([
+        f"define internal void @svod.pack.{rows}(ptr noalias %src, ptr noalias %dst, i64 %nrows, i64 %kn, "
+        "i64 %src_k, i64 %src_row, i64 %tile_stride) #0 {", "entry:", "  br label %row", "row:",
+        "  %r = phi i64 [ 0, %entry ], [ %r.next, %row.end ]",
+        f"  %tile = udiv i64 %r, {rows}", f"  %within = urem i64 %r, {rows}",
+        "  %dt = mul nsw i64 %tile, %tile_stride", "  %dbase = add nsw i64 %dt, %within",
+        "  %sbase = mul nsw i64 %r, %src_row", "  br label %kloop", "kloop:",
+        "  %k = phi i64 [ 0, %row ], [ %k.next, %kloop ]",
+        "  %so0 = mul nsw i64 %k, %src_k", "  %so = add nsw i64 %sbase, %so0",
+        "  %sp = getelementptr inbounds float, ptr %src, i64 %so", "  %x = load float, ptr %sp, align 4",
+        f"  %do0 = mul nsw i64 %k, {rows}", "  %do = add nsw i64 %dbase, %do0",
+        "  %dp = getelementptr inbounds float, ptr %dst, i64 %do", "  store float %x, ptr %dp, align 4",
+        "  %k.next = add nuw i64 %k, 1", "  %kmore = icmp ult i64 %k.next, %kn",
+        "  br i1 %kmore, label %kloop, label %row.end", "row.end:",
+        "  %r.next = add nuw i64 %r, 1", "  %rmore = icmp ult i64 %r.next, %nrows",
+        "  br i1 %rmore, label %row, label %done", "done:", "  ret void", "}"])
+
+
+def blocked_tile(em: KernelEmitter, sc: Scope, plan: CpuGemmPlan, t: str, start: str
+                  ) -> tuple[str, str, str, str, list[str]]:
+    """Tile t of a blocked tile loop (row tiles innermost, then lane tiles, then blocks of
+    block_row_tiles row tiles, the last block possibly smaller, then batch): (row tile, lane tile, row
+    tile within its block, whether t is the first tile of its block in this part, batch indices)."""
+    line = em.emit_line
+    block, last_block = plan.block_row_tiles, plan.row_blocks - 1
+    w, *batch = em.split_index(sc, t, (plan.row_tiles * plan.lane_tiles, *reversed(plan.batch)))
+    batch.reverse()
+    per_block = block * plan.lane_tiles
+    b = line(sc, f"udiv i64 {w}, {per_block}")
+    within = line(sc, f"urem i64 {w}, {per_block}")
+    tiles_in = str(block)
+    if plan.row_tiles - last_block * block != block:
+        tiles_in = line(sc, f"select i1 {line(sc, f'icmp eq i64 {b}, {last_block}')}, "
+                            f"i64 {plan.row_tiles - last_block * block}, i64 {block}")
+    lt = line(sc, f"udiv i64 {within}, {tiles_in}")
+    rin = line(sc, f"urem i64 {within}, {tiles_in}")
+    rt = line(sc, f"add nuw nsw i64 {line(sc, f'mul nuw nsw i64 {b}, {block}')}, {rin}")
+    first = line(sc, f"or i1 {line(sc, f'icmp eq i64 {within}, 0')}, {line(sc, f'icmp eq i64 {t}, {start}')}")
+    return rt, lt, rin, first, batch
+
+
+def pack_block(em: KernelEmitter, sc: Scope, plan: CpuGemmPlan, src_k: int, src_row: int, src_ptr: str,
+               first: str, block_m0: str, rin: str, k_size: str) -> str:
+    """Pack the block's rows (at src_ptr: elements src_k apart along k, rows src_row apart) to a stack
+    buffer when `first`; the pointer to row tile `rin`'s rows in it."""
+    line = em.emit_line
+    rows, kc = plan.rows, plan.k_block or plan.k_total
+    name = f"svod.pack.{rows}"
+    em.shared_functions[name] = pack_rows(rows)
+    buf = em.fresh("rows")
+    em.allocas.append(f"{buf} = alloca float, i64 {plan.block_row_tiles * rows * kc}, align 64")
+    nrows = line(sc, f"sub nsw i64 {plan.rows_total}, {block_m0}")
+    nrows = line(sc, f"select i1 {line(sc, f'icmp ult i64 {nrows}, {plan.block_row_tiles * rows}')}, "
+                     f"i64 {nrows}, i64 {plan.block_row_tiles * rows}")
+    p = em.fresh_label()
+    sc.lines += [f"  br i1 {first}, label %S{p}.pack, label %S{p}.go", f"S{p}.pack:",
+                 f"  call void @{name}(ptr {src_ptr}, ptr {buf}, i64 {nrows}, i64 {k_size}, i64 {src_k}, "
+                 f"i64 {src_row}, i64 {rows * kc})", f"  br label %S{p}.go", f"S{p}.go:"]
+    return line(sc, f"getelementptr inbounds float, ptr {buf}, i64 {line(sc, f'mul nuw nsw i64 {rin}, {rows * kc}')}",
+                "ptr")
