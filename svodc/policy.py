@@ -66,6 +66,7 @@ class OptimizationPolicy:
     merge_inner_loops: bool = True  # contiguous inner output axes as one loop when that needs no div/mod
     int8_gemm: bool = True  # int32 products of 8-bit operands and a constant run as integer GEMM kernels (CPU)
     fuse_window_pads: bool = True  # small windowed reductions read their padding in place (passes/schedule.py)
+    winograd: bool = True  # 3x3 stride-1 convolutions as Winograd F(2x2, 3x3) where the gate admits (winograd.py)
     # Thresholds:
     gemm_min_macs: int = 4096  # smaller products are cheaper on the generic path
     max_fused_ops: int = 400  # a fused subgraph past this many ops is realized (bounds kernels, LLVM time)
@@ -73,11 +74,18 @@ class OptimizationPolicy:
     math_op_cost: int = 16  # ops a math function counts for there (exp, tanh...: a polynomial of about so many)
     parallel_min: int = 32  # leading output axes collapse into one parallel loop of at least this many
     unroll_reduce_max: int = 32  # reductions over at most this many elements are written out (passes/lower.py)
+    # Winograd convolutions need at least these input channels (the GEMMs' K: with fewer, the C stores and the
+    # transforms outweigh the 2.25x fewer multiplies), output channels, 2x2 output tiles (the GEMMs' N) and
+    # multiply-adds of the batched GEMM (under it the five kernels' fixed costs win):
+    winograd_min_in_channels: int = 64
+    winograd_min_out_channels: int = 24
+    winograd_min_tiles: int = 16
+    winograd_min_macs: int = 2_000_000
     # One variant's code only (not the program): None is the target's own, gemm_blocking(target).
     cpu_gemm: GemmBlocking | None = None
 
     STEPS: ClassVar[tuple[str, ...]] = ("conv_to_matmul", "gemm", "gemm_transpose", "merge_inner_loops", "int8_gemm",
-                                       "fuse_window_pads")
+                                        "fuse_window_pads", "winograd")
 
     def without(self, *steps: str) -> OptimizationPolicy:
         """This policy with the named steps switched off."""

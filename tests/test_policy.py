@@ -66,7 +66,7 @@ def test_policies_that_a_bundle_cannot_hold_are_refused():
     with pytest.raises(TargetError, match="lacks"):
         svodc.compile(model, target="x86_64:x86-64-v3", options=split)
     with pytest.raises(ValueError, match="unknown optimisation step"):
-        DEFAULT_POLICY.without("winograd")
+        DEFAULT_POLICY.without("no_such_step")
 
 
 def test_variants_with_their_own_gemm_blocking_share_a_bundle():

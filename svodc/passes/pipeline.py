@@ -20,7 +20,7 @@ from svodc.ir.rewrite import debug_level, graph_rewrite
 from svodc.ir.spec import verify
 from svodc.ir.uop import UOp, pretty
 from svodc.options import PRECISIONS, CompileOptions
-from svodc.passes import value_dims
+from svodc.passes import value_dims, winograd
 from svodc.passes.branches import ALWAYS, Guard, find_branch_selects
 from svodc.passes.buffers import Buffers
 from svodc.passes.concat import pm_reduce_concat
@@ -61,6 +61,9 @@ def optimize(graph: ImportedGraph, options: CompileOptions, policy: Optimization
     if dyn:
         sink = graph_rewrite(sink, _runtime_convs(dyn, policy), prov=prov)
         _after_pass("run-time convs", sink, options)
+    if policy.winograd and policy.gemm and policy.conv_to_matmul and not dyn:
+        sink = winograd.rewrite_graph(sink, policy, prov)
+        _after_pass("winograd", sink, options)
     sink = graph_rewrite(sink, pm_conv_to_matmul(policy), prov=prov)
     _after_pass("conv to matmul", sink, options)
     if dyn:
