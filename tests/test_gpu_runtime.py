@@ -203,7 +203,7 @@ def _edit(bundle: bytes, fn) -> bytes:
 
 
 @pytest.mark.parametrize("edit,message", [
-    (lambda v, m: v["launches"][0].update(kernel=99), r"variants\[0\]\.launches\[0\]: kernel 99 of 8"),
+    (lambda v, m: v["launches"][0].update(kernel=99), r"variants\[0\]\.launches\[0\]: kernel 99 of \d+"),
     (lambda v, m: v["launches"][0].update(block=[2048, 1, 1]), r"launches\[0\]\.block\[0\]: = 2048 is out of range"),
     (lambda v, m: v["launches"][0].update(block=[64, 64, 1]), r"launches\[0\]: .* at most 1024 threads in all"),
     (lambda v, m: v["launches"][0].update(grid=[0, 1, 1]), r"3 positive grid sizes"),
@@ -211,7 +211,7 @@ def _edit(bundle: bytes, fn) -> bytes:
     (lambda v, m: v["launches"].pop(), r"variants\[0\]\.gpu_binding: does not match"),
     (lambda v, m: v.update(cubin=0), r"variants\[0\]\.cubin: 0 is not a code section"),
     (lambda v, m: v.pop("gpu_binding"), r"variants\[0\]\.gpu_binding: is missing"),
-    (lambda v, m: v.update(kernels=[0]), r"variants\[0\]\.kernels: has 1 offsets for 8 kernels"),
+    (lambda v, m: v.update(kernels=[0]), r"variants\[0\]\.kernels: has 1 offsets for \d+ kernels"),
 ])
 def test_gpu_manifest_edits_are_refused_by_name(small_gpu, edit, message):
     with pytest.raises(BundleFormatError, match=message):

@@ -101,3 +101,16 @@ def test_v_cmp_class_f32_sets_one_bit_per_ieee_class():
         want = sum(1 << lane for lane, k in enumerate(classes) if k == c)
         want |= sum(1 << lane for lane in range(len(values), LANES)) if c == 6 else 0  # the +0.0 padding
         assert int(w.s[2][0]) == want, f"class bit {c}"
+
+
+@pytest.mark.parametrize("op, name", [(0x2C, "v_fmamk_f32"), (0x2D, "v_fmaak_f32")])
+def test_v_fmamk_and_v_fmaak_take_their_constant_from_the_literal_after_them(op, name):
+    """VOP2 with a trailing 32-bit K: fmamk is S0 * K + S1, fmaak is S0 * S1 + K (one rounding)."""
+    a = rng.standard_normal(LANES).astype(np.float32)
+    b = rng.standard_normal(LANES).astype(np.float32)
+    k = np.float32(1.7)
+    word = (op << 25) | (3 << 17) | (2 << 9) | (VGPR + 1)  # v3 = op(src0 v1, vsrc1 v2, K)
+    w = run([word, int(np.array(k).view(np.uint32))], {}, {1: a.view(np.uint32), 2: b.view(np.uint32)})
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    want = (a64 * k + b64) if name == "v_fmamk_f32" else (a64 * b64 + k)
+    np.testing.assert_array_equal(w.v[3].view(np.float32), want.astype(np.float32))

@@ -31,7 +31,8 @@ VOP1 = {0x1: "v_mov_b32", 0x2: "v_readfirstlane_b32", 0x8: "v_cvt_i32_f32", 0xa:
 VOP2 = {0x1: "v_cndmask_b32", 0x3: "v_add_f32", 0x4: "v_sub_f32", 0x5: "v_subrev_f32", 0x8: "v_mul_f32", 0x9: "v_mul_i32_i24",
         0xa: "v_mul_hi_i32_i24", 0xb: "v_mul_u32_u24", 0xc: "v_mul_hi_u32_u24", 0x10: "v_max_f32", 0x18: "v_lshlrev_b32",
         0x19: "v_lshrrev_b32", 0x1a: "v_ashrrev_i32", 0x1b: "v_and_b32", 0x1c: "v_or_b32", 0x20: "v_add_co_ci_u32", 0x21: "v_sub_co_ci_u32",
-        0x25: "v_add_nc_u32", 0x26: "v_sub_nc_u32", 0x2b: "v_fmac_f32"}
+        0x25: "v_add_nc_u32", 0x26: "v_sub_nc_u32", 0x2b: "v_fmac_f32",
+        0x2c: "v_fmamk_f32", 0x2d: "v_fmaak_f32"}
 VOPC = {0x11: "v_cmp_lt_f32", 0x12: "v_cmp_eq_f32", 0x13: "v_cmp_le_f32", 0x14: "v_cmp_gt_f32",
         0x16: "v_cmp_ge_f32", 0x17: "v_cmp_o_f32", 0x18: "v_cmp_u_f32", 0x19: "v_cmp_nge_f32", 0x1e: "v_cmp_nlt_f32",
         0x3a: "v_cmp_eq_u16", 0x3c: "v_cmp_gt_u16", 0x49: "v_cmp_lt_u32", 0x4c: "v_cmp_gt_u32", 0x4d: "v_cmp_ne_u32",
@@ -193,6 +194,7 @@ def decode(code: bytes | memoryview, pc: int) -> Instr:
     needs_literal = any(f[k] == LITERAL for k in _SRC_FIELDS.get(enc, ()))
     if enc == "VOPD":
         needs_literal |= bool({f["opx"], f["opy"]} & {1, 2})  # fmaak / fmamk carry a constant
+    needs_literal |= enc == "VOP2" and name in ("v_fmamk_f32", "v_fmaak_f32")
     literal = None
     if needs_literal:
         literal, = struct.unpack_from("<I", code, pc + size)

@@ -233,6 +233,11 @@ def execute_valu(w: Waves, ins: Instr) -> None:
         return
     if name == "v_div_fmas_f32" and (w.s[VCC] & w.s[EXEC]).any():
         raise EmulationError(f"RDNA3 emulator: {ins.where()} with VCC set (a rescaled division)")
+    if name in ("v_fmamk_f32", "v_fmaak_f32"):  # VOP2 only; K is the literal after the instruction
+        a, b = _sources(w, ins, (32, 32))
+        k = np.full(w.n * LANES, ins.literal, U32)
+        w.vwrite(fl["vdst"], _fma(a, k, b) if name == "v_fmamk_f32" else _fma(a, b, k))  # S0*K+S1, S0*S1+K
+        return
     widths, fn, kind = OPS[name]
     srcs = _sources(w, ins, widths)
     r = fn(*srcs)
