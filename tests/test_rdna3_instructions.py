@@ -114,3 +114,32 @@ def test_v_fmamk_and_v_fmaak_take_their_constant_from_the_literal_after_them(op,
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     want = (a64 * k + b64) if name == "v_fmamk_f32" else (a64 * b64 + k)
     np.testing.assert_array_equal(w.v[3].view(np.float32), want.astype(np.float32))
+
+
+def test_v_subrev_co_ci_u32_subtracts_the_other_way_with_the_borrow():
+    """VOP3SD: D = S1 - S0 - borrow-in (a lane mask in an SGPR), borrow-out to sdst."""
+    a, b = (rng.integers(0, 1 << 32, LANES, dtype=np.uint64).astype(np.uint32) for _ in range(2))
+    b[:3] = a[:3]  # equal operands: borrow exactly when one comes in
+    borrow_in = int(rng.integers(0, 1 << 32))
+    w = run(vop3(0x122, 3, VGPR + 1, VGPR + 2, 20, sdst=10), {20: borrow_in}, {1: a, 2: b})
+    out = 0
+    for lane in range(LANES):
+        exact = int(b[lane]) - int(a[lane]) - ((borrow_in >> lane) & 1)
+        assert int(w.v[3][lane]) == exact & MASK32
+        out |= int(exact < 0) << lane
+    assert int(w.s[10][0]) == out
+
+
+def test_v_add_lshl_u32_and_v_mad_u16():
+    """v_add_lshl_u32: (S0 + S1) << S2[4:0], 32-bit wrap; v_mad_u16: S0 * S1 + S2 in the low half,
+    the high half of the destination kept."""
+    a, b = (rng.integers(0, 1 << 32, LANES, dtype=np.uint64).astype(np.uint32) for _ in range(2))
+    s = rng.integers(0, 64, LANES).astype(np.uint32)
+    w = run(vop3(0x247, 3, VGPR + 1, VGPR + 2, VGPR + 4), {}, {1: a, 2: b, 4: s})
+    for lane in range(LANES):
+        assert int(w.v[3][lane]) == (((int(a[lane]) + int(b[lane])) & MASK32) << (int(s[lane]) & 31)) & MASK32
+    old = rng.integers(0, 1 << 32, LANES, dtype=np.uint64).astype(np.uint32)
+    w = run(vop3(0x241, 3, VGPR + 1, VGPR + 2, VGPR + 4), {}, {1: a, 2: b, 4: s, 3: old})
+    for lane in range(LANES):
+        low = (int(a[lane]) & 0xFFFF) * (int(b[lane]) & 0xFFFF) + (int(s[lane]) & 0xFFFF)
+        assert int(w.v[3][lane]) == (int(old[lane]) & 0xFFFF0000) | (low & 0xFFFF)

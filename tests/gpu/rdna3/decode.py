@@ -30,24 +30,24 @@ VOP1 = {0x1: "v_mov_b32", 0x2: "v_readfirstlane_b32", 0x8: "v_cvt_i32_f32", 0xa:
         0x2a: "v_rcp_f32", 0x33: "v_sqrt_f32"}
 VOP2 = {0x1: "v_cndmask_b32", 0x3: "v_add_f32", 0x4: "v_sub_f32", 0x5: "v_subrev_f32", 0x8: "v_mul_f32", 0x9: "v_mul_i32_i24",
         0xa: "v_mul_hi_i32_i24", 0xb: "v_mul_u32_u24", 0xc: "v_mul_hi_u32_u24", 0x10: "v_max_f32", 0x18: "v_lshlrev_b32",
-        0x19: "v_lshrrev_b32", 0x1a: "v_ashrrev_i32", 0x1b: "v_and_b32", 0x1c: "v_or_b32", 0x20: "v_add_co_ci_u32", 0x21: "v_sub_co_ci_u32",
+        0x19: "v_lshrrev_b32", 0x1a: "v_ashrrev_i32", 0x1b: "v_and_b32", 0x1c: "v_or_b32", 0x20: "v_add_co_ci_u32", 0x21: "v_sub_co_ci_u32", 0x22: "v_subrev_co_ci_u32",
         0x25: "v_add_nc_u32", 0x26: "v_sub_nc_u32", 0x2b: "v_fmac_f32",
         0x2c: "v_fmamk_f32", 0x2d: "v_fmaak_f32"}
 VOPC = {0x11: "v_cmp_lt_f32", 0x12: "v_cmp_eq_f32", 0x13: "v_cmp_le_f32", 0x14: "v_cmp_gt_f32",
         0x16: "v_cmp_ge_f32", 0x17: "v_cmp_o_f32", 0x18: "v_cmp_u_f32", 0x19: "v_cmp_nge_f32", 0x1e: "v_cmp_nlt_f32",
-        0x3a: "v_cmp_eq_u16", 0x3c: "v_cmp_gt_u16", 0x49: "v_cmp_lt_u32", 0x4c: "v_cmp_gt_u32", 0x4d: "v_cmp_ne_u32",
+        0x3a: "v_cmp_eq_u16", 0x3c: "v_cmp_gt_u16", 0x3d: "v_cmp_ne_u16", 0x49: "v_cmp_lt_u32", 0x4c: "v_cmp_gt_u32", 0x4d: "v_cmp_ne_u32",
         0x51: "v_cmp_lt_i64", 0x53: "v_cmp_le_i64", 0x54: "v_cmp_gt_i64", 0x59: "v_cmp_lt_u64", 0x5a: "v_cmp_eq_u64", 0x5b: "v_cmp_le_u64", 0x5c: "v_cmp_gt_u64",
         0x5d: "v_cmp_ne_u64", 0x7e: "v_cmp_class_f32", 0xca: "v_cmpx_eq_u32", 0xcc: "v_cmpx_gt_u32", 0xd4: "v_cmpx_gt_i64",
         0xdc: "v_cmpx_gt_u64"}
 VOP3_ONLY = {0x20b: "v_mad_u32_u24", 0x210: "v_bfe_u32", 0x213: "v_fma_f32", 0x216: "v_alignbit_b32",
-             0x221: "v_med3_u32", 0x227: "v_div_fixup_f32", 0x237: "v_div_fmas_f32", 0x246: "v_lshl_add_u32",
+             0x221: "v_med3_u32", 0x227: "v_div_fixup_f32", 0x237: "v_div_fmas_f32", 0x241: "v_mad_u16", 0x246: "v_lshl_add_u32", 0x247: "v_add_lshl_u32",
              0x251: "v_med3_u16", 0x255: "v_add3_u32", 0x256: "v_lshl_or_b32", 0x257: "v_and_or_b32", 0x2fc: "v_div_scale_f32",
              0x2fe: "v_mad_u64_u32", 0x300: "v_add_co_u32", 0x301: "v_sub_co_u32", 0x303: "v_add_nc_u16", 0x304: "v_sub_nc_u16",
              0x305: "v_mul_lo_u16", 0x309: "v_max_u16", 0x32c: "v_mul_lo_u32", 0x32d: "v_mul_hi_u32",
              0x338: "v_lshlrev_b16", 0x339: "v_lshrrev_b16", 0x33c: "v_lshlrev_b64", 0x33d: "v_lshrrev_b64",
-             0x362: "v_and_b16"}
+             0x362: "v_and_b16", 0x363: "v_or_b16"}
 VALU = VOPC | {VOP2_BASE + k: v for k, v in VOP2.items()} | {VOP1_BASE + k: v for k, v in VOP1.items()} | VOP3_ONLY
-VOP3SD = {"v_add_co_u32", "v_add_co_ci_u32", "v_sub_co_u32", "v_sub_co_ci_u32", "v_mad_u64_u32", "v_div_scale_f32"}  # sdst in bits 14:8
+VOP3SD = {"v_add_co_u32", "v_add_co_ci_u32", "v_sub_co_u32", "v_sub_co_ci_u32", "v_subrev_co_ci_u32", "v_mad_u64_u32", "v_div_scale_f32"}  # sdst in bits 14:8
 VOP3P = {0x40: "v_wmma_f32_16x16x16_f16", 0x41: "v_wmma_f32_16x16x16_bf16"}
 VOPD = {0x0: "v_fmac_f32", 0x1: "v_fmaak_f32", 0x2: "v_fmamk_f32", 0x3: "v_mul_f32", 0x4: "v_add_f32",
         0x5: "v_sub_f32", 0x8: "v_mov_b32", 0x9: "v_cndmask_b32", 0xa: "v_max_f32", 0x10: "v_add_nc_u32", 0x11: "v_lshlrev_b32",

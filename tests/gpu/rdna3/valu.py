@@ -120,6 +120,7 @@ OPS: dict[str, tuple[tuple[int, ...], object, str]] = {
     "v_lshl_or_b32": ((32, 32, 32), lambda a, b, c: (a << (b & U32(31))) | c, "v"),
     "v_and_or_b32": ((32, 32, 32), lambda a, b, c: (a & b) | c, "v"),
     "v_add3_u32": ((32, 32, 32), lambda a, b, c: a + b + c, "v"),
+    "v_add_lshl_u32": ((32, 32, 32), lambda a, b, c: (a + b) << (c & U32(31)), "v"),
     "v_lshlrev_b64": ((32, 64), lambda a, b: b << (a & U32(63)).astype(U64), "v64"),
     "v_lshrrev_b64": ((32, 64), lambda a, b: b >> (a & U32(63)).astype(U64), "v64"),
     "v_add_nc_u16": ((16, 16), lambda a, b: a + b, "v16"),
@@ -130,6 +131,8 @@ OPS: dict[str, tuple[tuple[int, ...], object, str]] = {
     "v_lshlrev_b16": ((16, 16), lambda a, b: b << (a & U32(15)), "v16"),
     "v_lshrrev_b16": ((16, 16), lambda a, b: b >> (a & U32(15)), "v16"),
     "v_and_b16": ((16, 16), lambda a, b: a & b, "v16"),
+    "v_or_b16": ((16, 16), lambda a, b: a | b, "v16"),
+    "v_mad_u16": ((16, 16, 16), lambda a, b, c: a * b + c, "v16"),
     "v_cmp_o_f32": ((32, 32), lambda a, b: ~(np.isnan(f(a)) | np.isnan(f(b))), "cmp"),
     "v_cmp_u_f32": ((32, 32), lambda a, b: np.isnan(f(a)) | np.isnan(f(b)), "cmp"),
     "v_cmp_nge_f32": ((32, 32), lambda a, b: ~(f(a) >= f(b)), "cmp"),
@@ -198,9 +201,11 @@ def _carry_ops(w: Waves, ins: Instr) -> None:
     elif name == "v_add_co_ci_u32":
         a, b = _sources(w, ins, (32, 32))
         r = a.astype(U64) + b + _mask_operand(w, ins).astype(U64)
-    elif name in ("v_sub_co_u32", "v_sub_co_ci_u32"):  # the carry out is the borrow
+    elif name in ("v_sub_co_u32", "v_sub_co_ci_u32", "v_subrev_co_ci_u32"):  # the carry out is the borrow
         a, b = _sources(w, ins, (32, 32))
-        sub = b.astype(U64) + (_mask_operand(w, ins).astype(U64) if name == "v_sub_co_ci_u32" else U64(0))
+        if name == "v_subrev_co_ci_u32":  # S1 - S0 - borrow
+            a, b = b, a
+        sub = b.astype(U64) + (_mask_operand(w, ins).astype(U64) if name != "v_sub_co_u32" else U64(0))
         w.vwrite(fl["vdst"], ((a.astype(U64) - sub) & U64(MASK32)).astype(U32))
         _write_mask(w, ins, sub > a, "sdst")
         return
