@@ -123,13 +123,17 @@ class Emulation:
 
 
 def lower(model, options=None):
-    """The Program svodc.compile makes of an ONNX model."""
+    """The Program svodc.compile makes of an ONNX model for a bundle with GPU variants (its policy:
+    svodc.api.bundle_policy; every GPU target gets the same one)."""
+    from svodc.api import bundle_policy
     from svodc.frontend.importer import import_model, load_model
+    from svodc.gpu_target import parse_targets
     from svodc.options import CompileOptions
     from svodc.passes.pipeline import build_program
 
     options = options or CompileOptions()
-    return build_program(import_model(load_model(model), options), options)
+    policy = bundle_policy(parse_targets("gfx1100"), options)
+    return build_program(import_model(load_model(model), options), options, policy)
 
 
 def emulate(model, options=None, program=None, workers=None) -> Emulation:
