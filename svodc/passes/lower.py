@@ -349,12 +349,8 @@ class KernelLowerer:
         left, the output's innermost loop is the one LLVM vectorizes, each lane one output element.
         Not for floats narrower than float32: the loop accumulates those in float32 and rounds once
         (codegen), a written-out chain would round at every term."""
-        src = n.src[0]
-        count = math.prod(src.shape[a] for a in n.arg.axes)
-        extents = self.extents(src)
-        narrow = n.dtype.is_float and n.dtype.itemsize < 4
-        return (1 < count <= self.policy.unroll_reduce_max and n.arg.op in (Ops.ADD, Ops.MAX, Ops.MIN)
-                and not (narrow and n.arg.op is Ops.ADD) and all(isinstance(extents[a], int) for a in n.arg.axes))
+        extents = self.extents(n.src[0])
+        return unrolls_reduce(n, self.policy) and all(isinstance(extents[a], int) for a in n.arg.axes)
 
     def _unrolled_reduce(self, n: UOp, idx: tuple[UOp, ...]) -> Lowering:
         """The reduction written out over the reduced axes in row-major order, as about sqrt(count)
@@ -387,6 +383,15 @@ class KernelLowerer:
             pairs = [UOp(op, n.dtype, (a, b)) for a, b in zip(chains[::2], chains[1::2], strict=False)]
             chains = pairs + chains[len(pairs) * 2:]
         return chains[0]
+
+
+def unrolls_reduce(n: UOp, policy: OptimizationPolicy) -> bool:
+    """Whether lowering writes REDUCE n out term by term where its extents are static (_unrolls): ADD, MAX or MIN
+    over 2 .. policy.unroll_reduce_max elements, not a sum of a float narrower than float32."""
+    count = math.prod(n.src[0].shape[a] for a in n.arg.axes)
+    narrow = n.dtype.is_float and n.dtype.itemsize < 4
+    return (1 < count <= policy.unroll_reduce_max and n.arg.op in (Ops.ADD, Ops.MAX, Ops.MIN)
+            and not (narrow and n.arg.op is Ops.ADD))
 
 
 def reduce_identity(op: Ops, dtype) -> int | float | bool:

@@ -31,7 +31,6 @@ affine (im2col of a padded input) or whose columns are not contiguous (B) is rea
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import ALU, MATH_UNARY, MOVEMENT, Ops
 from svodc.ir.uop import UOp, toposort
 from svodc.passes.branches import ALWAYS, Guard, branch_roots, guards, order_for_guards
+from svodc.passes.lower import unrolls_reduce
 from svodc.passes.lower_gemm_int8 import BYTE_TYPES, int8_activation, int8_gemm_shape
 from svodc.passes.views import affine_view
 from svodc.policy import DEFAULT_POLICY, OptimizationPolicy
@@ -158,8 +158,7 @@ def _windows_into_unrolled(pad: UOp, consumers: dict[UOp, list[UOp]], policy: Op
                 # whole rows (no border pieces, no scalar remainders): the copy measured as fast.
                 return False
             if c.op is Ops.REDUCE:
-                src = c.src[0]
-                if not (1 < math.prod(src.shape[a] for a in c.arg.axes) <= policy.unroll_reduce_max):
+                if not unrolls_reduce(c, policy):  # (run-time extents: the caller has ruled them out)
                     return False
             elif c.op in MOVEMENT or c.op in (Ops.MUL, Ops.CAST):
                 if not consumers[c]:
