@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from svodc.codegen.llvm_types import const, ltype, mem_type
+from svodc.codegen.share import Template
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import Ops, ParamArg, RangeArg, RangeKind
 from svodc.ir.uop import UOp, toposort
@@ -64,6 +65,10 @@ class KernelEmitter:
         self.range_pos: dict[UOp, int] = {}
         self.free: dict[UOp, frozenset[UOp]] = {}
         self.params: dict[int, str] = {}
+        # Compared constants taken out of the body (share.Template): compare node -> (the source that
+        # is an argument, j: the body's argument %k<j>, whose type is lifted_values[j]'s)
+        self.lifted: dict[UOp, tuple[int, int]] = {}
+        self.lifted_values: tuple[UOp, ...] = ()
         self.uses_intrinsics: set[str] = set()
         # Bounded dims read at run time (passes/dynamic.py): the body then takes the entry's `dims` array.
         self.uses_dims = reads_dims(ast)
@@ -188,13 +193,20 @@ class KernelEmitter:
                 if node.op is Ops.LOOP_REDUCE:
                     scope.cache[node] = self.emit_reduce(node, scope)
                 else:
-                    scope.cache[node] = emit_alu(self, scope, node, [self.value(s) for s in node.src])
+                    scope.cache[node] = emit_alu(self, scope, node, self.operands(node))
                 continue
             stack.append((node, True))
             stack.extend((s, False) for s in reversed(node.src))
         value = self._direct(n)
         assert value is not None
         return value
+
+    def operands(self, n: UOp) -> list[str]:
+        values = [self.value(s) for s in n.src]
+        if n in self.lifted:
+            pos, j = self.lifted[n]
+            values[pos] = f"%k{j}"
+        return values
 
     def dim_value(self, slot: int) -> str:
         """dims[slot] (an i64 the runtime checked against the dim's range), loaded once per kernel call."""
@@ -282,6 +294,7 @@ class KernelEmitter:
             else:
                 self.emit_store(stmt)
         params = [f"ptr noalias %p{i}" for i in range(nparams)] + (["ptr %dims"] if self.uses_dims else [])
+        params += [f"{ltype(v.dtype)} %k{j}" for j, v in enumerate(self.lifted_values)]
         lines = [f"define internal void @{self.name}.body({', '.join(params)}, i32 %part, i32 %nparts) #0 {{",
                  "entry:", *[f"  {a}" for a in self.allocas], *self.stack[0].lines, "  ret void", "}"]
         return "\n".join(lines)
@@ -298,10 +311,14 @@ def param_pointer(buf: Buffer, nin: int) -> tuple[int, int]:
     return output_slot(nin, buf.slot), 0
 
 
-def render_body(kernel: Kernel, target: Target, blocking: GemmBlocking) -> tuple[str, set[str], dict[str, str]]:
+def render_body(kernel: Kernel, target: Target, blocking: GemmBlocking,
+                tmpl: Template | None = None) -> tuple[str, set[str], dict[str, str]]:
     """The kernel's body function `@<name>.body(params..., part, nparts)`, the intrinsics it declares
-    and the shared helper functions it calls (name -> definition; one copy per module)."""
-    em = KernelEmitter(kernel.name, kernel.ast, target, blocking)
+    and the shared helper functions it calls (name -> definition; one copy per module). With `tmpl`
+    (share.template(kernel)) the body is the template's: its constants are the wrapper's to pass."""
+    em = KernelEmitter(kernel.name, tmpl.ast if tmpl else kernel.ast, target, blocking)
+    if tmpl:
+        em.lifted, em.lifted_values = tmpl.lifted, tmpl.values
     return em.render_body(len(kernel.params)), em.uses_intrinsics, em.shared_functions
 
 
@@ -314,9 +331,10 @@ def body_name(kernel: Kernel) -> str:
     return f"{kernel.name}.body"
 
 
-def render_wrapper(kernel: Kernel, nin: int, body: str) -> str:
+def render_wrapper(kernel: Kernel, nin: int, body: str, tmpl: Template | None = None) -> str:
     """`@<name>(bufs, dims, part, nparts)`: the kernel's buffer-table entry point, which finds its
-    parameters in the table and calls `@<body>` (its own body, or an identical kernel's)."""
+    parameters in the table and calls `@<body>` (its own body, or an identical kernel's; with `tmpl`,
+    the template's body, passed the kernel's pointer shifts and lifted constants)."""
     lines = [f"define void @{kernel.name}(ptr %bufs, ptr %dims, i32 %part, i32 %nparts) #0 {{", "entry:"]
     if getattr(kernel.ast.arg, "serial", False):  # one part only (module.parallel_parts says 1)
         lines += ["  %not_first = icmp ne i32 %part, 0", "  br i1 %not_first, label %skip, label %run",
@@ -324,12 +342,14 @@ def render_wrapper(kernel: Kernel, nin: int, body: str) -> str:
     args = []
     for i, buf in enumerate(kernel.params):
         slot, offset = param_pointer(buf, nin)
+        offset += tmpl.shifts[i] * buf.dtype.itemsize if tmpl else 0
         lines.append(f"  %s{i} = getelementptr inbounds ptr, ptr %bufs, i64 {slot}")
         lines.append(f"  %b{i} = load ptr, ptr %s{i}")
         lines.append(f"  %a{i} = getelementptr inbounds i8, ptr %b{i}, i64 {offset}")
         args.append(f"ptr %a{i}")
     if reads_dims(kernel.ast):
         args.append("ptr %dims")
+    args += [f"{ltype(v.dtype)} {const(v.dtype, v.arg)}" for v in (tmpl.values if tmpl else ())]
     lines.append(f"  call void @{body}({', '.join(args)}, i32 %part, i32 %nparts)")
     lines += ["  ret void", "}"]
     return "\n".join(lines)

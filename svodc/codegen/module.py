@@ -41,6 +41,7 @@ import math
 
 from svodc.codegen.llvm_gemm_int8 import int8_plan
 from svodc.codegen.llvm_ir import FN_ATTRS, body_name, render_body, render_wrapper
+from svodc.codegen.share import Template, template
 from svodc.gemm_plan import cpu_plan
 from svodc.ir.ops import GemmArg, Ops, RangeKind
 from svodc.policy import GemmBlocking
@@ -68,18 +69,32 @@ def _attrs(target: Target) -> list[str]:
 
 
 # A unit is the kernels that share one body: identical code over different buffers (ResNet-50's
-# repeated blocks: 97 kernels, 47 bodies). Its first kernel's rendering is the body they all call.
-Unit = list[tuple[Kernel, tuple[str, set[str], dict[str, str]]]]
+# repeated blocks: 97 kernels, 47 bodies), or over different places in them and with different
+# compared constants (a recurrent layer's steps: share.py). Its first kernel's rendering is the body
+# they all call; each kernel's template (None: its own code) says what its wrapper passes.
+Unit = list[tuple[Kernel, Template | None, tuple[str, set[str], dict[str, str]]]]
+
+
+def _body_key(kernel: Kernel, rendered: tuple[str, set[str], dict[str, str]]) -> str:
+    """The rendered body with the kernel's name taken out: equal text is equal code, whatever made the
+    kernels look alike."""
+    return rendered[0].replace(f"@{body_name(kernel)}(", "@(", 1)
 
 
 def _render_units(kernels: list[Kernel], target: Target, blocking: GemmBlocking) -> list[Unit]:
-    """The kernels grouped by their rendered body (the text with the kernel's name taken out: equal
-    text is equal code, whatever made the kernels look alike), in order of first appearance."""
-    units: dict[str, Unit] = {}
+    """The kernels grouped by their templates' rendered bodies, in order of first appearance. A kernel
+    that shares its template's body with no other kernel gets its own code back (its constants in it)."""
+    by_template: dict[str, Unit] = {}
     for k in kernels:
-        rendered = render_body(k, target, blocking)
-        key = rendered[0].replace(f"@{body_name(k)}(", "@(", 1)
-        units.setdefault(key, []).append((k, rendered))
+        tmpl = template(k)
+        rendered = render_body(k, target, blocking, tmpl)
+        by_template.setdefault(_body_key(k, rendered), []).append((k, tmpl, rendered))
+    units: dict[str, Unit] = {}
+    for group in by_template.values():
+        for k, tmpl, rendered in group:
+            if len(group) == 1 and tmpl.changed:
+                tmpl, rendered = None, render_body(k, target, blocking)
+            units.setdefault(_body_key(k, rendered), []).append((k, tmpl, rendered))
     return list(units.values())
 
 
@@ -88,11 +103,11 @@ def _module(units: list[Unit], nin: int, target: Target, name: str) -> str:
     declares: set[str] = set()
     shared: dict[str, str] = {}
     for unit in units:
-        first, (body, intrinsics, helpers) = unit[0]
+        first, _, (body, intrinsics, helpers) = unit[0]
         bodies.append(body)
         declares |= intrinsics
         shared.update(helpers)
-        bodies += [render_wrapper(k, nin, body_name(first)) for k, _ in unit]
+        bodies += [render_wrapper(k, nin, body_name(first), tmpl) for k, tmpl, _ in unit]
     helpers_text = [shared[n] for n in sorted(shared)]
     return "\n".join([*_header(target, name), *sorted(declares), "", *helpers_text, *bodies, "", *_attrs(target), ""])
 
@@ -107,7 +122,7 @@ def kernel_modules(kernels: list[Kernel], nin: int, target: Target, blocking: Ge
     out = []
     for i in range(n):
         chunk = units[i::n]
-        out.append(([k for unit in chunk for k, _ in unit], _module(chunk, nin, target, f"chunk{i}")))
+        out.append(([k for unit in chunk for k, _, _ in unit], _module(chunk, nin, target, f"chunk{i}")))
     return out
 
 
