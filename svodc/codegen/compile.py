@@ -99,6 +99,10 @@ def prepare_kernel(kernel: Kernel, target: Target | None = None, check_ir: bool 
 # (-j, cores): module boundaries change the code layout, and the same model with the same options
 # must give the same bytes on every build machine.
 KERNELS_PER_MODULE = 4
+# The entry is calls, compares and atomics, one block run per kernel per call: LLVM's optimizer buys
+# nothing there, and at O3 it took 1.4-1.8 s on resnet50's entry (138 kernels; svod_wait inlined at
+# every kernel), at O0 0.1 s.
+ENTRY_OPT_LEVEL = 0
 
 
 def compile_program(program: Program, target: Target, options: CompileOptions,
@@ -119,7 +123,7 @@ def compile_program(program: Program, target: Target, options: CompileOptions,
     entry = entry_module([(k.name, parallel_parts(k, target, blocking)) for k in kernels], target,
                          [guard_flags(k.guard, nin) for k in kernels])
     jobs.append(LLVMJob("entry", entry, target.triple, target.llvm_cpu,
-                        target.llvm_features, options.opt_level, target.codemodel, dbg >= 4,
+                        target.llvm_features, ENTRY_OPT_LEVEL, target.codemodel, dbg >= 4,
                         abiname=target.abiname))
     if dbg >= 3:
         for j in jobs:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from svodc.codegen.llvm_types import const, ltype, mem_type
-from svodc.codegen.share import Template
+from svodc.codegen.share import Template, body_arg_index
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import Ops, ParamArg, RangeArg, RangeKind
 from svodc.ir.uop import UOp, toposort
@@ -65,10 +65,6 @@ class KernelEmitter:
         self.range_pos: dict[UOp, int] = {}
         self.free: dict[UOp, frozenset[UOp]] = {}
         self.params: dict[int, str] = {}
-        # Compared constants taken out of the body (share.Template): compare node -> (the source that
-        # is an argument, j: the body's argument %k<j>, whose type is lifted_values[j]'s)
-        self.lifted: dict[UOp, tuple[int, int]] = {}
-        self.lifted_values: tuple[UOp, ...] = ()
         self.uses_intrinsics: set[str] = set()
         # Bounded dims read at run time (passes/dynamic.py): the body then takes the entry's `dims` array.
         self.uses_dims = reads_dims(ast)
@@ -170,7 +166,8 @@ class KernelEmitter:
         if n.op is Ops.RANGE:
             return self.stack[self.range_pos[n]].ivar
         if n.op is Ops.DEFINE_VAR:
-            return self.dim_value(n.arg.slot)
+            j = body_arg_index(n)
+            return self.dim_value(n.arg.slot) if j is None else f"%k{j}"
         return self.target_scope(n).cache.get(n)
 
     def value(self, n: UOp) -> str:
@@ -193,20 +190,13 @@ class KernelEmitter:
                 if node.op is Ops.LOOP_REDUCE:
                     scope.cache[node] = self.emit_reduce(node, scope)
                 else:
-                    scope.cache[node] = emit_alu(self, scope, node, self.operands(node))
+                    scope.cache[node] = emit_alu(self, scope, node, [self.value(s) for s in node.src])
                 continue
             stack.append((node, True))
             stack.extend((s, False) for s in reversed(node.src))
         value = self._direct(n)
         assert value is not None
         return value
-
-    def operands(self, n: UOp) -> list[str]:
-        values = [self.value(s) for s in n.src]
-        if n in self.lifted:
-            pos, j = self.lifted[n]
-            values[pos] = f"%k{j}"
-        return values
 
     def dim_value(self, slot: int) -> str:
         """dims[slot] (an i64 the runtime checked against the dim's range), loaded once per kernel call."""
@@ -294,7 +284,8 @@ class KernelEmitter:
             else:
                 self.emit_store(stmt)
         params = [f"ptr noalias %p{i}" for i in range(nparams)] + (["ptr %dims"] if self.uses_dims else [])
-        params += [f"{ltype(v.dtype)} %k{j}" for j, v in enumerate(self.lifted_values)]
+        args = sorted((j, n.dtype) for n in toposort([self.ast]) if (j := body_arg_index(n)) is not None)
+        params += [f"{ltype(dt)} %k{j}" for j, dt in args]
         lines = [f"define internal void @{self.name}.body({', '.join(params)}, i32 %part, i32 %nparts) #0 {{",
                  "entry:", *[f"  {a}" for a in self.allocas], *self.stack[0].lines, "  ret void", "}"]
         return "\n".join(lines)
@@ -317,14 +308,13 @@ def render_body(kernel: Kernel, target: Target, blocking: GemmBlocking,
     and the shared helper functions it calls (name -> definition; one copy per module). With `tmpl`
     (share.template(kernel)) the body is the template's: its constants are the wrapper's to pass."""
     em = KernelEmitter(kernel.name, tmpl.ast if tmpl else kernel.ast, target, blocking)
-    if tmpl:
-        em.lifted, em.lifted_values = tmpl.lifted, tmpl.values
     return em.render_body(len(kernel.params)), em.uses_intrinsics, em.shared_functions
 
 
 def reads_dims(ast: UOp) -> bool:
     """Does the kernel read bounded dims (passes/dynamic.py)? Its body then takes the entry's `dims`."""
-    return any(n.op is Ops.DEFINE_VAR or (n.op is Ops.GEMM and n.arg.runtime) for n in toposort([ast]))
+    return any((n.op is Ops.DEFINE_VAR and n.arg.slot >= 0) or (n.op is Ops.GEMM and n.arg.runtime)
+               for n in toposort([ast]))
 
 
 def body_name(kernel: Kernel) -> str:

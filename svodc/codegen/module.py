@@ -44,6 +44,7 @@ from svodc.codegen.llvm_ir import FN_ATTRS, body_name, render_body, render_wrapp
 from svodc.codegen.share import Template, template
 from svodc.gemm_plan import cpu_plan
 from svodc.ir.ops import GemmArg, Ops, RangeKind
+from svodc.ir.uop import UOp
 from svodc.policy import GemmBlocking
 from svodc.program import BufferKind, Kernel, KernelGuard
 from svodc.target import Target
@@ -82,19 +83,25 @@ def _body_key(kernel: Kernel, rendered: tuple[str, set[str], dict[str, str]]) ->
 
 
 def _render_units(kernels: list[Kernel], target: Target, blocking: GemmBlocking) -> list[Unit]:
-    """The kernels grouped by their templates' rendered bodies, in order of first appearance. A kernel
-    that shares its template's body with no other kernel gets its own code back (its constants in it)."""
-    by_template: dict[str, Unit] = {}
+    """The kernels grouped by their templates' rendered bodies, in order of first appearance; each
+    distinct template (an interned AST) is rendered once. A kernel that shares its template's body
+    with no other kernel gets its own code back (its constants in it)."""
+    by_ast: dict[tuple[UOp, int], list[tuple[Kernel, Template]]] = {}
     for k in kernels:
         tmpl = template(k)
-        rendered = render_body(k, target, blocking, tmpl)
-        by_template.setdefault(_body_key(k, rendered), []).append((k, tmpl, rendered))
+        by_ast.setdefault((tmpl.ast, len(k.params)), []).append((k, tmpl))
+    by_text: dict[str, Unit] = {}
+    for group in by_ast.values():
+        first, tmpl = group[0]
+        rendered = render_body(first, target, blocking, tmpl)
+        by_text.setdefault(_body_key(first, rendered), []).extend((k, t, rendered) for k, t in group)
     units: dict[str, Unit] = {}
-    for group in by_template.values():
-        for k, tmpl, rendered in group:
-            if len(group) == 1 and tmpl.changed:
-                tmpl, rendered = None, render_body(k, target, blocking)
-            units.setdefault(_body_key(k, rendered), []).append((k, tmpl, rendered))
+    for unit in by_text.values():
+        if len(unit) == 1 and unit[0][1].changed:
+            k = unit[0][0]
+            unit = [(k, None, render_body(k, target, blocking))]
+        first, _, rendered = unit[0]
+        units.setdefault(_body_key(first, rendered), []).extend(unit)
     return list(units.values())
 
 

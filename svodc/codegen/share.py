@@ -11,7 +11,7 @@ and (b) the step index compared with the run-time sequence lengths (`t < lens[b]
   The addresses are the same; the moved pointer is at or before every address the kernel touches
   (rest_i >= 0, c_i >= m) and not before the buffer (m > 0), so it stays inside the buffer.
 - compared constants: an integer constant compared with a value computed from data the kernel reads
-  (a sequence length) becomes a body argument that the wrapper passes. Index arithmetic (loop
+  (a sequence length) becomes a body argument (`body_arg`) that the wrapper passes. Index arithmetic (loop
   bounds, pad masks) compares no loaded value, so the body's loops and masks compile as before.
 
 Kernels whose templates render alike share one body (module.py). A kernel whose template matches no
@@ -22,28 +22,41 @@ epilogues match indices by identity (llvm_gemm_epilogue.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from svodc.ir.dtypes import dtypes
-from svodc.ir.ops import COMPARE, Ops
+from svodc.ir.ops import COMPARE, Ops, VarArg
 from svodc.ir.shapes import prod
 from svodc.ir.uop import UOp, toposort
 from svodc.program import Kernel
 
+# A lifted constant in a template's AST: DEFINE_VAR slot -1 - j is the body's argument %k<j> (the entry's
+# bounded dims have slots >= 0). Its bounds are any int64's: the same for every kernel sharing the body.
+ARG_LO, ARG_HI = -(1 << 63), (1 << 63) - 1
+
+
+def body_arg(dtype, j: int) -> UOp:
+    return UOp(Ops.DEFINE_VAR, dtype, (), VarArg(f"k{j}", ARG_LO, ARG_HI, -1 - j))
+
+
+def body_arg_index(n: UOp) -> int | None:
+    """j for the body argument %k<j>, None for any other node."""
+    return -1 - n.arg.slot if n.op is Ops.DEFINE_VAR and n.arg.slot < 0 else None
+
 
 @dataclass(frozen=True)
 class Template:
-    """A kernel as a shared body sees it: `ast` (the indices shifted), `shifts` (elements added to
-    each parameter's pointer by the kernel's wrapper) and `lifted` (compare node -> (which of its
-    sources is an argument, j: the body's argument `%k<j>`, whose value is values[j]))."""
+    """A kernel as a shared body sees it: `ast` (indices shifted, lifted constants replaced by body
+    arguments), `shifts` (elements the kernel's wrapper adds to each parameter's pointer) and `values`
+    (the constant the wrapper passes as each body argument). Kernels with equal templates share a body;
+    a template's AST is interned, so equal templates are one object."""
     ast: UOp
     shifts: tuple[int, ...]
-    lifted: dict[UOp, tuple[int, int]] = field(default_factory=dict)
     values: tuple[UOp, ...] = ()
 
     @property
     def changed(self) -> bool:
-        return bool(self.lifted) or any(self.shifts)
+        return bool(self.values) or any(self.shifts)
 
 
 def _terms(idx: UOp) -> tuple[list[UOp], int]:
@@ -120,14 +133,15 @@ def template(kernel: Kernel) -> Template:
     ast = _rebuild(nodes, new) if new else kernel.ast
     nodes = toposort([ast]) if new else nodes
     loaded = _loaded(nodes)
-    lifted: dict[UOp, tuple[int, int]] = {}
-    values: list[UOp] = []
+    new, values = {}, []
     for n in nodes:
         if n.op not in COMPARE or n.src[0].dtype.is_float or n.src[0].dtype is dtypes.bool:
             continue
         for pos, (s, o) in enumerate((n.src, n.src[::-1])):
             if s.op is Ops.CONST and o in loaded:
-                lifted[n] = (pos, len(values))
+                arg = body_arg(s.dtype, len(values))
                 values.append(s)
+                new[n] = n.replace(src=(arg, o) if pos == 0 else (o, arg))
                 break
-    return Template(ast, tuple(shifts.get(i, 0) for i in range(len(kernel.params))), lifted, tuple(values))
+    ast = _rebuild(nodes, new) if new else ast
+    return Template(ast, tuple(shifts.get(i, 0) for i in range(len(kernel.params))), tuple(values))
