@@ -206,8 +206,9 @@ def _carry_ops(w: Waves, ins: Instr) -> None:
         if name == "v_subrev_co_ci_u32":  # S1 - S0 - borrow
             a, b = b, a
         sub = b.astype(U64) + (_mask_operand(w, ins).astype(U64) if name != "v_sub_co_u32" else U64(0))
+        borrow = sub > a  # before the write: a is a view of its VGPR, which may be vdst (v0 = v0 - v6)
         w.vwrite(fl["vdst"], ((a.astype(U64) - sub) & U64(MASK32)).astype(U32))
-        _write_mask(w, ins, sub > a, "sdst")
+        _write_mask(w, ins, borrow, "sdst")
         return
     elif name == "v_mad_u64_u32":
         a, b, c = _sources(w, ins, (32, 32, 64))
@@ -275,7 +276,7 @@ def execute_vopd(w: Waves, ins: Instr) -> None:
         a = w.vread(src0, ins.literal)
         b = w.v[vsrc1]
         if name == "v_mov_b32":
-            r = a
+            r = a.copy()  # a view of its VGPR, which the other operation may write first
         elif name == "v_cndmask_b32":
             r = np.where(w.lane_mask(w.s[VCC]), b, a)
         elif name == "v_fmac_f32":
