@@ -165,12 +165,8 @@ def bundle_policy(targets: list, options: CompileOptions) -> OptimizationPolicy:
         raise TargetError(f"variants with different optimisation policies ({groups}) need different programs, and "
                           "a bundle holds one program: compile each group into a bundle of its own")
     policy = next(iter(by_policy))
-    # With a GPU variant: the integer GEMM kernels are CPU code only (integer products stay generic loops),
-    # and Winograd's kernels are not yet right on GPUs (squeezenet's gfx1100 code reads outside a buffer
-    # in the RDNA3 emulator), so its convolutions stay direct.
-    if any(isinstance(t, GpuTarget) for t in targets):
-        return dataclasses.replace(policy, int8_gemm=False, winograd=False)
-    return policy
+    # The integer GEMM kernels are CPU code only: with a GPU variant, integer products stay generic loops.
+    return dataclasses.replace(policy, int8_gemm=False) if any(isinstance(t, GpuTarget) for t in targets) else policy
 
 
 def compile(model: ModelSource, target: str = "host", options: CompileOptions | None = None,
