@@ -165,8 +165,12 @@ def bundle_policy(targets: list, options: CompileOptions) -> OptimizationPolicy:
         raise TargetError(f"variants with different optimisation policies ({groups}) need different programs, and "
                           "a bundle holds one program: compile each group into a bundle of its own")
     policy = next(iter(by_policy))
-    # The integer GEMM kernels are CPU code only: with a GPU variant, integer products stay generic loops.
-    return dataclasses.replace(policy, int8_gemm=False) if any(isinstance(t, GpuTarget) for t in targets) else policy
+    # With a GPU variant: the integer GEMM kernels are CPU code only (integer products stay generic loops), and
+    # convolutions stay direct: Winograd's split pieces are one launch each on a GPU (resnet50: 375 launches, not
+    # 100) for about the same work there (docs/architecture.md "Passes").
+    if any(isinstance(t, GpuTarget) for t in targets):
+        return dataclasses.replace(policy, int8_gemm=False, winograd=False)
+    return policy
 
 
 def compile(model: ModelSource, target: str = "host", options: CompileOptions | None = None,

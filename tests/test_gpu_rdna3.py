@@ -9,6 +9,7 @@ instruction of our code objects, and unknown instructions failing loudly.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 from pathlib import Path
@@ -116,13 +117,16 @@ def _accesses_in_bounds(program) -> int:
 def test_a_winograd_convolution_feeding_a_concat_runs_in_the_emulator(emulated_hip):
     """The graph that found the emulator's in-place borrow bug (tests/test_rdna3_instructions.py): the concat
     kernel's gfx1100 code updates its 64-bit index in place, and read 2^34 bytes below its buffer in the
-    emulator. Against onnxruntime on gfx1100 and on the CPU, whose loops index the same buffers."""
+    emulator. Lowered with the step, which GPU bundles leave out (svodc.api.bundle_policy), so its kernels
+    are checked as GPU code all the same. Against onnxruntime on gfx1100 and on the CPU, whose loops index
+    the same buffers."""
     import svodc
+    from svodc.api import bundle_policy
     from tests.test_winograd import EVERYWHERE
 
     model, feeds = _fire_module(8, 8, 8, 13)
     options = CompileOptions(policies={"*": EVERYWHERE})
-    program = lower(model, options)
+    program = lower(model, options, dataclasses.replace(bundle_policy(parse_targets("gfx1100"), options), winograd=True))
     gemms = [s.arg for k in program.kernels for s in k.ast.src if s.op is Ops.GEMM]
     assert any(g.batch == (16,) for g in gemms), "the batched GEMM of Winograd's 16 transformed positions"
     assert _accesses_in_bounds(program) > 0
