@@ -167,7 +167,7 @@ def bundle_policy(targets: list, options: CompileOptions) -> OptimizationPolicy:
     policy = next(iter(by_policy))
     # With a GPU variant: the integer GEMM kernels are CPU code only (integer products stay generic loops), and
     # convolutions stay direct: Winograd's split pieces are one launch each on a GPU (resnet50: 375 launches, not
-    # 100) for about the same work there (docs/architecture.md "Passes").
+    # 100) for little or no work saved (docs/architecture.md "Passes").
     if any(isinstance(t, GpuTarget) for t in targets):
         return dataclasses.replace(policy, int8_gemm=False, winograd=False)
     return policy

@@ -175,3 +175,26 @@ def test_vopd_reads_both_operations_sources_before_either_writes():
     w = run(words, {}, {2: x.copy(), 3: y.copy()})
     np.testing.assert_array_equal(w.v[2], y)
     np.testing.assert_array_equal(w.v[3], x)
+
+
+def vop3p(op: int, vdst: int, s0: int, s1: int, opsel: int, opsel_hi: int) -> list[int]:
+    return [(0x33 << 26) | (op << 16) | ((opsel_hi >> 2) << 14) | (opsel << 11) | vdst,
+            ((opsel_hi & 3) << 27) | (s1 << 9) | s0]
+
+
+@pytest.mark.parametrize("opsel", [0, 1, 2, 3])
+@pytest.mark.parametrize("opsel_hi", [0, 1, 2, 3])
+def test_v_pk_mul_lo_u16_multiplies_the_halves_op_sel_and_op_sel_hi_pick(opsel, opsel_hi):
+    """Low half of D: the product of the halves op_sel picks (bit 0: src0's high, bit 1: src1's), high half:
+    those op_sel_hi picks; each product kept to 16 bits. src0 a VGPR, then the 32-bit literal after it."""
+    a, b = (rng.integers(0, 1 << 32, LANES, dtype=np.uint64).astype(np.uint32) for _ in range(2))
+    literal = 0x2003C  # what LLVM packs for x * 60 and y * 2
+    for words, x in ((vop3p(0x1, 3, VGPR + 1, VGPR + 2, opsel, opsel_hi), a),
+                     (vop3p(0x1, 3, 255, VGPR + 2, opsel, opsel_hi) + [literal], np.full(LANES, literal, np.uint32))):
+        w = run(words, {}, {1: a, 2: b})
+        for lane in range(LANES):
+            def half(v: int, high: int) -> int:
+                return (v >> (16 * high)) & 0xFFFF
+            lo = half(int(x[lane]), opsel & 1) * half(int(b[lane]), opsel >> 1) & 0xFFFF
+            hi = half(int(x[lane]), opsel_hi & 1) * half(int(b[lane]), opsel_hi >> 1) & 0xFFFF
+            assert int(w.v[3][lane]) == lo | (hi << 16)

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from tests.gpu.rdna3 import wmma
 from tests.gpu.rdna3.decode import VOP3SD, Instr
-from tests.gpu.rdna3.wave import EXEC, LANES, MASK32, VCC, EmulationError, Waves
+from tests.gpu.rdna3.wave import EXEC, LANES, LITERAL, MASK32, VCC, EmulationError, Waves
 
 U32, U64, F32, F64 = np.uint32, np.uint64, np.float32, np.float64
 M16 = U32(0xFFFF)
@@ -290,3 +291,20 @@ def execute_vopd(w: Waves, ins: Instr) -> None:
         results.append((vdst, r))
     for vdst, r in results:
         w.vwrite(vdst, r)
+
+
+def execute_vop3p(w: Waves, ins: Instr) -> None:
+    """WMMA (wmma.py), or v_pk_mul_lo_u16: two 16-bit products, the low one of the halves op_sel picks, the high
+    one of those op_sel_hi picks (a 32-bit literal is two halves like a VGPR; LLVM packs x*60 and y*2 into one)."""
+    if ins.name.startswith("v_wmma"):
+        wmma.execute_wmma(w, ins)
+        return
+    fl = ins.f
+    if fl["neg"] or fl["neg_hi"] or fl["clamp"]:
+        raise EmulationError(f"RDNA3 emulator: modifiers on {ins.where()} are not implemented")
+    codes = (fl["src0"], fl["src1"])
+    if any(c < 256 and c != LITERAL for c in codes):
+        raise EmulationError(f"RDNA3 emulator: {ins.where()} with a scalar or inline-constant operand")
+    x, y = (w.vread(c, ins.literal) for c in codes)
+    lo, hi = ((_half(x, (sel >> 0) & 1) * _half(y, (sel >> 1) & 1)) & M16 for sel in (fl["opsel"], fl["opsel_hi"]))
+    w.vwrite(fl["vdst"], lo | (hi << U32(16)))
