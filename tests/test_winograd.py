@@ -99,12 +99,12 @@ def test_squeezenet_matches_onnxruntime():
 
 
 def test_a_bundle_with_a_gpu_variant_keeps_direct_convolutions():
-    """On a GPU every split piece of Winograd's transforms is a launch of its own, for about the same work
+    """On a GPU each split piece of Winograd's transforms is a launch, for little or no work saved
     (docs/architecture.md): a bundle with a GPU variant compiles without the step; CPU-only bundles keep it."""
     from svodc.api import bundle_policy
     from svodc.gpu_target import parse_targets
+    from svodc.options import CompileOptions
 
-    model, _ = _conv_model(8, 8, 8, 8, 1)
-    options = CompileOptions(policies={"*": EVERYWHERE})
-    for targets, winograd in (("x86_64,sm_90", 0), ("gfx1100", 0), ("x86_64", 1)):
-        assert _winograd_matmuls(model, bundle_policy(parse_targets(targets), options)) == winograd, targets
+    options = CompileOptions()
+    assert not bundle_policy(parse_targets("x86_64,sm_90"), options).winograd
+    assert bundle_policy(parse_targets("x86_64"), options).winograd
