@@ -5,8 +5,11 @@ then Program: the step every executor starts with."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -15,15 +18,16 @@ from svodrt import schema as sc
 from svodrt.abi import BUFFER_ALIGN
 from svodrt.errors import BundleFormatError, BundleVersionError, RuntimeFailure
 from svodrt.features import BYTE_ORDER
-from svodrt.schema import Bundle, KernelInfo, Section, TensorInfo, TestVector, Variant
+from svodrt.schema import Bundle, KernelInfo, Section, TensorInfo, Variant
 from svodrt.trust import TrustSpec, check_signature, trusted_keys
 
-__all__ = ["Bundle", "KernelInfo", "Program", "Section", "Source", "TensorInfo", "TestVector", "Variant",
+__all__ = ["Bundle", "KernelInfo", "Program", "Section", "Source", "TensorInfo", "Variant",
            "check_section", "parse_bundle"]
 
 MANIFEST_EXPANSION, MANIFEST_FLOOR = 64, 4 << 20  # raw manifest <= 64 x stored + 4 MiB
 OBJECTS_PER_BYTE, OBJECTS_FLOOR = 1, 1 << 16  # real bundles: < 0.1 msgpack objects per file byte
 MAX_MAP = fmt.MAX_ITEMS  # keys in any manifest map (node_ops has one per ONNX node); the object budget bounds the sum
+RECORD_AGE_NS = 1_000_000_000  # a WeightsRecord is written only for a file unchanged this long
 
 
 class Source:
@@ -32,18 +36,18 @@ class Source:
     def __init__(self, data: bytes | memoryview | None = None, fd: int | None = None, name: str = "the bundle"):
         self.fd, self.name = fd, name
         self._data = memoryview(data) if data is not None else None
-        self.size = len(self._data) if self._data is not None else os.fstat(fd).st_size  # type: ignore[arg-type]
+        self.stat = os.fstat(fd) if fd is not None else None  # a file's, when opened: WeightsRecord names it
+        self.size = len(self._data) if self._data is not None else self.stat.st_size  # type: ignore[union-attr]
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> Source:
         """O_NONBLOCK: a FIFO or device is refused here instead of blocking the open."""
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            os.close(fd)
+        src = cls(fd=os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), name=repr(os.fspath(path)))
+        if not stat.S_ISREG(src.stat.st_mode):  # type: ignore[union-attr]
+            src.close()
             raise BundleFormatError(f"{os.fspath(path)!r} is not a regular file (a FIFO, device or directory): "
                                     "give the path of a .svod file")
-        return cls(fd=fd, name=repr(os.fspath(path)))
+        return src
 
     def close(self) -> None:
         if self.fd is not None:
@@ -195,6 +199,43 @@ def check_section(data: bytes | memoryview | Source, sec: Section, content: byte
                     "checksum: the file is damaged")
 
 
+def identity(st: os.stat_result) -> tuple[int, ...]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns  # any write to the file moves ctime
+
+
+class WeightsRecord(NamedTuple):
+    """That a file's weights passed their sha256: a file in the user's cache named by the file's device and inode,
+    holding the rest of its identity and the digests checked (docs/architecture.md "What is checksummed when")."""
+
+    path: str
+    content: bytes
+    changed_ns: int  # the file's last change, when it was opened
+
+    @classmethod
+    def of(cls, st: os.stat_result | None, b: Bundle) -> WeightsRecord | None:
+        if st is None:  # bytes: no file to name
+            return None
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        key = " ".join(map(str, identity(st)[2:])) + f" {b.weights.sha256.hex()} {b.header.manifest_digest.hex()}"
+        return cls(os.path.join(cache, "svodrt", "verified", f"{st.st_dev:x}-{st.st_ino:x}"),
+                   f"svodrt weights v1 {key}\n".encode(), max(st.st_mtime_ns, st.st_ctime_ns))
+
+    def exists(self) -> bool:
+        with contextlib.suppress(OSError), open(self.path, "rb") as f:
+            return f.read(512) == self.content
+        return False
+
+    def write(self) -> None:
+        """Only for a file unchanged for RECORD_AGE_NS: any later change gets a later ctime (one within the same
+        timestamp granule might not). A cache: where it cannot be written, the next load checks the sha256 again."""
+        with contextlib.suppress(OSError):
+            if time.time_ns() - self.changed_ns >= RECORD_AGE_NS:
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                with open(tmp := f"{self.path}.{os.getpid()}", "wb") as f:
+                    f.write(self.content)
+                os.replace(tmp, self.path)
+
+
 def parse_bundle(data: bytes | memoryview | Source) -> Bundle:
     """Every structural check. Section checksums are left to the caller (check_section)."""
     src = as_source(data)
@@ -249,10 +290,14 @@ class Program:
             self.signer = check_signature(self.bundle.manifest, None if trust is None else trusted_keys(trust))
             if variant is not None and not 0 <= variant < (n := len(self.bundle.variants)):
                 raise ValueError(f"variant {variant} does not exist (the bundle has {n})")
-            # Weights up to fmt.WEIGHTS_CHECK_LIMIT are checked at every load (damage is an error, not a wrong
-            # answer); larger ones by svodrt verify, when asked, or under a trust policy (architecture.md).
+            # Weights up to fmt.WEIGHTS_CHECK_LIMIT are checked at a file's first load (damage is an error, not a
+            # wrong answer) and then trusted by its record; any by svodrt verify, when asked, or under a trust policy.
             small = self.bundle.weights.length <= fmt.WEIGHTS_CHECK_LIMIT
-            self.check_weights = trust is not None or (small if verify_weights is None else bool(verify_weights))
+            self.record = WeightsRecord.of(self.source.stat, self.bundle)
+            recorded = verify_weights is None and trust is None and self.record is not None and self.record.exists()
+            self.check_weights = trust is not None or (small and not recorded if verify_weights is None
+                                                       else bool(verify_weights))
+            self.weights_verified = self.check_weights or recorded
         except BaseException:
             self.close()
             raise
@@ -271,6 +316,11 @@ class Program:
         self.source.readinto(w.offset, view)
         if self.check_weights:
             check_section(self.source, w, view)
+            if self.record is not None:
+                self.record.write()
+        elif self.weights_verified and identity(os.fstat(self.source.fd)) != identity(self.source.stat):
+            # the record named the file as opened; what was read since may be another version's bytes
+            raise _fail(f"{self.source.name} was rewritten while it was read: load it again")
         return buf, addr
 
     def close(self) -> None:

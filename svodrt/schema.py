@@ -180,16 +180,6 @@ class KernelInfo(NamedTuple):
     provenance: tuple[str, ...]
 
 
-class TestVector(NamedTuple):
-    """A reference input and the outputs the compiler expects, with a tolerance per output."""
-
-    __test__ = False  # not a pytest class
-
-    inputs: tuple[bytes, ...]
-    outputs: tuple[bytes, ...]
-    tolerance: tuple[float, ...]
-
-
 def zipmaps(m: Any, outputs: list[TensorInfo]) -> tuple[tuple[str, tuple], ...]:
     """The manifest's `zipmaps` (format 1.6): [output name, keys] per float32 [N, len(keys)] output that
     run() returns as a list of {key: score} dicts (ai.onnx.ml ZipMap); keys all str or all int."""
@@ -225,7 +215,6 @@ class Bundle(NamedTuple):
     variants: list[Variant]
     arena_size: int
     weights_size: int
-    test_vectors: list[TestVector]
     # buffer id -> (kind, position): ("input"|"output", slot) or ("weight"|"scratch", byte offset)
     placement: dict[int, tuple[str, int]]
     # Format 1.4: what string ids below len(vocabulary) stand for; () when no input or output is a string.
@@ -396,29 +385,6 @@ def _gpu(v: dict, where: str, sections: list[Section], n: int, m: dict) -> tuple
     return tuple(launches), cubin
 
 
-def _test_vectors(m: dict, inputs: list[TensorInfo], outputs: list[TensorInfo]) -> list[TestVector]:
-    if "test_vectors" not in m:
-        return []
-    out = []
-    for i, tv in enumerate(items(m, "test_vectors", "manifest", fmt.MAX_TEST_VECTORS)):
-        where = f"test_vectors[{i}]"
-        blobs = {}
-        for group, tensors in (("inputs", inputs), ("outputs", outputs)):
-            data = items(tv, group, where)
-            if len(data) != len(tensors):
-                raise fail(f"{where}.{group}", f"has {len(data)} arrays for {len(tensors)} {group}")
-            for t, b in zip(tensors, data, strict=True):
-                if not isinstance(b, bytes) or len(b) != t.nbytes:
-                    raise fail(f"{where}.{group}", f"the array for {t.name!r} must be {t.nbytes} bytes")
-            blobs[group] = tuple(data)
-        tol = items(tv, "tolerance", where)
-        if len(tol) != len(outputs) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                                               and 0 <= x < math.inf for x in tol):
-            raise fail(f"{where}.tolerance", "must hold one finite, non-negative number per output")
-        out.append(TestVector(blobs["inputs"], blobs["outputs"], tuple(float(x) for x in tol)))
-    return out
-
-
 def parse_plan(m: dict, h: fmt.Header, sections: list[Section], weights: Section) -> Bundle:
     dims = dim_table(m)
     inputs, in_ids = _io(m, "inputs", dims)
@@ -439,6 +405,6 @@ def parse_plan(m: dict, h: fmt.Header, sections: list[Section], weights: Section
     variants = [_variant(m, i, sections, len(kernels)) for i in range(len(items(m, "variants", "manifest")))]
     if not variants:
         raise fail("variants", "the bundle has no code variant")
-    return Bundle(inputs, outputs, kernels, variants, arena, weights_size, _test_vectors(m, inputs, outputs), placement,
+    return Bundle(inputs, outputs, kernels, variants, arena, weights_size, placement,
                   vocab, tuple(dims.values()), zipmaps(m, outputs), edge_outputs(m, inputs, outputs), h, m, sections,
                   weights)
