@@ -124,14 +124,12 @@ def _unpack(raw: bytes, file_size: int) -> object:
             raise ValueError(f"more msgpack objects than a {file_size}-byte bundle may hold")
         return x
 
-    u = msgpack.Unpacker(None, raw=False, strict_map_key=True, max_buffer_size=max(len(raw), 1),
-                         max_str_len=4 * fmt.MAX_STRING, max_bin_len=len(raw), max_array_len=fmt.MAX_ITEMS,
-                         max_map_len=MAX_MAP, max_ext_len=0, list_hook=count, object_hook=count)
-    u.feed(raw)
-    m = u.unpack()
-    if u.tell() != len(raw):
-        raise ValueError(f"{len(raw) - u.tell()} bytes follow the manifest's map")
-    return m
+    try:  # unpackb reads `raw` in place (an Unpacker copies it first) and refuses bytes after the map
+        return msgpack.unpackb(raw, raw=False, strict_map_key=True, max_str_len=4 * fmt.MAX_STRING,
+                               max_bin_len=len(raw), max_array_len=fmt.MAX_ITEMS, max_map_len=MAX_MAP, max_ext_len=0,
+                               list_hook=count, object_hook=count)
+    except msgpack.ExtraData as e:
+        raise ValueError(f"{len(e.extra)} bytes follow the manifest's map") from None
 
 
 def read_manifest(data: bytes | memoryview | Source, h: fmt.Header) -> dict:

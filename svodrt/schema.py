@@ -17,6 +17,8 @@ def fail(where: str, msg: str) -> BundleFormatError:
 
 
 def field(d: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if type(d) is dict and type(v := d.get(key)) is kind:  # the common case at a look-up (msgpack makes no subclasses)
+        return v
     if not isinstance(d, dict):
         raise fail(where, f"is a {type(d).__name__}, expected a map")
     if key not in d:
@@ -53,8 +55,14 @@ def items(d: Any, key: str, where: str, limit: int = MAX_ITEMS) -> list:
     return v
 
 
+def all_uints(v: list | tuple, limit: int = MAX_BYTES) -> bool:
+    """Every item an int in [0, limit], checked by C-level calls: a generator per list costs more than they do."""
+    return not set(map(type, v)) - {int} and min(v, default=0) >= 0 and max(v, default=0) <= limit
+
+
 def uints(d: Any, key: str, where: str, limit: int = MAX_BYTES) -> list[int]:
-    return [check_uint(x, f"{where}.{key}[{i}]", limit) for i, x in enumerate(items(d, key, where))]
+    v = items(d, key, where)
+    return v if all_uints(v, limit) else [check_uint(x, f"{where}.{key}[{i}]", limit) for i, x in enumerate(v)]
 
 
 class Section(NamedTuple):
@@ -119,14 +127,18 @@ def tensor(d: Any, where: str, dims: dict[str, Dim] | None = None) -> TensorInfo
     if dtype not in DTYPES:
         raise fail(f"{where}.dtype", f"{dtype[:40]!r} is not one of {', '.join(DTYPES)}")
     raw = list(items(d, "shape", where))
-    sym = tuple((i, *_dim_axis(v, dims, f"{where}.shape[{i}]")) for i, v in enumerate(raw) if isinstance(v, str))
-    for i, dim, k in sym:
-        raw[i] = dim.hi * k
-    shape = tuple(check_uint(x, f"{where}.shape[{i}]") for i, x in enumerate(raw))
+    sym: tuple[tuple[int, Dim, int], ...] = ()
+    if str in map(type, raw):
+        sym = tuple((i, *_dim_axis(v, dims, f"{where}.shape[{i}]")) for i, v in enumerate(raw) if type(v) is str)
+        for i, dim, k in sym:
+            raw[i] = dim.hi * k
+    shape = tuple(raw)
+    if not all_uints(shape):
+        shape = tuple(check_uint(x, f"{where}.shape[{i}]") for i, x in enumerate(raw))  # raises, naming the dim
     if len(shape) > MAX_RANK:
         raise fail(f"{where}.shape", f"has rank {len(shape)}, over the limit {MAX_RANK}")
     # Each dim is at most MAX_BYTES, and the running product is checked, so no product is huge.
-    if any(n > MAX_BYTES for n in itertools.accumulate(shape, operator.mul, initial=DTYPES[dtype][1])):
+    if max(itertools.accumulate(shape, operator.mul, initial=DTYPES[dtype][1])) > MAX_BYTES:
         raise fail(where, f"shape {list(shape)} is over {MAX_BYTES} bytes")
     return TensorInfo(t_name, dtype, shape, sym)
 
@@ -285,7 +297,7 @@ def _kernels(m: dict, buffers: dict[int, _Buffer]) -> list[KernelInfo]:
         if params and buffers[params[0]].kind == "weight":
             raise fail(f"{where}.params", f"the written buffer {params[0]} is a read-only weight")
         prov = items(k, "provenance", where)
-        if not all(isinstance(p, str) for p in prov):
+        if set(map(type, prov)) - {str}:
             raise fail(f"{where}.provenance", "must be a list of ONNX node names")
         kernels.append(KernelInfo(name(k, "name", where), tuple(params), tuple(prov)))
     names = [k.name for k in kernels]
