@@ -112,7 +112,7 @@ def read_header(data: bytes | memoryview | Source) -> fmt.Header:
     return h
 
 
-def _unpack(raw: bytes, file_size: int) -> object:
+def unpack_bounded(raw: bytes | memoryview, file_size: int) -> object:
     """msgpack with every length capped and at most OBJECTS_PER_BYTE objects per file byte: the hooks
     count each list and map as it is built (with its items), so a bomb stops before it is built."""
     import msgpack  # here, not at `import svodrt`: imports are most of a cold start
@@ -148,7 +148,7 @@ def read_manifest(data: bytes | memoryview | Source, h: fmt.Header) -> dict:
         raise _fail(f"manifest at offset {h.manifest_offset} fails its checksum (header offset 56): the file is "
                     "damaged")
     try:
-        m = _unpack(raw, src.size)
+        m = unpack_bounded(raw, src.size)
     except Exception as e:  # msgpack raises several types for malformed input
         why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__  # StackError says nothing more
         raise _fail(f"manifest at offset {h.manifest_offset} is not valid msgpack: {why}") from None

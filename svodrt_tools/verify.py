@@ -12,8 +12,8 @@ from typing import NamedTuple
 import numpy as np
 
 from svodrt import load
-from svodrt.bundle import Bundle, Source, TensorInfo, WeightsRecord, check_section, parse_bundle
-from svodrt.errors import SvodError
+from svodrt.bundle import Bundle, Source, TensorInfo, WeightsRecord, check_section, parse_bundle, unpack_bounded
+from svodrt.errors import BundleFormatError, SvodError
 from svodrt.format import BITS_OF, DTYPES, FLOAT_FORMATS, MAX_TEST_VECTORS, STRING
 from svodrt.host import Host, detect_host
 from svodrt.model import select_variant, variant_problem
@@ -118,9 +118,16 @@ class TestVector(NamedTuple):
     tolerance: tuple[float, ...]
 
 
-def read_test_vectors(m: dict, inputs: list[TensorInfo], outputs: list[TensorInfo]) -> list[TestVector]:
-    """The manifest's `test_vectors`, checked against the inputs and outputs (here, not at load: only verify reads
-    them, and a bad vector does not stop the model from loading)."""
+def read_test_vectors(data: bytes, bundle: Bundle) -> list[TestVector]:
+    """The test vectors, checked against the inputs and outputs (here, not at load: only verify reads them, and a
+    bad vector does not stop the model from loading): format 1.9's `tests` section, or older formats' manifest."""
+    m, inputs, outputs = bundle.manifest, bundle.inputs, bundle.outputs
+    if tests := [s for s in bundle.sections if s.kind == "tests"]:
+        s = tests[0]
+        try:  # bounded like the manifest (svodrt/bundle.py)
+            m = {"test_vectors": unpack_bounded(data[s.offset: s.offset + s.length], len(data))}
+        except Exception as e:  # msgpack raises several types for malformed input
+            raise BundleFormatError(f"section {s.name!r} at offset {s.offset} is not valid msgpack: {e}") from None
     if "test_vectors" not in m:
         return []
     out = []
@@ -249,7 +256,7 @@ def verify(source: str | os.PathLike | bytes, host: Host | None = None, threads:
     _check_signer(bundle, trust, report)
     vectors: list[TestVector] = []
     try:
-        vectors = read_test_vectors(bundle.manifest, bundle.inputs, bundle.outputs)
+        vectors = read_test_vectors(data, bundle)
     except SvodError as e:  # the model still loads: like a vector's wrong outputs, this fails verify alone
         report.add("FAIL", f"test vectors: {e}")
     if report.ok:

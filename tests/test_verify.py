@@ -17,7 +17,7 @@ import svodc
 import svodrt
 from svodrt.format import FORMAT_MAJOR, FORMAT_MINOR, HEADER_SIZE, unpack_header
 from svodrt_tools.verify import max_error, verify
-from tests.bundle_tools import manifest_of, repack, with_wrong_test_vector
+from tests.bundle_tools import manifest_of, repack, vectors_of, with_test_vectors, with_wrong_test_vector
 from tests.onnx_util import make_model
 
 BIN = os.path.dirname(sys.executable)
@@ -60,12 +60,12 @@ def test_verify_fails_on_a_tampered_test_vector(small_bundle, tmp_path):
 def test_a_malformed_test_vector_fails_verify_but_loads(small_bundle, path, value, message):
     """Only verify reads the test vectors (issue 13: not decoded at load), so it alone checks their shapes."""
     data = small_bundle[0].read_bytes()
-    m = copy.deepcopy(manifest_of(data))
-    node = m["test_vectors"][0]
+    vectors = vectors_of(data)
+    node = vectors[0]
     for key in path[:-1]:
         node = node[key]
     node[path[-1]] = value
-    bad = repack(data, m)
+    bad = with_test_vectors(data, vectors)
     with svodrt.load(bad) as model:
         assert model.run(small_bundle[1])["y"].shape == (2, 10)
     report = verify(bad)
@@ -107,7 +107,7 @@ def test_weights_checksum_policy(small_bundle, tmp_path):
                      {"w": np.arange(n, dtype=np.float32)})
     data = svodc.compile(big, target="x86_64:x86-64")
     w = manifest_of(data)["sections"][0]
-    assert w["length"] == n * 4 and "test_vectors" not in manifest_of(data)  # 34 MiB of I/O: no vectors
+    assert w["length"] == n * 4 and not vectors_of(data)  # 34 MiB of I/O: no vectors
     path = tmp_path / "big.svod"
     path.write_bytes(_flip(data, w["offset"] + 4 * 1000 + 3))
     x = np.zeros(n, np.float32)
