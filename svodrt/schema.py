@@ -245,6 +245,7 @@ class _Buffer(NamedTuple):
     kind: str
     info: TensorInfo
     offset: int
+    end: int  # offset + the tensor's bytes
 
 
 def _io(m: dict, group: str, dims: dict[str, Dim]) -> tuple[list[TensorInfo], list[int]]:
@@ -267,7 +268,7 @@ def _buffers(m: dict, in_ids: list[int], out_ids: list[int], arena: int, weights
         for slot, i in enumerate(ids):
             if i in known:
                 raise fail("inputs/outputs", f"buffer id {i} is used twice")
-            known[i] = _Buffer(i, kind, TensorInfo("", "uint8", ()), slot)
+            known[i] = _Buffer(i, kind, TensorInfo("", "uint8", ()), slot, slot)
     for i, b in enumerate(items(m, "buffers", "manifest")):
         where = f"buffers[{i}]"
         t = tensor(b, where)
@@ -276,12 +277,12 @@ def _buffers(m: dict, in_ids: list[int], out_ids: list[int], arena: int, weights
         if limit is None:
             raise fail(f"{where}.kind", f"{kind[:40]!r} must be 'weight' or 'scratch'")
         off = uint(b, "offset", where)
-        if off + t.nbytes > limit:
-            raise fail(where, f"[{off}, {off + t.nbytes}) lies outside the {kind} area ({limit} bytes)")
+        if (end := off + t.nbytes) > limit:
+            raise fail(where, f"[{off}, {end}) lies outside the {kind} area ({limit} bytes)")
         bid = uint(b, "id", where)
         if bid in known:
             raise fail(f"{where}.id", f"buffer id {bid} is used twice")
-        known[bid] = _Buffer(bid, kind, t, off)
+        known[bid] = _Buffer(bid, kind, t, off, end)
     return known
 
 
@@ -314,7 +315,7 @@ def check_arena_liveness(kernels: list[KernelInfo], buffers: dict[int, _Buffer])
     span: dict[int, list[int]] = {}  # buffer -> [first kernel, last kernel], in order of first use
     for k, kernel in enumerate(kernels):
         for p in kernel.params:
-            if buffers[p].kind == "scratch" and buffers[p].info.nbytes:
+            if buffers[p].kind == "scratch" and buffers[p].end > buffers[p].offset:
                 span.setdefault(p, [k, k])[1] = k
     # At each kernel, its new buffers (in order of first use) start before the buffers it ends are dropped.
     events = sorted([(f, 0, b) for b, (f, _) in span.items()] + [(la, 1, b) for b, (_, la) in span.items()],
@@ -322,7 +323,7 @@ def check_arena_liveness(kernels: list[KernelInfo], buffers: dict[int, _Buffer])
     starts: list[int] = []  # offsets of live buffers, sorted; owner[i] is the buffer at starts[i]
     owner: list[int] = []
     for k, ending, b in events:
-        lo, hi = buffers[b].offset, buffers[b].offset + buffers[b].info.nbytes
+        lo, hi = buffers[b].offset, buffers[b].end
         i = bisect.bisect_left(starts, lo)
         if ending:
             del starts[i], owner[i]
@@ -330,7 +331,7 @@ def check_arena_liveness(kernels: list[KernelInfo], buffers: dict[int, _Buffer])
         for j in (i - 1, i):
             if 0 <= j < len(starts):
                 other = buffers[owner[j]]
-                if other.offset < hi and lo < other.offset + other.info.nbytes:
+                if other.offset < hi and lo < other.end:
                     raise fail("buffers", f"scratch buffers {b} and {owner[j]} overlap in the arena "
                                f"while both are live (kernel {k}, {kernels[k].name})")
         starts.insert(i, lo)
