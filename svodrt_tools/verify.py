@@ -121,13 +121,21 @@ class TestVector(NamedTuple):
 def read_test_vectors(data: bytes, bundle: Bundle) -> list[TestVector]:
     """The test vectors, checked against the inputs and outputs (here, not at load: only verify reads them, and a
     bad vector does not stop the model from loading): format 1.9's `tests` section, or older formats' manifest."""
-    m, inputs, outputs = bundle.manifest, bundle.inputs, bundle.outputs
+    m = bundle.manifest
     if tests := [s for s in bundle.sections if s.kind == "tests"]:
         s = tests[0]
         try:  # bounded like the manifest (svodrt/bundle.py)
             m = {"test_vectors": unpack_bounded(data[s.offset: s.offset + s.length], len(data))}
         except Exception as e:  # msgpack raises several types for malformed input
             raise BundleFormatError(f"section {s.name!r} at offset {s.offset} is not valid msgpack: {e}") from None
+        try:
+            return _test_vectors(m, bundle.inputs, bundle.outputs)
+        except BundleFormatError as e:  # the schema's readers name manifest fields
+            raise BundleFormatError(str(e).replace("manifest field ", f"section {s.name!r}: ", 1)) from None
+    return _test_vectors(m, bundle.inputs, bundle.outputs)
+
+
+def _test_vectors(m: dict, inputs: list[TensorInfo], outputs: list[TensorInfo]) -> list[TestVector]:
     if "test_vectors" not in m:
         return []
     out = []
@@ -135,13 +143,13 @@ def read_test_vectors(data: bytes, bundle: Bundle) -> list[TestVector]:
         where = f"test_vectors[{i}]"
         blobs = {}
         for group, tensors in (("inputs", inputs), ("outputs", outputs)):
-            data = items(tv, group, where)
-            if len(data) != len(tensors):
-                raise fail(f"{where}.{group}", f"has {len(data)} arrays for {len(tensors)} {group}")
-            for t, b in zip(tensors, data, strict=True):
+            arrays = items(tv, group, where)
+            if len(arrays) != len(tensors):
+                raise fail(f"{where}.{group}", f"has {len(arrays)} arrays for {len(tensors)} {group}")
+            for t, b in zip(tensors, arrays, strict=True):
                 if not isinstance(b, bytes) or len(b) != t.nbytes:
                     raise fail(f"{where}.{group}", f"the array for {t.name!r} must be {t.nbytes} bytes")
-            blobs[group] = tuple(data)
+            blobs[group] = tuple(arrays)
         tol = items(tv, "tolerance", where)
         if len(tol) != len(outputs) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
                                                and 0 <= x < math.inf for x in tol):

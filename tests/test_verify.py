@@ -53,7 +53,7 @@ def test_verify_fails_on_a_tampered_test_vector(small_bundle, tmp_path):
 
 
 @pytest.mark.parametrize("path,value,message", [
-    (["inputs"], [], r"test_vectors\[0\]\.inputs: has 0 arrays for 1 inputs"),
+    (["inputs"], [], r"section 'test_vectors': test_vectors\[0\]\.inputs: has 0 arrays for 1 inputs"),
     (["outputs", 0], b"x", r"'y' must be 80 bytes"),
     (["tolerance"], [-1.0], r"tolerance: must hold one finite, non-negative number"),
 ], ids=["arity", "size", "tolerance"])
