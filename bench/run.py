@@ -27,7 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import dynamic, gemm, report  # noqa: E402
+from bench import dynamic, flops, gemm, report  # noqa: E402
 from bench.models import all_models, load  # noqa: E402
 
 COLD = r"""
@@ -139,7 +139,8 @@ def bench_model(name: str, work: Path, repeat: int, threads: list[int]) -> dict:
     inputs, svod_inputs = work / f"{name}.npz", work / f"{name}.svod.npz"
     np.savez(inputs, **bm.feeds)
     np.savez(svod_inputs, **bm.svod_feeds)
-    row: dict = {"model": name, "note": bm.note, "onnx_mb": onnx_path.stat().st_size / 1e6}
+    row: dict = {"model": name, "note": bm.note, "onnx_mb": onnx_path.stat().st_size / 1e6,
+                 "gflop": flops.counted_gflop(bm.model, bm.feeds)}
     t = time.perf_counter()
     try:
         bundle = svodc.compile_to_file(onnx_path, work / f"{name}.svod", dims=bm.dims, input_shapes=bm.input_shapes,
