@@ -36,6 +36,8 @@ class GemmBlocking:
     scalar_block_bytes: int  # a run-time scalar side is packed in row blocks of about this (gemm_plan.py)
     scalar_pack_min_lane_tiles: int  # ... where at least this many lane tiles reuse a block
     epilogue_in_registers: bool  # the epilogue on the accumulators where it can (codegen/llvm_gemm_epilogue.py)
+    prefetch_next_panel: bool = True  # a copied vector panel's copy prefetches the next one (llvm_gemm_copy.py)
+    prefetch_c: bool = True  # a micro-kernel prefetches its C tile first
 
 
 def gemm_blocking(target: Target) -> GemmBlocking:

@@ -12,14 +12,22 @@ if TYPE_CHECKING:
     from svodc.codegen.llvm_ir import KernelEmitter, Scope
 
 
-def copy_panel(nvec: int, vw: int, intrinsics: set[str]) -> str:
+def copy_panel(nvec: int, vw: int, intrinsics: set[str], prefetch: bool = False) -> str:
     """void copy(ptr src, ptr dst, i64 k, i64 src_k, i64 valid): dst[k][nvec * vw] = the first `valid`
-    lanes of rows src + k * src_k, zero past them (so the micro-kernel's masked tail reads zeros)."""
+    lanes of rows src + k * src_k, zero past them (so the micro-kernel's masked tail reads zeros).
+
+    prefetch: each row of the next lane tile's panel (the nvec * vw floats after this one's) is
+    prefetched to L2 as this one is copied. Its rows are a page or more apart, so no hardware stream
+    prefetcher follows them, and the next copy would wait on a cache miss per row; the row tiles
+    between the two copies cover the prefetches' latency. A prefetch never faults, so the one past
+    the last lane tile reads nothing the GEMM owns and costs only a line."""
     vt, mt = f"<{vw} x float>", f"<{vw} x i1>"
     iota = "<" + ", ".join(f"i64 {i}" for i in range(vw)) + ">"
     intrinsics.add(f"declare {vt} @llvm.masked.load.v{vw}f32.p0(ptr, i32, {mt}, {vt})")
-    L = [f"define internal void @svod.copy.{nvec}v{vw}(ptr noalias %src, ptr noalias %dst, i64 %kn, i64 %src_k, "
-         "i64 %valid) #0 {", "entry:",
+    if prefetch:
+        intrinsics.add("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
+    L = [f"define internal void @svod.copy.{nvec}v{vw}{'p' if prefetch else ''}(ptr noalias %src, ptr noalias %dst, "
+         "i64 %kn, i64 %src_k, i64 %valid) #0 {", "entry:",
          f"  %vi = insertelement <{vw} x i64> poison, i64 %valid, i64 0",
          f"  %vv = shufflevector <{vw} x i64> %vi, <{vw} x i64> poison, <{vw} x i32> zeroinitializer"]
     for j in range(nvec):
@@ -33,6 +41,10 @@ def copy_panel(nvec: int, vw: int, intrinsics: set[str]) -> str:
               f"{vt} zeroinitializer)",
               f"  %da{j} = add nsw i64 %do, {j * vw}", f"  %dp{j} = getelementptr inbounds float, ptr %dst, i64 %da{j}",
               f"  store {vt} %x{j}, ptr %dp{j}, align 4"]
+    # one prefetch per 64-byte line of the next panel's row: at each 16 floats and at its last float
+    for i, off in enumerate(sorted({*range(0, nvec * vw, 16), nvec * vw - 1}) if prefetch else ()):
+        L += [f"  %pa{i} = add i64 %so, {nvec * vw + off}", f"  %pp{i} = getelementptr float, ptr %src, i64 %pa{i}",
+              f"  call void @llvm.prefetch.p0(ptr %pp{i}, i32 0, i32 2, i32 1)"]
     L += ["  %k.next = add nuw i64 %k, 1", "  %more = icmp ult i64 %k.next, %kn",
           "  br i1 %more, label %loop, label %done", "done:", "  ret void", "}"]
     return "\n".join(L)
