@@ -95,7 +95,7 @@ def micro_kernel(rows: int, nvec: int, vw: int, unroll: int, masked: bool, packe
     ret = tile_type(rows, nvec, vw) if returns else "void"
     L = [f"define internal {ret} @{name}(ptr noalias %s, ptr noalias %v, ptr noalias %c, i64 %kn, i64 %s_k, "
          "i64 %s_row, i64 %v_k, i64 %v_panel, i64 %c_row, i64 %c_lane, i64 %tail, i1 %accumulate) #0 {", "entry:"]
-    if prefetch_c and not scatter:  # each row's first and last float: the lines of rows of up to 16 floats
+    if prefetch_c and not scatter:  # one prefetch per 16 floats (a 64-byte line) of each row and its last float
         intrinsics.add("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
         for i in range(rows):
             L.append(f"  %pcr{i} = mul nsw i64 %c_row, {i}")
@@ -311,14 +311,17 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
     if (epilogue is not None and blocking.epilogue_in_registers and not arg.transposed and not arg.runtime
             and plan.k_blocks == 1):
         vepi = vector_epilogue(epilogue, node.src[2], tuple(ranges), em.free)
+    # C tiles written as `rows` contiguous streams (lane tiles innermost), which hardware prefetchers
+    # follow, or scattered (transposed) are not prefetched
+    prefetch_c = blocking.prefetch_c and not plan.lanes_first
     calls = {}
     for r in row_sizes:
         if arg.n_var is not None:  # the last lane tile: nvec vectors, the last one masked to vec_tail lanes
             for nvec in range(1, lanes // vw + 1):
                 mode = (True, v_side.packed_panels, c_lane != 1)
-                name = micro_kernel_name(r, nvec, vw, unroll, *mode, False, blocking.prefetch_c)
+                name = micro_kernel_name(r, nvec, vw, unroll, *mode, False, prefetch_c)
                 em.shared_functions[name] = micro_kernel(r, nvec, vw, unroll, *mode, em.uses_intrinsics, False,
-                                                         blocking.prefetch_c)
+                                                         prefetch_c)
                 calls[(r, -nvec)] = (f"@{name}", f"i64 {k_size}, i64 {s_side.k_stride}, i64 {s_side.row_stride}, "
                                                  f"i64 {v_side.k_stride}, i64 {v_side.panel_stride}, i64 {c_row}, "
                                                  f"i64 {c_lane}, i64 {vec_tail}, i1 {accumulate}")
@@ -326,9 +329,9 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
             nvec = -(-c // vw)
             tail = c - (nvec - 1) * vw
             mode = (tail != vw, v_side.packed_panels, c_lane != 1)
-            name = micro_kernel_name(r, nvec, vw, unroll, *mode, vepi is not None, blocking.prefetch_c)
+            name = micro_kernel_name(r, nvec, vw, unroll, *mode, vepi is not None, prefetch_c)
             em.shared_functions[name] = micro_kernel(r, nvec, vw, unroll, *mode, em.uses_intrinsics,
-                                                     vepi is not None, blocking.prefetch_c)
+                                                     vepi is not None, prefetch_c)
             calls[(r, c)] = (f"@{name}", f"i64 {k_size}, i64 {s_side.k_stride}, i64 {s_side.row_stride}, "
                                          f"i64 {v_side.k_stride}, i64 {v_side.panel_stride}, i64 {c_row}, "
                                          f"i64 {c_lane}, i64 {tail}, i1 {accumulate}")
