@@ -15,8 +15,9 @@ def row_summary(row: dict, threads: list[int]) -> str:
     for t in threads:
         r = row[f"t{t}"]
         ov = f", openvino x{r['ov_ratio']:.2f}" if "ov_ratio" in r else ""
+        gflops = f", {row['gflop'] / r['svod_ms'] * 1e3:.1f} GFLOP/s" if row.get("gflop") else ""
         parts.append(f"{t} thr {r['svod_ms']:.1f} vs {r['ort_ms']:.1f} ms "
-                     f"(x{r['ratio']:.2f} +-{100 * r['noise']:.0f}%{ov})")
+                     f"(x{r['ratio']:.2f} +-{100 * r['noise']:.0f}%{ov}{gflops})")
     parts.append(f"cold {row['cold_svod_s']:.2f}s vs {row['cold_ort_s']:.2f}s, rss {row['rss_svod_mb']:.0f} vs "
                  f"{row['rss_ort_mb']:.0f} MB, err {row['max_rel_err']:.1e}{'' if row['correct'] else ' WRONG'}")
     return "  " + "; ".join(parts)
