@@ -3,7 +3,8 @@ convolutions into matrix products the GEMM kernels run.
 
 - `pm_fold_into_conv`: CONV(x, W) * a -> CONV(x, W * a) and (CONV(x, W) + b) * a -> CONV(x, W*a) + b*a
   when a and b are per-output-channel constants (inference BatchNormalization after a convolution).
-  The weights change at compile time; rounding differs from the unfused order by an ulp or so.
+  The weights change at compile time; rounding differs from the unfused order by an ulp or so. Not for
+  a float32 convolution of integers (exact_integer_conv), whose exactness its requantization needs.
 - `pm_conv_to_matmul`: CONV -> MATMUL(W as [g, O/g, K], im2col(x) as [N, g, K, OH*OW]). The im2col view
   is only materialized when it is not a plain strided view of x (a 1x1 convolution with stride 1 and
   no padding reads x in place). Depthwise convolutions (one input channel per group) stay on the
@@ -51,15 +52,29 @@ def _scaled_conv(conv: UOp, scale: np.ndarray) -> UOp:
     return conv.replace(src=(x, broadcast_weight(w.dtype, data.astype(w.dtype.np))))
 
 
+def exact_integer_conv(conv: UOp) -> bool:
+    """A float32 CONV of integers (x an integer CAST, less a constant): a quantized convolution the
+    frontend computes in float32 because every sum is an integer below 2^24 (frontend/ops/quantize.py).
+    A scale folded into its weights would round the sums that its requantization rounds later."""
+    x = conv.src[0]
+    if x.op is Ops.SUB and is_folded_constant(x.src[1]):
+        x = x.src[0]
+    return x.op is Ops.CAST and x.src[0].dtype.is_int
+
+
+def _foldable(conv: UOp) -> bool:
+    return conv.dtype is dtypes.float32 and is_folded_constant(conv.src[1]) and not exact_integer_conv(conv)
+
+
 def fold_scale(conv: UOp, a: UOp) -> UOp | None:
-    if conv.dtype is not dtypes.float32 or not is_folded_constant(conv.src[1]):
+    if not _foldable(conv):
         return None
     scale = channel_vector(a, conv.shape[1])
     return None if scale is None else _scaled_conv(conv, scale)
 
 
 def fold_scale_bias(conv: UOp, b: UOp, a: UOp) -> UOp | None:
-    if conv.dtype is not dtypes.float32 or not is_folded_constant(conv.src[1]):
+    if not _foldable(conv):
         return None
     channels = conv.shape[1]
     scale, bias = channel_vector(a, channels), channel_vector(b, channels)
