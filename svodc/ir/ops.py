@@ -293,6 +293,9 @@ class QuantGemm:
 
     b_zero: int
     b_signed: bool
+    # max |A|: at most 64 (7-bit weights, quantize_static's reduce_range), a u8 x s8 byte pair sums
+    # exactly in int16 (255 * 64 * 2 < 2^15), which x86 without VNNI's vpmaddubsw needs
+    a_max: int = 128
 
 
 @dataclass(frozen=True, slots=True)

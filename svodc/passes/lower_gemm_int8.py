@@ -107,7 +107,8 @@ class Int8GemmLowerer(KernelLowerer):
         batch, (m, n), k = mm.shape[:-2], mm.shape[-2:], a.shape[-1]
         act = int8_activation(b)
         assert act is not None and c_buf.dtype is dtypes.int32 and (root is mm) == (c_buf is self.params[0])
-        panels, sums = pack_int8(int8_weight(a))
+        weight = int8_weight(a)
+        panels, sums = pack_int8(weight)
         w_param = self.param(self.buffers.weight(UOp(Ops.WEIGHT, dtypes.int8, (), ConstData(panels))))
         s_param = self.param(self.buffers.weight(UOp(Ops.WEIGHT, dtypes.int32, (), ConstData(sums))))
 
@@ -126,7 +127,8 @@ class Int8GemmLowerer(KernelLowerer):
             s *= d
         c_op = GemmOperand(tuple(reversed(c_strides)), n, 1, 0)
         a_op = GemmOperand((0,) * len(batch), 0, 0, 0, packed=True)
-        quant = QuantGemm(act.zero, act.value.dtype is dtypes.int8)
+        a_max = int(np.abs(weight.astype(np.int32)).max()) if weight.size else 0
+        quant = QuantGemm(act.zero, act.value.dtype is dtypes.int8, a_max)
         arg = GemmArg(tuple(batch), m, n, k, a_op, b_op, c_op, quant=quant)
         src = (w_param, self.param(buf), self.param(c_buf), s_param)
         if root is mm:
