@@ -102,8 +102,8 @@ def _openvino(path: Path, threads: int):
     return lambda feeds: [np.asarray(v) for v in request.infer(feeds).values()]
 
 
-def _close(got: list[np.ndarray], ref: list[np.ndarray]) -> bool:
-    return all(np.allclose(g, w, rtol=1e-3, atol=1e-4 * max(float(np.abs(w).max()), 1e-30))
+def _close(got: list[np.ndarray], ref: list[np.ndarray], atol: float = 0.0) -> bool:
+    return all(np.allclose(g, w, rtol=1e-3, atol=atol + 1e-4 * max(float(np.abs(w).max()), 1e-30))
                for g, w in zip(got, ref, strict=True))
 
 
@@ -175,9 +175,9 @@ def bench_model(name: str, work: Path, repeat: int, threads: list[int]) -> dict:
             err = float(np.abs(got.astype(np.float64) - want).max()) / scale
             errs.append(err)
         row["max_rel_err"] = max(errs)
-        row["correct"] = _close(list(ours.values()), ref)
+        row["correct"] = _close(list(ours.values()), ref, bm.atol)
         ov_run = _openvino(onnx_path, n)
-        if ov_run is not None and not _close(ov_run(bm.feeds), ref):
+        if ov_run is not None and not _close(ov_run(bm.feeds), ref, bm.atol):
             print("  openvino: outputs differ from onnxruntime's; not timed", flush=True)
             ov_run = None
         ts_s, ts_o, ts_v, block_ratios = [], [], [], []

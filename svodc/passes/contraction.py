@@ -28,7 +28,7 @@ from svodc.ir.ops import ConvArg, Ops
 from svodc.ir.pattern import PatternMatcher, UPat
 from svodc.ir.uop import UOp
 from svodc.passes.fold import broadcast_weight, is_folded_constant, splat_value
-from svodc.passes.lower_gemm_int8 import int8_activation
+from svodc.passes.lower_gemm_int8 import int8_activation, int8_values
 from svodc.passes.views import affine_view
 from svodc.policy import OptimizationPolicy
 
@@ -108,7 +108,7 @@ def conv_to_matmul(n: UOp, min_macs: int, int8: bool = False) -> UOp | None:
     x, w = n.src
     arg: ConvArg = n.arg
     act = int8_activation(x) if int8 and n.dtype is dtypes.int32 else None
-    if act is not None and fits_int8(w):
+    if act is not None and int8_values(w) is not None:
         x = act.value
     elif n.dtype is not dtypes.float32:
         return None
@@ -183,20 +183,14 @@ def minus_zero(x: UOp, zero: int) -> UOp:
     return T.alu(Ops.SUB, xi, T.scalar_like(xi, zero)) if zero else xi
 
 
-def fits_int8(w: UOp) -> bool:
-    """A constant int32 tensor whose values all fit int8 (a weight less its zero point)."""
-    if not is_folded_constant(w):
-        return False
-    data = evaluate([w])[0]
-    return data.size == 0 or (int(data.min()) >= -128 and int(data.max()) <= 127)
-
-
 def transpose_int8_matmul(n: UOp) -> UOp | None:
     """An int32 MATMUL(x - x_zero, W') of 8-bit activations and a constant W' (MatMulInteger,
     QLinearMatMul, QGemm) as (W'^T (x - x_zero)^T)^T: the integer GEMM's rows are its constant."""
     a, b = n.src
     act = int8_activation(a)
-    if n.dtype is not dtypes.int32 or act is None or a.ndim != b.ndim or not fits_int8(b) or is_folded_constant(a):
+    if n.dtype is not dtypes.int32 or act is None or a.ndim != b.ndim or is_folded_constant(a):
+        return None
+    if int8_values(b) is None:  # evaluates b: last
         return None
     perm = (*range(a.ndim - 2), a.ndim - 1, a.ndim - 2)
     at = minus_zero(T.permute(act.value, perm), act.zero)

@@ -63,16 +63,22 @@ def int8_activation(x: UOp) -> Int8Operand | None:
     return Int8Operand(x.src[0], zero)
 
 
+def int8_values(w: UOp) -> np.ndarray | None:
+    """The values of a constant int32 tensor (a weight less its zero point) when all fit int8; else None."""
+    if w.dtype is not dtypes.int32 or not is_folded_constant(w):
+        return None
+    data = evaluate([w])[0]
+    return data if data.size == 0 or (int(data.min()) >= -128 and int(data.max()) <= 127) else None
+
+
 def int8_weight(a: UOp) -> np.ndarray | None:
     """The constant weight matrix of an int32 MATMUL's A when it fits int8 and is one matrix for
     every batch index, as [M, K]; else None."""
-    if a.dtype is not dtypes.int32 or not is_folded_constant(a):
+    data = int8_values(a)
+    if data is None:
         return None
-    data = evaluate([a])[0]
     flat = data.reshape((-1,) + data.shape[-2:])
-    if flat.size and (flat.min() < -128 or flat.max() > 127 or not (flat == flat[:1]).all()):
-        return None
-    return flat[0]
+    return flat[0] if not flat.size or (flat == flat[:1]).all() else None
 
 
 def is_int8_gemm(mm: UOp) -> bool:
