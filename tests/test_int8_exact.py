@@ -95,6 +95,11 @@ CASES = {
                                               "b": np.array([2 ** 25, -2 ** 25, 3 << 23, 0], np.int32)},
                                              ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], [U],
                                              pads=[1, 1, 1, 1], group=4),
+    # more output channels than an integer GEMM's stack tile of C takes (lower_gemm_int8.C_TILE_ROWS)
+    "QLinearConv_1x1_1040_channels": case("QLinearConv", {"x": u8(2, 8, 3, 5)},
+                                          {"xs": f(0.02), "xz": np.uint8(9), "w": w7(1040, 8, 1, 1), "ws": f(0.01),
+                                           "wz": np.int8(0), "ys": f(0.01), "yz": np.uint8(128)},
+                                          ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], [U]),
 }
 # Cases onnxruntime cannot be compared on: its u8 x s8 kernels on x86 without VNNI add pairs of
 # products in saturating int16 (255 * 127 * 2 > 32767), so where this host lacks VNNI its integers

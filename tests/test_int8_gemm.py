@@ -227,3 +227,23 @@ def test_a_bundle_with_a_gpu_variant_keeps_generic_integer_loops(case):
     model, feeds, want = case
     with svodrt.load(svodc.compile(model, target="host,sm_80")) as m:
         _equal(m.run(feeds), want, "host,sm_80")
+
+
+def test_an_epilogue_reads_c_from_a_stack_tile_up_to_its_row_limit():
+    """C of a GEMM with an epilogue goes to a per-thread stack tile (lower_gemm_int8.C_TILE) where M fits
+    it: no M x N int32 scratch in the arena; past C_TILE_ROWS, the whole product (test_int8_exact covers
+    both paths' integers)."""
+    from svodc.passes.lower_gemm_int8 import C_TILE, C_TILE_ROWS
+
+    for m, tiled in ((13, True), (C_TILE_ROWS + 16, False)):
+        w = R.integers(-64, 64, (m, 64, 1, 1)).astype(np.int8)
+        g = helper.make_graph(
+            [helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["y"])], "c",
+            [helper.make_tensor_value_info("x", U8, [1, 64, 8, 8])], [helper.make_tensor_value_info("y", U8, None)],
+            [_init("xs", np.float32(0.02)), _init("xz", np.uint8(3)), _init("w", w), _init("ws", np.float32(0.01)),
+             _init("wz", np.int8(0)), _init("ys", np.float32(0.05)), _init("yz", np.uint8(100))])
+        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+        program = build_program(import_model(model, CompileOptions()), CompileOptions())
+        gemm, = [s.arg for k in program.kernels for s in k.ast.src if s.op is Ops.GEMM]
+        assert gemm.quant.c_tile == (C_TILE if tiled else 0)
+        assert any(b.shape[-2:] == (m, 64) for b in program.scratch) != tiled

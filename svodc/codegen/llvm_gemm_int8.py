@@ -310,8 +310,15 @@ def emit_int8_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmB
     valid = line(sc, f"select i1 {few}, i64 {left}, i64 {lanes}")
     b_ptr = line(sc, f"getelementptr inbounds i8, ptr {pb}, i64 "
                      f"{operand_offset(em, sc, arg.b, batch, [(n0, arg.b.col_stride)])}", "ptr")
-    c_ptr = line(sc, f"getelementptr inbounds i32, ptr {pc}, i64 {operand_offset(em, sc, arg.c, batch, [(n0, 1)])}",
-                 "ptr")
+    if quant.c_tile:  # C in a stack tile (lower_gemm_int8.c_scratch_shape): the epilogue's C is the tile less n0
+        assert lanes <= quant.c_tile and len(node.src) > 4
+        c_ptr = em.fresh("ctile")
+        em.allocas.append(f"{c_ptr} = alloca i32, i64 {arg.m * quant.c_tile}, align 64")
+        neg = line(sc, f"sub nsw i64 0, {n0}")
+        em.param_values[node.src[2].arg.index] = line(sc, f"getelementptr i32, ptr {c_ptr}, i64 {neg}", "ptr")
+    else:
+        c_ptr = line(sc, f"getelementptr inbounds i32, ptr {pc}, i64 "
+                         f"{operand_offset(em, sc, arg.c, batch, [(n0, 1)])}", "ptr")
     buf = em.fresh("packed")
     em.allocas.append(f"{buf} = alloca i8, i64 {k4 * 4 * lanes}, align 64")
     sc.lines += [f"  call void @{pack}(ptr {b_ptr}, ptr {buf}, i64 {arg.k}, i64 {arg.b.row_stride}, "
@@ -320,6 +327,7 @@ def emit_int8_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmB
                  f"i64 {arg.c.row_stride}, i64 {valid}, i32 {corr})"]
     if len(node.src) > 4:
         _epilogue(em, node, batch, n0, lanes, valid, few)
+    em.param_values.pop(node.src[2].arg.index, None)
     em.close_loop()
 
 
