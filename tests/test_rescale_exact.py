@@ -48,3 +48,40 @@ def test_every_pair_of_per_channel_factors_is_checked():
 def test_no_proof_keeps_float64(factor):
     """Non-positive or non-finite factors, and a window too long to enumerate (a tiny factor)."""
     assert not float32_rescale_is_exact(np.float32(factor), np.int64(0), 0, 255)
+
+
+# (A_scale, B_scale, C_scale, A_zero, B_zero, C_zero): float32 proven exact, and not (a pair of 8-bit
+# inputs where float32 rounds the other way exists)
+ADD_PARAMS = {"float32": (0.06732655316591263, 0.03428080305457115, 0.013687617145478725, 19, 4, 44),
+              "float64": (0.09346815198659897, 0.09711335599422455, 0.011323567479848862, 30, 221, 21)}
+
+
+@pytest.mark.parametrize("kind", list(ADD_PARAMS))
+def test_qlinear_add_equals_the_reference_on_every_pair(kind):
+    """QLinearAdd over all 65,536 (a, b) uint8 pairs: the reference's integers whichever precision the
+    compile-time check (contrib_quant._float32_add_is_exact) chose, and it chose `kind`."""
+    from onnx import TensorProto, helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    import svodc
+    import svodrt
+    from svodc.frontend.importer import import_model
+    from svodc.ir.dtypes import dtypes
+    from svodc.ir.uop import toposort
+    from tests.contrib_reference import CONTRIB_OPS
+
+    sa, sb, sc, za, zb, zc = ADD_PARAMS[kind]
+    inits = [numpy_helper.from_array(np.float32(v), n) for n, v in (("sa", sa), ("sb", sb), ("sc", sc))]
+    inits += [numpy_helper.from_array(np.uint8(v), n) for n, v in (("za", za), ("zb", zb), ("zc", zc))]
+    node = helper.make_node("QLinearAdd", ["a", "sa", "za", "b", "sb", "zb", "sc", "zc"], ["c"], domain="com.microsoft")
+    u8 = TensorProto.UINT8
+    g = helper.make_graph([node], "add", [helper.make_tensor_value_info(n, u8, [256, 256]) for n in "ab"],
+                          [helper.make_tensor_value_info("c", u8, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    grid = np.arange(256, dtype=np.uint8)
+    feeds = {"a": np.repeat(grid[:, None], 256, 1), "b": np.repeat(grid[None, :], 256, 0)}
+    want = ReferenceEvaluator(model, new_ops=CONTRIB_OPS).run(None, feeds)[0]
+    with svodrt.load(svodc.compile(model)) as m:
+        np.testing.assert_array_equal(m.run(feeds)["c"], want)
+    nodes = toposort([u for _, u in import_model(model).outputs])
+    assert any(n.dtype is dtypes.float64 for n in nodes) == (kind == "float64")
