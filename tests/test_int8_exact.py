@@ -88,6 +88,12 @@ CASES = {
                                            "b": R.integers(-5000, 5000, 16).astype(np.int32)},
                                           ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], [U],
                                           pads=[1, 1, 1, 1], strides=[2, 2], group=16),
+    # output rows of 16 and more: the bytes padded in place (decompose.BYTE_ROWS_MIN)
+    "QLinearConv_depthwise_stride2_wide": case("QLinearConv", {"x": u8(1, 8, 6, 34)},
+                                               {"xs": f(0.02), "xz": np.uint8(250), "w": w7(8, 1, 3, 3),
+                                                "ws": f(0.004), "wz": np.int8(0), "ys": f(0.01), "yz": np.uint8(3)},
+                                               ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], [U],
+                                               pads=[1, 1, 1, 1], strides=[2, 2], group=8),
     # a bias past 2^24: the sums stay int32
     "QLinearConv_depthwise_large_bias": case("QLinearConv", {"x": u8(1, 4, 5, 5)},
                                              {"xs": f(1.0), "xz": np.uint8(0), "w": w7(4, 1, 3, 3), "ws": f(1.0),
