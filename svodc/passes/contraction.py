@@ -3,7 +3,8 @@ convolutions into matrix products the GEMM kernels run.
 
 - `pm_fold_into_conv`: CONV(x, W) * a -> CONV(x, W * a) and (CONV(x, W) + b) * a -> CONV(x, W*a) + b*a
   when a and b are per-output-channel constants (inference BatchNormalization after a convolution).
-  The weights change at compile time; rounding differs from the unfused order by an ulp or so.
+  The weights change at compile time; rounding differs from the unfused order by an ulp or so. Not for
+  a float32 convolution of integers (exact_integer_conv), whose exactness its requantization needs.
 - `pm_conv_to_matmul`: CONV -> MATMUL(W as [g, O/g, K], im2col(x) as [N, g, K, OH*OW]). The im2col view
   is only materialized when it is not a plain strided view of x (a 1x1 convolution with stride 1 and
   no padding reads x in place). Depthwise convolutions (one input channel per group) stay on the
@@ -27,7 +28,7 @@ from svodc.ir.ops import ConvArg, Ops
 from svodc.ir.pattern import PatternMatcher, UPat
 from svodc.ir.uop import UOp
 from svodc.passes.fold import broadcast_weight, is_folded_constant, splat_value
-from svodc.passes.lower_gemm_int8 import int8_activation
+from svodc.passes.lower_gemm_int8 import int8_activation, int8_values
 from svodc.passes.views import affine_view
 from svodc.policy import OptimizationPolicy
 
@@ -51,15 +52,29 @@ def _scaled_conv(conv: UOp, scale: np.ndarray) -> UOp:
     return conv.replace(src=(x, broadcast_weight(w.dtype, data.astype(w.dtype.np))))
 
 
+def exact_integer_conv(conv: UOp) -> bool:
+    """A float32 CONV of integers (x an integer CAST, less a constant): a quantized convolution the
+    frontend computes in float32 because every sum is an integer below 2^24 (frontend/ops/quantize.py).
+    A scale folded into its weights would round the sums that its requantization rounds later."""
+    x = conv.src[0]
+    if x.op is Ops.SUB and is_folded_constant(x.src[1]):
+        x = x.src[0]
+    return x.op is Ops.CAST and x.src[0].dtype.is_int
+
+
+def _foldable(conv: UOp) -> bool:
+    return conv.dtype is dtypes.float32 and is_folded_constant(conv.src[1]) and not exact_integer_conv(conv)
+
+
 def fold_scale(conv: UOp, a: UOp) -> UOp | None:
-    if conv.dtype is not dtypes.float32 or not is_folded_constant(conv.src[1]):
+    if not _foldable(conv):
         return None
     scale = channel_vector(a, conv.shape[1])
     return None if scale is None else _scaled_conv(conv, scale)
 
 
 def fold_scale_bias(conv: UOp, b: UOp, a: UOp) -> UOp | None:
-    if conv.dtype is not dtypes.float32 or not is_folded_constant(conv.src[1]):
+    if not _foldable(conv):
         return None
     channels = conv.shape[1]
     scale, bias = channel_vector(a, channels), channel_vector(b, channels)
@@ -93,7 +108,7 @@ def conv_to_matmul(n: UOp, min_macs: int, int8: bool = False) -> UOp | None:
     x, w = n.src
     arg: ConvArg = n.arg
     act = int8_activation(x) if int8 and n.dtype is dtypes.int32 else None
-    if act is not None and fits_int8(w):
+    if act is not None and int8_values(w) is not None:
         x = act.value
     elif n.dtype is not dtypes.float32:
         return None
@@ -168,20 +183,14 @@ def minus_zero(x: UOp, zero: int) -> UOp:
     return T.alu(Ops.SUB, xi, T.scalar_like(xi, zero)) if zero else xi
 
 
-def fits_int8(w: UOp) -> bool:
-    """A constant int32 tensor whose values all fit int8 (a weight less its zero point)."""
-    if not is_folded_constant(w):
-        return False
-    data = evaluate([w])[0]
-    return data.size == 0 or (int(data.min()) >= -128 and int(data.max()) <= 127)
-
-
 def transpose_int8_matmul(n: UOp) -> UOp | None:
     """An int32 MATMUL(x - x_zero, W') of 8-bit activations and a constant W' (MatMulInteger,
     QLinearMatMul, QGemm) as (W'^T (x - x_zero)^T)^T: the integer GEMM's rows are its constant."""
     a, b = n.src
     act = int8_activation(a)
-    if n.dtype is not dtypes.int32 or act is None or a.ndim != b.ndim or not fits_int8(b) or is_folded_constant(a):
+    if n.dtype is not dtypes.int32 or act is None or a.ndim != b.ndim or is_folded_constant(a):
+        return None
+    if int8_values(b) is None:  # evaluates b: last
         return None
     perm = (*range(a.ndim - 2), a.ndim - 1, a.ndim - 2)
     at = minus_zero(T.permute(act.value, perm), act.zero)
