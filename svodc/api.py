@@ -165,9 +165,9 @@ def bundle_policy(targets: list, options: CompileOptions) -> OptimizationPolicy:
         raise TargetError(f"variants with different optimisation policies ({groups}) need different programs, and "
                           "a bundle holds one program: compile each group into a bundle of its own")
     policy = next(iter(by_policy))
-    # With a GPU variant: the integer GEMM kernels are CPU code only (integer products stay generic loops),
-    # and Winograd's kernels are not yet right on GPUs (squeezenet's gfx1100 code reads outside a buffer
-    # in the RDNA3 emulator), so its convolutions stay direct.
+    # With a GPU variant: the integer GEMM kernels are CPU code only (integer products stay generic loops), and
+    # convolutions stay direct: Winograd's split pieces are one launch each on a GPU (resnet50: 375 launches, not
+    # 100) for little or no work saved (docs/architecture.md "Passes").
     if any(isinstance(t, GpuTarget) for t in targets):
         return dataclasses.replace(policy, int8_gemm=False, winograd=False)
     return policy

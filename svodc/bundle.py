@@ -171,8 +171,8 @@ def _signature(manifest: dict, key_path: str | os.PathLike) -> dict:
 def write_bundle_to(out: BinaryIO, program: Program, images: list[tuple[Target, CodeImage]], model_digest: str,
                     test_vectors: list[dict] | None = None, gpu_images: list[GpuImage] = (),
                     sign_key: str | os.PathLike | None = None, extra: dict | None = None) -> None:
-    """Write the bundle to a seekable binary file positioned at its start. test_vectors: manifest
-    entries from svodc.testvec (optional); gpu_images: GPU variants, after the CPU ones; sign_key: an
+    """Write the bundle to a seekable binary file positioned at its start. test_vectors: the entries of
+    the `tests` section, from svodc.testvec (optional); gpu_images: GPU variants, after the CPU ones; sign_key: an
     Ed25519 private key (PEM file) to sign the bundle with; extra: optional manifest entries
     (EXTRA_KEYS: svodc.api's recorded options and node op types). Weights go from their arrays straight
     to `out` (one copy: the write itself), hashed on the way."""
@@ -198,6 +198,8 @@ def write_bundle_to(out: BinaryIO, program: Program, images: list[tuple[Target, 
         if "cubin" in v:
             v["cubin"] += 1
     variants += gpu
+    if test_vectors:  # format 1.9: a section of their own, so that a load never decompresses or hashes them
+        sections.append(({"name": "test_vectors", "kind": "tests"}, msgpack.packb(test_vectors, use_bin_type=True)))
 
     w = _Writer(out)
     w.write(bytes(HEADER_SIZE))
@@ -243,8 +245,6 @@ def write_bundle_to(out: BinaryIO, program: Program, images: list[tuple[Target, 
         v["binding"] = variant_binding(v, table[v["section"]]["sha256"], manifest)
         if "launches" in v:
             v["gpu_binding"] = gpu_binding(v, table[v["cubin"]]["sha256"] if "cubin" in v else None)
-    if test_vectors:
-        manifest["test_vectors"] = test_vectors
     for key, value in (extra or {}).items():
         if key not in EXTRA_KEYS:
             raise BundleError(f"manifest entry {key!r} is not one of {EXTRA_KEYS}")

@@ -31,10 +31,10 @@ def load(source: str | os.PathLike | bytes, threads: int | None = None, host: Ho
     """Load a bundle (path or bytes); every structural check and the sha256 of the code that will run are done.
     threads: per inference (default: the host's cores; a model under 0.3 ms on one thread uses one). host: pick the
     variant for this host (e.g. `detect_host().limited_to("x86-64-v2")`). verify_weights: check the weights' sha256
-    (default: when they are at most 16 MiB, or under a trust policy; False: never). variant: use this variant
-    (index). device: "cpu", "cuda:N" or "hip:N"; graph: launch a GPU model's kernels as one captured graph.
-    trust: the Ed25519 public keys (PEM paths or bytes) whose signed bundles alone load; `model.signer` names the
-    signer. docs/architecture.md "Runtime"."""
+    (default: up to 16 MiB of them unless this file's record says they passed, all under a trust policy; False:
+    never). variant: use this variant (index). device: "cpu", "cuda:N" or "hip:N"; graph: launch a GPU model's
+    kernels as one captured graph. trust: the Ed25519 public keys (PEM paths or bytes) whose signed bundles alone
+    load (`model.signer` names the signer). docs/architecture.md "Runtime"."""
     if device != "cpu":
         from svodrt_gpu import GpuModel
 

@@ -5,8 +5,11 @@ then Program: the step every executor starts with."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -15,15 +18,16 @@ from svodrt import schema as sc
 from svodrt.abi import BUFFER_ALIGN
 from svodrt.errors import BundleFormatError, BundleVersionError, RuntimeFailure
 from svodrt.features import BYTE_ORDER
-from svodrt.schema import Bundle, KernelInfo, Section, TensorInfo, TestVector, Variant
+from svodrt.schema import Bundle, KernelInfo, Section, TensorInfo, Variant
 from svodrt.trust import TrustSpec, check_signature, trusted_keys
 
-__all__ = ["Bundle", "KernelInfo", "Program", "Section", "Source", "TensorInfo", "TestVector", "Variant",
+__all__ = ["Bundle", "KernelInfo", "Program", "Section", "Source", "TensorInfo", "Variant",
            "check_section", "parse_bundle"]
 
 MANIFEST_EXPANSION, MANIFEST_FLOOR = 64, 4 << 20  # raw manifest <= 64 x stored + 4 MiB
 OBJECTS_PER_BYTE, OBJECTS_FLOOR = 1, 1 << 16  # real bundles: < 0.1 msgpack objects per file byte
 MAX_MAP = fmt.MAX_ITEMS  # keys in any manifest map (node_ops has one per ONNX node); the object budget bounds the sum
+RECORD_AGE_NS = 1_000_000_000  # a WeightsRecord is written only for a file unchanged this long
 
 
 class Source:
@@ -32,18 +36,18 @@ class Source:
     def __init__(self, data: bytes | memoryview | None = None, fd: int | None = None, name: str = "the bundle"):
         self.fd, self.name = fd, name
         self._data = memoryview(data) if data is not None else None
-        self.size = len(self._data) if self._data is not None else os.fstat(fd).st_size  # type: ignore[arg-type]
+        self.stat = os.fstat(fd) if fd is not None else None  # a file's, when opened: WeightsRecord names it
+        self.size = len(self._data) if self._data is not None else self.stat.st_size  # type: ignore[union-attr]
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> Source:
         """O_NONBLOCK: a FIFO or device is refused here instead of blocking the open."""
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            os.close(fd)
+        src = cls(fd=os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), name=repr(os.fspath(path)))
+        if not stat.S_ISREG(src.stat.st_mode):  # type: ignore[union-attr]
+            src.close()
             raise BundleFormatError(f"{os.fspath(path)!r} is not a regular file (a FIFO, device or directory): "
                                     "give the path of a .svod file")
-        return cls(fd=fd, name=repr(os.fspath(path)))
+        return src
 
     def close(self) -> None:
         if self.fd is not None:
@@ -108,7 +112,7 @@ def read_header(data: bytes | memoryview | Source) -> fmt.Header:
     return h
 
 
-def _unpack(raw: bytes, file_size: int) -> object:
+def unpack_bounded(raw: bytes | memoryview, file_size: int) -> object:
     """msgpack with every length capped and at most OBJECTS_PER_BYTE objects per file byte: the hooks
     count each list and map as it is built (with its items), so a bomb stops before it is built."""
     import msgpack  # here, not at `import svodrt`: imports are most of a cold start
@@ -120,14 +124,12 @@ def _unpack(raw: bytes, file_size: int) -> object:
             raise ValueError(f"more msgpack objects than a {file_size}-byte bundle may hold")
         return x
 
-    u = msgpack.Unpacker(None, raw=False, strict_map_key=True, max_buffer_size=max(len(raw), 1),
-                         max_str_len=4 * fmt.MAX_STRING, max_bin_len=len(raw), max_array_len=fmt.MAX_ITEMS,
-                         max_map_len=MAX_MAP, max_ext_len=0, list_hook=count, object_hook=count)
-    u.feed(raw)
-    m = u.unpack()
-    if u.tell() != len(raw):
-        raise ValueError(f"{len(raw) - u.tell()} bytes follow the manifest's map")
-    return m
+    try:  # unpackb reads `raw` in place (an Unpacker copies it first) and refuses bytes after the map
+        return msgpack.unpackb(raw, raw=False, strict_map_key=True, max_str_len=4 * fmt.MAX_STRING,
+                               max_bin_len=len(raw), max_array_len=fmt.MAX_ITEMS, max_map_len=MAX_MAP, max_ext_len=0,
+                               list_hook=count, object_hook=count)
+    except msgpack.ExtraData as e:
+        raise ValueError(f"{len(e.extra)} bytes follow the manifest's map") from None
 
 
 def read_manifest(data: bytes | memoryview | Source, h: fmt.Header) -> dict:
@@ -146,7 +148,7 @@ def read_manifest(data: bytes | memoryview | Source, h: fmt.Header) -> dict:
         raise _fail(f"manifest at offset {h.manifest_offset} fails its checksum (header offset 56): the file is "
                     "damaged")
     try:
-        m = _unpack(raw, src.size)
+        m = unpack_bounded(raw, src.size)
     except Exception as e:  # msgpack raises several types for malformed input
         why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__  # StackError says nothing more
         raise _fail(f"manifest at offset {h.manifest_offset} is not valid msgpack: {why}") from None
@@ -193,6 +195,43 @@ def check_section(data: bytes | memoryview | Source, sec: Section, content: byte
     if hashlib.sha256(content).digest() != sec.sha256:
         raise _fail(f"section {sec.name!r} at offset {sec.offset} ({sec.length} bytes) fails its sha256 "
                     "checksum: the file is damaged")
+
+
+def identity(st: os.stat_result) -> tuple[int, ...]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns  # any write to the file moves ctime
+
+
+class WeightsRecord(NamedTuple):
+    """That a file's weights passed their sha256: a file in the user's cache named by the file's device and inode,
+    holding the rest of its identity and the digests checked (docs/architecture.md "What is checksummed when")."""
+
+    path: str
+    content: bytes
+    changed_ns: int  # the file's last change, when it was opened
+
+    @classmethod
+    def of(cls, st: os.stat_result | None, b: Bundle) -> WeightsRecord | None:
+        if st is None:  # bytes: no file to name
+            return None
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        key = " ".join(map(str, identity(st)[2:])) + f" {b.weights.sha256.hex()} {b.header.manifest_digest.hex()}"
+        return cls(os.path.join(cache, "svodrt", "verified", f"{st.st_dev:x}-{st.st_ino:x}"),
+                   f"svodrt weights v1 {key}\n".encode(), max(st.st_mtime_ns, st.st_ctime_ns))
+
+    def exists(self) -> bool:
+        with contextlib.suppress(OSError), open(self.path, "rb") as f:
+            return f.read(512) == self.content
+        return False
+
+    def write(self) -> None:
+        """Only for a file unchanged for RECORD_AGE_NS: any later change gets a later ctime (one within the same
+        timestamp granule might not). A cache: where it cannot be written, the next load checks the sha256 again."""
+        with contextlib.suppress(OSError):
+            if time.time_ns() - self.changed_ns >= RECORD_AGE_NS:
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                with open(tmp := f"{self.path}.{os.getpid()}", "wb") as f:
+                    f.write(self.content)
+                os.replace(tmp, self.path)
 
 
 def parse_bundle(data: bytes | memoryview | Source) -> Bundle:
@@ -249,10 +288,14 @@ class Program:
             self.signer = check_signature(self.bundle.manifest, None if trust is None else trusted_keys(trust))
             if variant is not None and not 0 <= variant < (n := len(self.bundle.variants)):
                 raise ValueError(f"variant {variant} does not exist (the bundle has {n})")
-            # Weights up to fmt.WEIGHTS_CHECK_LIMIT are checked at every load (damage is an error, not a wrong
-            # answer); larger ones by svodrt verify, when asked, or under a trust policy (architecture.md).
+            # Weights up to fmt.WEIGHTS_CHECK_LIMIT are checked at a file's first load (damage is an error, not a
+            # wrong answer) and then trusted by its record; any by svodrt verify, when asked, or under a trust policy.
             small = self.bundle.weights.length <= fmt.WEIGHTS_CHECK_LIMIT
-            self.check_weights = trust is not None or (small if verify_weights is None else bool(verify_weights))
+            self.record = WeightsRecord.of(self.source.stat, self.bundle)
+            recorded = verify_weights is None and trust is None and self.record is not None and self.record.exists()
+            self.check_weights = trust is not None or (small and not recorded if verify_weights is None
+                                                       else bool(verify_weights))
+            self.weights_verified = self.check_weights or recorded
         except BaseException:
             self.close()
             raise
@@ -271,6 +314,11 @@ class Program:
         self.source.readinto(w.offset, view)
         if self.check_weights:
             check_section(self.source, w, view)
+            if self.record is not None:
+                self.record.write()
+        elif self.weights_verified and identity(os.fstat(self.source.fd)) != identity(self.source.stat):
+            # the record named the file as opened; what was read since may be another version's bytes
+            raise _fail(f"{self.source.name} was rewritten while it was read: load it again")
         return buf, addr
 
     def close(self) -> None:

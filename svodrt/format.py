@@ -8,8 +8,8 @@ from typing import NamedTuple
 MAGIC = b"SVOD\x00\r\n\x1a"
 FORMAT_MAJOR = 1
 # 1.1 big-endian, 1.2 GPU, 1.3 narrow dtypes, 1.4 strings, 1.5 bounded dims, 1.6 string outputs, 1.7 computed
-# dims, 1.8 string program (docs/bundle-format.md)
-FORMAT_MINOR = 8
+# dims, 1.8 string program, 1.9 test vectors in a `tests` section (docs/bundle-format.md)
+FORMAT_MINOR = 9
 HEADER = struct.Struct("<8sHHIIIQQQQ8s")
 FLAG_MANIFEST_ZSTD = 1
 HEADER_SIZE = HEADER.size  # 64

@@ -77,7 +77,7 @@ class Model(Runner):
         self.threads = n
         program = Program(source, verify_weights, trust, variant)
         try:
-            self.bundle, self.signer, self.weights_verified = program.bundle, program.signer, program.check_weights
+            self.bundle, self.signer, self.weights_verified = program.bundle, program.signer, program.weights_verified
             self.variant = select_variant(self.bundle, host or detect_host(), variant)
             b = self.bundle
             arena, need = b.arena_size, b.arena_size + sum(t.nbytes for t in (*b.inputs, *b.outputs))

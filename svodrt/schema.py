@@ -17,6 +17,8 @@ def fail(where: str, msg: str) -> BundleFormatError:
 
 
 def field(d: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if type(d) is dict and type(v := d.get(key)) is kind:  # the common case at a look-up (msgpack makes no subclasses)
+        return v
     if not isinstance(d, dict):
         raise fail(where, f"is a {type(d).__name__}, expected a map")
     if key not in d:
@@ -53,8 +55,14 @@ def items(d: Any, key: str, where: str, limit: int = MAX_ITEMS) -> list:
     return v
 
 
+def all_uints(v: list | tuple, limit: int = MAX_BYTES) -> bool:
+    """Every item an int in [0, limit], checked by C-level calls: a generator per list costs more than they do."""
+    return not set(map(type, v)) - {int} and min(v, default=0) >= 0 and max(v, default=0) <= limit
+
+
 def uints(d: Any, key: str, where: str, limit: int = MAX_BYTES) -> list[int]:
-    return [check_uint(x, f"{where}.{key}[{i}]", limit) for i, x in enumerate(items(d, key, where))]
+    v = items(d, key, where)
+    return v if all_uints(v, limit) else [check_uint(x, f"{where}.{key}[{i}]", limit) for i, x in enumerate(v)]
 
 
 class Section(NamedTuple):
@@ -119,14 +127,18 @@ def tensor(d: Any, where: str, dims: dict[str, Dim] | None = None) -> TensorInfo
     if dtype not in DTYPES:
         raise fail(f"{where}.dtype", f"{dtype[:40]!r} is not one of {', '.join(DTYPES)}")
     raw = list(items(d, "shape", where))
-    sym = tuple((i, *_dim_axis(v, dims, f"{where}.shape[{i}]")) for i, v in enumerate(raw) if isinstance(v, str))
-    for i, dim, k in sym:
-        raw[i] = dim.hi * k
-    shape = tuple(check_uint(x, f"{where}.shape[{i}]") for i, x in enumerate(raw))
+    sym: tuple[tuple[int, Dim, int], ...] = ()
+    if str in map(type, raw):
+        sym = tuple((i, *_dim_axis(v, dims, f"{where}.shape[{i}]")) for i, v in enumerate(raw) if type(v) is str)
+        for i, dim, k in sym:
+            raw[i] = dim.hi * k
+    shape = tuple(raw)
+    if not all_uints(shape):
+        shape = tuple(check_uint(x, f"{where}.shape[{i}]") for i, x in enumerate(raw))  # raises, naming the dim
     if len(shape) > MAX_RANK:
         raise fail(f"{where}.shape", f"has rank {len(shape)}, over the limit {MAX_RANK}")
     # Each dim is at most MAX_BYTES, and the running product is checked, so no product is huge.
-    if any(n > MAX_BYTES for n in itertools.accumulate(shape, operator.mul, initial=DTYPES[dtype][1])):
+    if max(itertools.accumulate(shape, operator.mul, initial=DTYPES[dtype][1])) > MAX_BYTES:
         raise fail(where, f"shape {list(shape)} is over {MAX_BYTES} bytes")
     return TensorInfo(t_name, dtype, shape, sym)
 
@@ -180,16 +192,6 @@ class KernelInfo(NamedTuple):
     provenance: tuple[str, ...]
 
 
-class TestVector(NamedTuple):
-    """A reference input and the outputs the compiler expects, with a tolerance per output."""
-
-    __test__ = False  # not a pytest class
-
-    inputs: tuple[bytes, ...]
-    outputs: tuple[bytes, ...]
-    tolerance: tuple[float, ...]
-
-
 def zipmaps(m: Any, outputs: list[TensorInfo]) -> tuple[tuple[str, tuple], ...]:
     """The manifest's `zipmaps` (format 1.6): [output name, keys] per float32 [N, len(keys)] output that
     run() returns as a list of {key: score} dicts (ai.onnx.ml ZipMap); keys all str or all int."""
@@ -225,7 +227,6 @@ class Bundle(NamedTuple):
     variants: list[Variant]
     arena_size: int
     weights_size: int
-    test_vectors: list[TestVector]
     # buffer id -> (kind, position): ("input"|"output", slot) or ("weight"|"scratch", byte offset)
     placement: dict[int, tuple[str, int]]
     # Format 1.4: what string ids below len(vocabulary) stand for; () when no input or output is a string.
@@ -244,6 +245,7 @@ class _Buffer(NamedTuple):
     kind: str
     info: TensorInfo
     offset: int
+    end: int  # offset + the tensor's bytes
 
 
 def _io(m: dict, group: str, dims: dict[str, Dim]) -> tuple[list[TensorInfo], list[int]]:
@@ -266,7 +268,7 @@ def _buffers(m: dict, in_ids: list[int], out_ids: list[int], arena: int, weights
         for slot, i in enumerate(ids):
             if i in known:
                 raise fail("inputs/outputs", f"buffer id {i} is used twice")
-            known[i] = _Buffer(i, kind, TensorInfo("", "uint8", ()), slot)
+            known[i] = _Buffer(i, kind, TensorInfo("", "uint8", ()), slot, slot)
     for i, b in enumerate(items(m, "buffers", "manifest")):
         where = f"buffers[{i}]"
         t = tensor(b, where)
@@ -275,12 +277,12 @@ def _buffers(m: dict, in_ids: list[int], out_ids: list[int], arena: int, weights
         if limit is None:
             raise fail(f"{where}.kind", f"{kind[:40]!r} must be 'weight' or 'scratch'")
         off = uint(b, "offset", where)
-        if off + t.nbytes > limit:
-            raise fail(where, f"[{off}, {off + t.nbytes}) lies outside the {kind} area ({limit} bytes)")
+        if (end := off + t.nbytes) > limit:
+            raise fail(where, f"[{off}, {end}) lies outside the {kind} area ({limit} bytes)")
         bid = uint(b, "id", where)
         if bid in known:
             raise fail(f"{where}.id", f"buffer id {bid} is used twice")
-        known[bid] = _Buffer(bid, kind, t, off)
+        known[bid] = _Buffer(bid, kind, t, off, end)
     return known
 
 
@@ -296,7 +298,7 @@ def _kernels(m: dict, buffers: dict[int, _Buffer]) -> list[KernelInfo]:
         if params and buffers[params[0]].kind == "weight":
             raise fail(f"{where}.params", f"the written buffer {params[0]} is a read-only weight")
         prov = items(k, "provenance", where)
-        if not all(isinstance(p, str) for p in prov):
+        if set(map(type, prov)) - {str}:
             raise fail(f"{where}.provenance", "must be a list of ONNX node names")
         kernels.append(KernelInfo(name(k, "name", where), tuple(params), tuple(prov)))
     names = [k.name for k in kernels]
@@ -313,7 +315,7 @@ def check_arena_liveness(kernels: list[KernelInfo], buffers: dict[int, _Buffer])
     span: dict[int, list[int]] = {}  # buffer -> [first kernel, last kernel], in order of first use
     for k, kernel in enumerate(kernels):
         for p in kernel.params:
-            if buffers[p].kind == "scratch" and buffers[p].info.nbytes:
+            if buffers[p].kind == "scratch" and buffers[p].end > buffers[p].offset:
                 span.setdefault(p, [k, k])[1] = k
     # At each kernel, its new buffers (in order of first use) start before the buffers it ends are dropped.
     events = sorted([(f, 0, b) for b, (f, _) in span.items()] + [(la, 1, b) for b, (_, la) in span.items()],
@@ -321,7 +323,7 @@ def check_arena_liveness(kernels: list[KernelInfo], buffers: dict[int, _Buffer])
     starts: list[int] = []  # offsets of live buffers, sorted; owner[i] is the buffer at starts[i]
     owner: list[int] = []
     for k, ending, b in events:
-        lo, hi = buffers[b].offset, buffers[b].offset + buffers[b].info.nbytes
+        lo, hi = buffers[b].offset, buffers[b].end
         i = bisect.bisect_left(starts, lo)
         if ending:
             del starts[i], owner[i]
@@ -329,7 +331,7 @@ def check_arena_liveness(kernels: list[KernelInfo], buffers: dict[int, _Buffer])
         for j in (i - 1, i):
             if 0 <= j < len(starts):
                 other = buffers[owner[j]]
-                if other.offset < hi and lo < other.offset + other.info.nbytes:
+                if other.offset < hi and lo < other.end:
                     raise fail("buffers", f"scratch buffers {b} and {owner[j]} overlap in the arena "
                                f"while both are live (kernel {k}, {kernels[k].name})")
         starts.insert(i, lo)
@@ -396,29 +398,6 @@ def _gpu(v: dict, where: str, sections: list[Section], n: int, m: dict) -> tuple
     return tuple(launches), cubin
 
 
-def _test_vectors(m: dict, inputs: list[TensorInfo], outputs: list[TensorInfo]) -> list[TestVector]:
-    if "test_vectors" not in m:
-        return []
-    out = []
-    for i, tv in enumerate(items(m, "test_vectors", "manifest", fmt.MAX_TEST_VECTORS)):
-        where = f"test_vectors[{i}]"
-        blobs = {}
-        for group, tensors in (("inputs", inputs), ("outputs", outputs)):
-            data = items(tv, group, where)
-            if len(data) != len(tensors):
-                raise fail(f"{where}.{group}", f"has {len(data)} arrays for {len(tensors)} {group}")
-            for t, b in zip(tensors, data, strict=True):
-                if not isinstance(b, bytes) or len(b) != t.nbytes:
-                    raise fail(f"{where}.{group}", f"the array for {t.name!r} must be {t.nbytes} bytes")
-            blobs[group] = tuple(data)
-        tol = items(tv, "tolerance", where)
-        if len(tol) != len(outputs) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                                               and 0 <= x < math.inf for x in tol):
-            raise fail(f"{where}.tolerance", "must hold one finite, non-negative number per output")
-        out.append(TestVector(blobs["inputs"], blobs["outputs"], tuple(float(x) for x in tol)))
-    return out
-
-
 def parse_plan(m: dict, h: fmt.Header, sections: list[Section], weights: Section) -> Bundle:
     dims = dim_table(m)
     inputs, in_ids = _io(m, "inputs", dims)
@@ -439,6 +418,6 @@ def parse_plan(m: dict, h: fmt.Header, sections: list[Section], weights: Section
     variants = [_variant(m, i, sections, len(kernels)) for i in range(len(items(m, "variants", "manifest")))]
     if not variants:
         raise fail("variants", "the bundle has no code variant")
-    return Bundle(inputs, outputs, kernels, variants, arena, weights_size, _test_vectors(m, inputs, outputs), placement,
+    return Bundle(inputs, outputs, kernels, variants, arena, weights_size, placement,
                   vocab, tuple(dims.values()), zipmaps(m, outputs), edge_outputs(m, inputs, outputs), h, m, sections,
                   weights)

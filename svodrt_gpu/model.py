@@ -31,7 +31,7 @@ class GpuModel(Runner):
         self._module = self._graph = self._exec = self._stream = None
         program = Program(source, verify_weights, trust, variant)
         try:
-            self.bundle, self.signer, self.weights_verified = program.bundle, program.signer, program.check_weights
+            self.bundle, self.signer, self.weights_verified = program.bundle, program.signer, program.weights_verified
             self.device = Device(kind, ordinal)
             self._load(program, variant, graph)
         except BaseException:

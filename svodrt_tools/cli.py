@@ -205,7 +205,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--threads", type=int, default=None, help="threads per inference (default: all cores)")
     r.add_argument("--repeat", type=int, default=1, help="run this many times and report the mean time")
     r.add_argument("--verify-weights", action="store_true", default=None,
-                   help="check the weights' sha256 also above 16 MiB (svodrt verify checks everything)")
+                   help="check the weights' sha256 at this load, whatever their size or record (svodrt verify "
+                        "checks everything)")
     r.set_defaults(fn=cmd_run)
     v = sub.add_parser("verify", help="check a bundle completely and run its test vectors on this machine")
     v.add_argument("bundle")

@@ -4,18 +4,21 @@ error per output against the compiler's tolerance)."""
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 from svodrt import load
-from svodrt.bundle import Bundle, Source, TensorInfo, TestVector, check_section, parse_bundle
-from svodrt.errors import SvodError
-from svodrt.format import BITS_OF, DTYPES, FLOAT_FORMATS, STRING
+from svodrt.bundle import Bundle, Source, TensorInfo, WeightsRecord, check_section, parse_bundle, unpack_bounded
+from svodrt.errors import BundleFormatError, SvodError
+from svodrt.format import BITS_OF, DTYPES, FLOAT_FORMATS, MAX_TEST_VECTORS, STRING
 from svodrt.host import Host, detect_host
 from svodrt.model import select_variant, variant_problem
 from svodrt.runner import Runner
+from svodrt.schema import fail, items
 from svodrt.strings import StringTable
 from svodrt.trust import TrustSpec, check_signature, trusted_keys
 
@@ -105,6 +108,56 @@ def strings_for_ids(vocabulary: tuple[str, ...], ids: np.ndarray) -> np.ndarray:
     return out
 
 
+class TestVector(NamedTuple):
+    """A reference input and the outputs the compiler expects, with a tolerance per output."""
+
+    __test__ = False  # not a pytest class
+
+    inputs: tuple[bytes, ...]
+    outputs: tuple[bytes, ...]
+    tolerance: tuple[float, ...]
+
+
+def read_test_vectors(data: bytes, bundle: Bundle) -> list[TestVector]:
+    """The test vectors, checked against the inputs and outputs (here, not at load: only verify reads them, and a
+    bad vector does not stop the model from loading): format 1.9's `tests` section, or older formats' manifest."""
+    m = bundle.manifest
+    if tests := [s for s in bundle.sections if s.kind == "tests"]:
+        s = tests[0]
+        try:  # bounded like the manifest (svodrt/bundle.py)
+            m = {"test_vectors": unpack_bounded(data[s.offset: s.offset + s.length], len(data))}
+        except Exception as e:  # msgpack raises several types for malformed input
+            raise BundleFormatError(f"section {s.name!r} at offset {s.offset} is not valid msgpack: {e}") from None
+        try:
+            return _test_vectors(m, bundle.inputs, bundle.outputs)
+        except BundleFormatError as e:  # the schema's readers name manifest fields
+            raise BundleFormatError(str(e).replace("manifest field ", f"section {s.name!r}: ", 1)) from None
+    return _test_vectors(m, bundle.inputs, bundle.outputs)
+
+
+def _test_vectors(m: dict, inputs: list[TensorInfo], outputs: list[TensorInfo]) -> list[TestVector]:
+    if "test_vectors" not in m:
+        return []
+    out = []
+    for i, tv in enumerate(items(m, "test_vectors", "manifest", MAX_TEST_VECTORS)):
+        where = f"test_vectors[{i}]"
+        blobs = {}
+        for group, tensors in (("inputs", inputs), ("outputs", outputs)):
+            arrays = items(tv, group, where)
+            if len(arrays) != len(tensors):
+                raise fail(f"{where}.{group}", f"has {len(arrays)} arrays for {len(tensors)} {group}")
+            for t, b in zip(tensors, arrays, strict=True):
+                if not isinstance(b, bytes) or len(b) != t.nbytes:
+                    raise fail(f"{where}.{group}", f"the array for {t.name!r} must be {t.nbytes} bytes")
+            blobs[group] = tuple(arrays)
+        tol = items(tv, "tolerance", where)
+        if len(tol) != len(outputs) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                               and 0 <= x < math.inf for x in tol):
+            raise fail(f"{where}.tolerance", "must hold one finite, non-negative number per output")
+        out.append(TestVector(blobs["inputs"], blobs["outputs"], tuple(float(x) for x in tol)))
+    return out
+
+
 def run_test_vector(model: Runner, tv: TestVector) -> list[tuple[str, float, float]]:
     """(output name, max error, tolerance) per output."""
     b = model.bundle
@@ -126,8 +179,8 @@ def run_test_vector(model: Runner, tv: TestVector) -> list[tuple[str, float, flo
     return out
 
 
-def _check_variants(data: bytes, bundle: Bundle, host: Host, threads: int, report: Report, device: str,
-                    trust: TrustSpec | None) -> None:
+def _check_variants(data: bytes, bundle: Bundle, vectors: list[TestVector], host: Host, threads: int, report: Report,
+                    device: str, trust: TrustSpec | None) -> None:
     runnable, seen = 0, {}  # code -> the variant that ran it: a bundle may repeat one code image many times
     for v in bundle.variants:
         label = f"variant {v.index} {v.describe()}"
@@ -146,7 +199,7 @@ def _check_variants(data: bytes, bundle: Bundle, host: Host, threads: int, repor
             with load(data, threads=threads, host=host, verify_weights=True, variant=v.index, device=device,
                       trust=trust) as m:
                 report.add("ok", f"{label}: loads on {'this host' if device == 'cpu' else device}")
-                for i, tv in enumerate(bundle.test_vectors):
+                for i, tv in enumerate(vectors):
                     for name, err, tol in run_test_vector(m, tv):
                         status = "ok" if err <= tol else "FAIL"
                         report.add(status, f"test vector {i} on {v.describe()}: output {name!r} max error "
@@ -160,7 +213,7 @@ def _check_variants(data: bytes, bundle: Bundle, host: Host, threads: int, repor
             select_variant(bundle, host)
         except SvodError as e:  # names what each variant lacks
             report.add("FAIL", str(e))
-    if not bundle.test_vectors:
+    if not vectors:
         report.add("skip", "no test vectors in this bundle (compile with --test-vectors to embed them)")
 
 
@@ -184,12 +237,13 @@ def verify(source: str | os.PathLike | bytes, host: Host | None = None, threads:
     host = host or detect_host()
     report = Report()
     try:
+        opened = None  # a file's identity when opened: the weights' record names it
         if isinstance(source, (bytes, bytearray)):
             data = bytes(source)
         else:
             src = Source.open(source)
             try:
-                data = bytes(src.read(0, src.size))
+                data, opened = bytes(src.read(0, src.size)), src.stat
             finally:
                 src.close()
         bundle = parse_bundle(data)
@@ -203,9 +257,16 @@ def verify(source: str | os.PathLike | bytes, host: Host | None = None, threads:
         try:
             check_section(data, s)
             report.add("ok", f"section {s.name!r}: {s.length} bytes at offset {s.offset}, sha256 matches")
+            if s == bundle.weights and (record := WeightsRecord.of(opened, bundle)) is not None:
+                record.write()  # later loads of this file version trust its weights (docs/architecture.md)
         except SvodError as e:
             report.add("FAIL", str(e))
     _check_signer(bundle, trust, report)
+    vectors: list[TestVector] = []
+    try:
+        vectors = read_test_vectors(data, bundle)
+    except SvodError as e:  # the model still loads: like a vector's wrong outputs, this fails verify alone
+        report.add("FAIL", f"test vectors: {e}")
     if report.ok:
-        _check_variants(data, bundle, host, threads, report, device, trust)
+        _check_variants(data, bundle, vectors, host, threads, report, device, trust)
     return report

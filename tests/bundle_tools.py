@@ -19,30 +19,49 @@ def manifest_of(data: bytes) -> dict:
     return msgpack.unpackb(raw, raw=False)
 
 
-def repack(data: bytes, manifest: object, rebind: bool = False) -> bytes:
+def repack(data: bytes, manifest: object, rebind: bool = False, body: bytes | None = None) -> bytes:
     """`data` with its manifest replaced by `manifest` (any msgpack value), header fixed up to match.
-    rebind: recompute every variant's binding digest too (for edits that are meant to be valid)."""
+    rebind: recompute every variant's binding digest too (for edits that are meant to be valid). body: what
+    precedes the manifest instead of data's (header included; its header is rewritten)."""
     _, h = unpack_header(data[:HEADER_SIZE])
     if rebind:
         for v in manifest["variants"]:
             v["binding"] = variant_binding(v, manifest["sections"][v["section"]]["sha256"], manifest)
     raw = msgpack.packb(manifest, use_bin_type=True)
     stored = zstandard.ZstdCompressor(level=3).compress(raw)
-    body = data[:h.manifest_offset]
+    body = data[:h.manifest_offset] if body is None else body
     header = h.__class__(h.major, h.minor, h.header_size, h.flags | FLAG_MANIFEST_ZSTD, h.reserved,
-                         len(body) + len(stored), h.manifest_offset, len(stored), len(raw),
+                         len(body) + len(stored), len(body), len(stored), len(raw),
                          hashlib.sha256(raw).digest()[:8])
     return header.pack() + body[HEADER_SIZE:] + stored
+
+
+def vectors_of(data: bytes) -> list:
+    """The bundle's test vectors as msgpack gives them: its `tests` section (format 1.9), else its manifest's."""
+    m = manifest_of(data)
+    for s in m["sections"]:
+        if s["kind"] == "tests":
+            return msgpack.unpackb(data[s["offset"]: s["offset"] + s["length"]], raw=False)
+    return m.get("test_vectors", [])
+
+
+def with_test_vectors(data: bytes, vectors: list) -> bytes:
+    """A format 1.9 bundle with its `tests` section (the last one) holding `vectors`, its table entry updated."""
+    m = manifest_of(data)
+    s = next(s for s in m["sections"] if s["kind"] == "tests")
+    packed = msgpack.packb(vectors, use_bin_type=True)
+    s["length"], s["sha256"] = len(packed), hashlib.sha256(packed).digest()
+    return repack(data, m, body=data[:s["offset"]] + packed)
 
 
 def with_wrong_test_vector(data: bytes) -> bytes:
     """A float32 bundle whose first test vector expects output 0's first value off by 0.5: every checksum
     still matches, only running the vector shows it."""
-    m = manifest_of(data)
-    want = bytearray(m["test_vectors"][0]["outputs"][0])
+    vectors = vectors_of(data)
+    want = bytearray(vectors[0]["outputs"][0])
     want[0:4] = struct.pack("<f", struct.unpack("<f", want[0:4])[0] + 0.5)
-    m["test_vectors"][0]["outputs"][0] = bytes(want)
-    return repack(data, m)
+    vectors[0]["outputs"][0] = bytes(want)
+    return with_test_vectors(data, vectors)
 
 
 def run_old_runtime(commit: str, minor: int, script: str, tmp_path) -> str:

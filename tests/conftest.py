@@ -1,8 +1,23 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.onnx_util import small_cnn
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache(tmp_path_factory):
+    """svodrt's weights records (svodrt/bundle.py WeightsRecord) go to the session's own cache, for subprocesses
+    too: a test never finds one an earlier run left, nor leaves one in the user's home."""
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg_cache"))
+    yield
+    if old is None:
+        del os.environ["XDG_CACHE_HOME"]
+    else:
+        os.environ["XDG_CACHE_HOME"] = old
 
 
 @pytest.fixture(scope="session")

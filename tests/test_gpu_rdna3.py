@@ -4,22 +4,26 @@ the stand-in driver's device memory, against onnxruntime. Also: the WMMA float16
 (svodc/codegen/gpu_wmma.py) against NumPy, the emulator's decoder against llvm-objdump on every
 instruction of our code objects, and unknown instructions failing loudly.
 
-`make test` runs the small CNN and the WMMA GEMM (seconds); `make test-gpu` also runs squeezenet,
-shufflenet and gpt2_small_random (about a minute each here)."""
+`make test` runs the small CNN, a Winograd convolution feeding a concat and the WMMA GEMM (seconds);
+`make test-gpu` also runs squeezenet, shufflenet and gpt2_small_random (about a minute each here)."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
+from onnx import helper
 
 import svodrt
 from svodc.codegen.gpu_compile import compile_gpu_programs
 from svodc.codegen.gpu_wmma import SYMBOL, WmmaGemm, compile_wmma_gemm
 from svodc.errors import CodegenError
 from svodc.gpu_target import GpuTarget, parse_targets
+from svodc.ir.ops import Ops
 from svodc.options import CompileOptions
 from tests.gpu.harness import assert_close, gpu_bundle, lower
 from tests.gpu.rdna3.decode import UnknownInstruction, decode
@@ -28,7 +32,7 @@ from tests.gpu.rdna3.on_stub import RDNA3Launcher, run_in_emulator
 from tests.gpu.rdna3.runner import CodeObject, Emulator
 from tests.gpu.rdna3.wave import Memory, MemoryFault
 from tests.light_models import dummy_inputs, random_weight_variant
-from tests.onnx_util import reference
+from tests.onnx_util import make_model, reference
 
 GPT2 = Path(__file__).resolve().parents[2] / "shared" / "models" / "gpt2_small_random"
 GPT2_SEQ = 8  # tokens: emulating the gfx1100 code of 8 takes about a minute here
@@ -82,6 +86,55 @@ def test_a_bounded_batch_runs_in_the_emulator_at_two_sizes(emulated_hip):
         got = run_in_emulator(emulated_hip, bundle, image.code, feeds)
         assert_close(got, reference(model, feeds))
         assert got["z"].shape == (n, 10)
+
+
+def _fire_module(c: int, o1: int, o3: int, size: int):
+    """Squeezenet's fire module without its squeeze: a 1x1 (o1 channels) and a 3x3 (o3) convolution of x,
+    concatenated (the 3x3 one Winograd's under the test's policy, so the concatenation copies its tile layout)."""
+    r = np.random.default_rng(3)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]), helper.make_node("Conv", ["x", "w3"], ["b"], pads=[1] * 4),
+             helper.make_node("Concat", ["a", "b"], ["y"], axis=1)]
+    weights = {"w1": r.standard_normal((o1, c, 1, 1)).astype(np.float32),
+               "w3": (r.standard_normal((o3, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)}
+    model = make_model(nodes, {"x": (np.float32, [1, c, size, size])}, ["y"], weights)
+    return model, {"x": r.standard_normal((1, c, size, size)).astype(np.float32)}
+
+
+def _accesses_in_bounds(program) -> int:
+    """Every unmasked load and every store of every kernel, by its index's interval bounds, inside its buffer
+    (the loop ASTs are what the CPU and GPU code both index by); how many there are."""
+    count = 0
+    for k in program.kernels:
+        for n in k.ast.toposort():
+            if n.op not in (Ops.LOAD, Ops.STORE) or n.src[0].op is not Ops.PARAM or (n.op is Ops.LOAD and len(n.src) > 2):
+                continue
+            buf = k.params[n.src[0].arg.index]
+            assert n.src[1].vmin >= 0 and n.src[1].vmax < math.prod(buf.shape), (k.name, n.op, buf)
+            count += 1
+    return count
+
+
+def test_a_winograd_convolution_feeding_a_concat_runs_in_the_emulator(emulated_hip):
+    """The graph that found the emulator's in-place borrow bug (tests/test_rdna3_instructions.py): the concat
+    kernel's gfx1100 code updates its 64-bit index in place, and read 2^34 bytes below its buffer in the
+    emulator. Lowered with the step, which GPU bundles leave out (svodc.api.bundle_policy), so its kernels
+    are checked as GPU code all the same. Against onnxruntime on gfx1100 and on the CPU, whose loops index
+    the same buffers."""
+    import svodc
+    from svodc.api import bundle_policy
+    from tests.test_winograd import EVERYWHERE
+
+    model, feeds = _fire_module(8, 8, 8, 13)
+    options = CompileOptions(policies={"*": EVERYWHERE})
+    program = lower(model, options, dataclasses.replace(bundle_policy(parse_targets("gfx1100"), options), winograd=True))
+    gemms = [s.arg for k in program.kernels for s in k.ast.src if s.op is Ops.GEMM]
+    assert any(g.batch == (16,) for g in gemms), "the batched GEMM of Winograd's 16 transformed positions"
+    assert _accesses_in_bounds(program) > 0
+    image = _gfx1100(program, options)
+    want = reference(model, feeds)
+    assert_close(run_in_emulator(emulated_hip, gpu_bundle(program, [image]), image.code, feeds), want)
+    with svodrt.load(svodc.compile(model, options=options)) as m:
+        assert_close(m.run(feeds), want)
 
 
 @pytest.mark.parametrize(("precision", "instruction", "tolerance"), [("f16", "v_wmma_f32_16x16x16_f16", 2e-3),

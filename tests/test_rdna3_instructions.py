@@ -143,3 +143,58 @@ def test_v_add_lshl_u32_and_v_mad_u16():
     for lane in range(LANES):
         low = (int(a[lane]) & 0xFFFF) * (int(b[lane]) & 0xFFFF) + (int(s[lane]) & 0xFFFF)
         assert int(w.v[3][lane]) == (int(old[lane]) & 0xFFFF0000) | (low & 0xFFFF)
+
+
+@pytest.mark.parametrize("op, name", [(0x300, "v_add_co_u32"), (0x301, "v_sub_co_u32"), (0x120, "v_add_co_ci_u32"),
+                                      (0x121, "v_sub_co_ci_u32"), (0x122, "v_subrev_co_ci_u32")])
+@pytest.mark.parametrize("in_place", [0, 1])  # vdst is src0 / src1
+def test_carry_and_borrow_out_come_from_the_operands_when_vdst_is_a_source(op, name, in_place):
+    """LLVM writes a 64-bit index update in place (v_sub_co_u32 v0, vcc_lo, v0, v6): the carry or borrow out
+    is that of the operands read, not of the result just written over one of them. Lanes with equal
+    operands and with a subtrahend between half and all of the minuend are where the two differ."""
+    a, b = (rng.integers(0, 1 << 32, LANES, dtype=np.uint64).astype(np.uint32) for _ in range(2))
+    b[:4] = a[:4]
+    b[4:8] = a[4:8] // 2 + 1
+    carry_in = int(rng.integers(0, 1 << 32)) if "_ci_" in name else 0
+    w = run(vop3(op, 1 + in_place, VGPR + 1, VGPR + 2, 20, sdst=10), {20: carry_in}, {1: a.copy(), 2: b.copy()})
+    out = 0
+    for lane in range(LANES):
+        x, y, c = int(a[lane]), int(b[lane]), (carry_in >> lane) & 1
+        exact = {"v_add_co_u32": x + y, "v_sub_co_u32": x - y, "v_add_co_ci_u32": x + y + c,
+                 "v_sub_co_ci_u32": x - y - c, "v_subrev_co_ci_u32": y - x - c}[name]
+        assert int(w.v[1 + in_place][lane]) == exact & MASK32
+        out |= int(not 0 <= exact <= MASK32) << lane
+    assert int(w.s[10][0]) == out
+
+
+def test_vopd_reads_both_operations_sources_before_either_writes():
+    """v_mov_b32 v2, v3 :: v_mov_b32 v3, v2 swaps the two registers."""
+    x, y = (rng.integers(0, 1 << 32, LANES, dtype=np.uint64).astype(np.uint32) for _ in range(2))
+    mov = 0x8  # VOPD v_mov_b32 as opx and opy; vdsty = 3 (odd, the other bank from vdstx = 2): field 1
+    words = [(0x32 << 26) | (mov << 22) | (mov << 17) | (VGPR + 3), (2 << 24) | (1 << 17) | (VGPR + 2)]
+    w = run(words, {}, {2: x.copy(), 3: y.copy()})
+    np.testing.assert_array_equal(w.v[2], y)
+    np.testing.assert_array_equal(w.v[3], x)
+
+
+def vop3p(op: int, vdst: int, s0: int, s1: int, opsel: int, opsel_hi: int) -> list[int]:
+    return [(0x33 << 26) | (op << 16) | ((opsel_hi >> 2) << 14) | (opsel << 11) | vdst,
+            ((opsel_hi & 3) << 27) | (s1 << 9) | s0]
+
+
+@pytest.mark.parametrize("opsel", [0, 1, 2, 3])
+@pytest.mark.parametrize("opsel_hi", [0, 1, 2, 3])
+def test_v_pk_mul_lo_u16_multiplies_the_halves_op_sel_and_op_sel_hi_pick(opsel, opsel_hi):
+    """Low half of D: the product of the halves op_sel picks (bit 0: src0's high, bit 1: src1's), high half:
+    those op_sel_hi picks; each product kept to 16 bits. src0 a VGPR, then the 32-bit literal after it."""
+    a, b = (rng.integers(0, 1 << 32, LANES, dtype=np.uint64).astype(np.uint32) for _ in range(2))
+    literal = 0x2003C  # what LLVM packs for x * 60 and y * 2
+    for words, x in ((vop3p(0x1, 3, VGPR + 1, VGPR + 2, opsel, opsel_hi), a),
+                     (vop3p(0x1, 3, 255, VGPR + 2, opsel, opsel_hi) + [literal], np.full(LANES, literal, np.uint32))):
+        w = run(words, {}, {1: a, 2: b})
+        for lane in range(LANES):
+            def half(v: int, high: int) -> int:
+                return (v >> (16 * high)) & 0xFFFF
+            lo = half(int(x[lane]), opsel & 1) * half(int(b[lane]), opsel >> 1) & 0xFFFF
+            hi = half(int(x[lane]), opsel_hi & 1) * half(int(b[lane]), opsel_hi >> 1) & 0xFFFF
+            assert int(w.v[3][lane]) == lo | (hi << 16)

@@ -102,8 +102,8 @@ def test_squeezenet_matches_onnxruntime():
 
 
 def test_a_bundle_with_a_gpu_variant_keeps_direct_convolutions():
-    """Winograd's kernels are not right on GPUs yet (squeezenet's gfx1100 code read outside a buffer in the
-    RDNA3 emulator): a bundle with a GPU variant compiles without the step; CPU-only bundles keep it."""
+    """On a GPU each split piece of Winograd's transforms is a launch, for little or no work saved
+    (docs/architecture.md): a bundle with a GPU variant compiles without the step; CPU-only bundles keep it."""
     from svodc.api import bundle_policy
     from svodc.gpu_target import parse_targets
     from svodc.options import CompileOptions

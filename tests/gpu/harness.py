@@ -122,9 +122,9 @@ class Emulation:
         return launch
 
 
-def lower(model, options=None):
+def lower(model, options=None, policy=None):
     """The Program svodc.compile makes of an ONNX model for a bundle with GPU variants (its policy:
-    svodc.api.bundle_policy; every GPU target gets the same one)."""
+    svodc.api.bundle_policy; every GPU target gets the same one), or under `policy` instead."""
     from svodc.api import bundle_policy
     from svodc.frontend.importer import import_model, load_model
     from svodc.gpu_target import parse_targets
@@ -132,7 +132,7 @@ def lower(model, options=None):
     from svodc.passes.pipeline import build_program
 
     options = options or CompileOptions()
-    policy = bundle_policy(parse_targets("gfx1100"), options)
+    policy = policy or bundle_policy(parse_targets("gfx1100"), options)
     return build_program(import_model(load_model(model), options), options, policy)
 
 

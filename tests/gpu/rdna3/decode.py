@@ -48,7 +48,7 @@ VOP3_ONLY = {0x20b: "v_mad_u32_u24", 0x210: "v_bfe_u32", 0x213: "v_fma_f32", 0x2
              0x362: "v_and_b16", 0x363: "v_or_b16"}
 VALU = VOPC | {VOP2_BASE + k: v for k, v in VOP2.items()} | {VOP1_BASE + k: v for k, v in VOP1.items()} | VOP3_ONLY
 VOP3SD = {"v_add_co_u32", "v_add_co_ci_u32", "v_sub_co_u32", "v_sub_co_ci_u32", "v_subrev_co_ci_u32", "v_mad_u64_u32", "v_div_scale_f32"}  # sdst in bits 14:8
-VOP3P = {0x40: "v_wmma_f32_16x16x16_f16", 0x41: "v_wmma_f32_16x16x16_bf16"}
+VOP3P = {0x1: "v_pk_mul_lo_u16", 0x40: "v_wmma_f32_16x16x16_f16", 0x41: "v_wmma_f32_16x16x16_bf16"}
 VOPD = {0x0: "v_fmac_f32", 0x1: "v_fmaak_f32", 0x2: "v_fmamk_f32", 0x3: "v_mul_f32", 0x4: "v_add_f32",
         0x5: "v_sub_f32", 0x8: "v_mov_b32", 0x9: "v_cndmask_b32", 0xa: "v_max_f32", 0x10: "v_add_nc_u32", 0x11: "v_lshlrev_b32",
         0x12: "v_and_b32"}

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tests.gpu.rdna3 import salu, valu, vmem, wmma
+from tests.gpu.rdna3 import salu, valu, vmem
 from tests.gpu.rdna3.decode import Instr, UnknownInstruction, decode
 from tests.gpu.rdna3.wave import EXEC, LANES, EmulationError, Memory, MemoryFault, Waves
 
@@ -39,7 +39,7 @@ LDS_FILL = 0xA5  # fresh LDS is not zero: code must not rely on it
 
 HANDLERS = dict(salu.HANDLERS, VOP1=valu.execute_valu, VOP2=valu.execute_valu, VOPC=valu.execute_valu,
                 VOP3=valu.execute_valu, VOPD=valu.execute_vopd, FLAT=vmem.execute_global, DS=vmem.execute_ds,
-                MUBUF=vmem.execute_mubuf, VOP3P=wmma.execute_wmma)
+                MUBUF=vmem.execute_mubuf, VOP3P=valu.execute_vop3p)
 
 
 @dataclass(frozen=True)

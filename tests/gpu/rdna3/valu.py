@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from tests.gpu.rdna3 import wmma
 from tests.gpu.rdna3.decode import VOP3SD, Instr
-from tests.gpu.rdna3.wave import EXEC, LANES, MASK32, VCC, EmulationError, Waves
+from tests.gpu.rdna3.wave import EXEC, LANES, LITERAL, MASK32, VCC, EmulationError, Waves
 
 U32, U64, F32, F64 = np.uint32, np.uint64, np.float32, np.float64
 M16 = U32(0xFFFF)
@@ -206,8 +207,9 @@ def _carry_ops(w: Waves, ins: Instr) -> None:
         if name == "v_subrev_co_ci_u32":  # S1 - S0 - borrow
             a, b = b, a
         sub = b.astype(U64) + (_mask_operand(w, ins).astype(U64) if name != "v_sub_co_u32" else U64(0))
+        borrow = sub > a  # before the write: a is a view of its VGPR, which may be vdst (v0 = v0 - v6)
         w.vwrite(fl["vdst"], ((a.astype(U64) - sub) & U64(MASK32)).astype(U32))
-        _write_mask(w, ins, sub > a, "sdst")
+        _write_mask(w, ins, borrow, "sdst")
         return
     elif name == "v_mad_u64_u32":
         a, b, c = _sources(w, ins, (32, 32, 64))
@@ -275,7 +277,7 @@ def execute_vopd(w: Waves, ins: Instr) -> None:
         a = w.vread(src0, ins.literal)
         b = w.v[vsrc1]
         if name == "v_mov_b32":
-            r = a
+            r = a.copy()  # a view of its VGPR, which the other operation may write first
         elif name == "v_cndmask_b32":
             r = np.where(w.lane_mask(w.s[VCC]), b, a)
         elif name == "v_fmac_f32":
@@ -289,3 +291,20 @@ def execute_vopd(w: Waves, ins: Instr) -> None:
         results.append((vdst, r))
     for vdst, r in results:
         w.vwrite(vdst, r)
+
+
+def execute_vop3p(w: Waves, ins: Instr) -> None:
+    """WMMA (wmma.py), or v_pk_mul_lo_u16: two 16-bit products, the low one of the halves op_sel picks, the high
+    one of those op_sel_hi picks (a 32-bit literal is two halves like a VGPR; LLVM packs x*60 and y*2 into one)."""
+    if ins.name.startswith("v_wmma"):
+        wmma.execute_wmma(w, ins)
+        return
+    fl = ins.f
+    if fl["neg"] or fl["neg_hi"] or fl["clamp"]:
+        raise EmulationError(f"RDNA3 emulator: modifiers on {ins.where()} are not implemented")
+    codes = (fl["src0"], fl["src1"])
+    if any(c < 256 and c != LITERAL for c in codes):
+        raise EmulationError(f"RDNA3 emulator: {ins.where()} with a scalar or inline-constant operand")
+    x, y = (w.vread(c, ins.literal) for c in codes)
+    lo, hi = ((_half(x, (sel >> 0) & 1) * _half(y, (sel >> 1) & 1)) & M16 for sel in (fl["opsel"], fl["opsel_hi"]))
+    w.vwrite(fl["vdst"], lo | (hi << U32(16)))

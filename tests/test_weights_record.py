@@ -1,0 +1,126 @@
+"""Issue 13: a file's weights are checksummed at its first load and then trusted through a record of that very
+file version (svodrt/bundle.py WeightsRecord; docs/architecture.md "What is checksummed when"). A damaged weight
+is still an error at load, never a wrong answer: damage written to the file changes its identity, so the record no
+longer matches and the weights are checked again."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import svodrt
+import svodrt.bundle
+import svodrt.format
+from svodrt.bundle import Program, Source, WeightsRecord, parse_bundle
+from svodrt_tools.verify import verify
+
+
+@pytest.fixture
+def bundle_file(small_bundle, tmp_path, monkeypatch):
+    """A private copy of the small bundle, a cache of its own, and records written however new the file is."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(svodrt.bundle, "RECORD_AGE_NS", 0)
+    path, feeds = small_bundle
+    copy = tmp_path / "m.svod"
+    copy.write_bytes(path.read_bytes())
+    return copy, feeds
+
+
+def _checks(path, **kw) -> tuple[bool, bool]:
+    """(hashed at this load, weights_verified)."""
+    program = Program(path, **kw)
+    try:
+        return program.check_weights, program.weights_verified
+    finally:
+        program.close()
+
+
+def _damage_weight(path) -> None:
+    """Flip a weights byte in place (same inode and size), as a bad write would; the explicit mtime makes the
+    change visible in the identity even where timestamps are coarser than the test."""
+    w = parse_bundle(path.read_bytes()).weights
+    with open(path, "r+b") as f:
+        f.seek(w.offset + 8)
+        byte = f.read(1)[0]
+        f.seek(w.offset + 8)
+        f.write(bytes([byte ^ 0x40]))
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+
+
+def test_the_first_load_checks_the_weights_and_later_loads_trust_its_record(bundle_file):
+    path, feeds = bundle_file
+    with svodrt.load(path) as m:
+        assert m.weights_verified
+        want = m.run(feeds)["y"]
+    assert _checks(path) == (False, True)  # the record: verified, no sha256 this time
+    with svodrt.load(path) as m:
+        assert m.weights_verified and np.array_equal(m.run(feeds)["y"], want)
+
+
+def test_a_weight_damaged_after_the_record_is_still_an_error_at_load(bundle_file):
+    path, _ = bundle_file
+    svodrt.load(path).close()
+    assert _checks(path) == (False, True)
+    _damage_weight(path)
+    with pytest.raises(svodrt.BundleFormatError, match="'weights' .* fails its sha256"):
+        svodrt.load(path)
+
+
+def test_a_file_changed_in_the_last_second_gets_no_record(bundle_file, monkeypatch):
+    path, _ = bundle_file
+    monkeypatch.setattr(svodrt.bundle, "RECORD_AGE_NS", 10**18)  # every file is "new"
+    svodrt.load(path).close()
+    assert _checks(path) == (True, True)  # checked again: a change within its timestamps' granule would not show
+
+
+def test_a_record_of_another_version_of_the_file_is_ignored(bundle_file):
+    path, _ = bundle_file
+    svodrt.load(path).close()
+    record = WeightsRecord.of(os.stat(path), parse_bundle(path.read_bytes()))
+    assert record.exists()
+    size = os.stat(path).st_size
+    with open(record.path, "wb") as f:  # the same device and inode, another size
+        f.write(record.content.replace(f" {size} ".encode(), f" {size + 1} ".encode(), 1))
+    assert _checks(path) == (True, True)
+
+
+def test_a_file_rewritten_while_its_recorded_weights_are_read_is_an_error(bundle_file, monkeypatch):
+    path, _ = bundle_file
+    svodrt.load(path).close()
+    readinto = Source.readinto
+
+    def rewriting_readinto(self, offset, buf):
+        if offset == parse_bundle(path.read_bytes()).weights.offset:
+            os.utime(path, ns=(1, 1))  # a writer changes the file after the record was consulted
+        readinto(self, offset, buf)
+
+    monkeypatch.setattr(Source, "readinto", rewriting_readinto)
+    with pytest.raises(svodrt.BundleFormatError, match="rewritten while it was read"):
+        svodrt.load(path)
+
+
+def test_asking_always_checks_and_refusing_never_does(bundle_file):
+    path, _ = bundle_file
+    svodrt.load(path).close()
+    assert _checks(path, verify_weights=True) == (True, True)
+    assert _checks(path, verify_weights=False) == (False, False)
+
+
+def test_verify_records_weights_over_the_load_limit(bundle_file, monkeypatch):
+    path, _ = bundle_file
+    monkeypatch.setattr(svodrt.format, "WEIGHTS_CHECK_LIMIT", 0)  # as if the weights were large
+    assert _checks(path) == (False, False)
+    assert verify(path).ok
+    assert _checks(path) == (False, True)
+
+
+def test_an_unwritable_cache_costs_only_the_record(bundle_file, monkeypatch, tmp_path):
+    path, feeds = bundle_file
+    (tmp_path / "a_file").write_bytes(b"")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a_file"))  # no directory can be made under it
+    with svodrt.load(path) as m:
+        assert m.weights_verified and m.run(feeds)["y"].shape
+    assert _checks(path) == (True, True)
