@@ -50,7 +50,7 @@ def gemm_blocking(target: Target) -> GemmBlocking:
     vectors and a broadcast): 12 on AVX2 and rv64gc (16 registers). Lane tiles go innermost where a
     vector panel is within a quarter of L1d and the whole vector side within half of L2: each row tile's
     sweep then re-reads it from L2 (past that, from L3 once per row tile: 256x64x3136 on one Zen 3 core
-    ran at 32 GFLOP/s that way, 58 with row tiles innermost).
+    ran at about 30 GFLOP/s that way, 58 with row tiles innermost).
     A k block's vector panel is half of L1d: it stays in L1 while the row tiles reuse it, next to the
     scalar side's rows streaming through. A packed block of a run-time scalar side (rows x k block) is
     half of L2 (`Target.l2_bytes`; at least four times L1d): it stays in L2, next to the vector panels and
