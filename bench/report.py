@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from bench.flops import roofline
+
 
 def row_summary(row: dict, threads: list[int]) -> str:
     if "error" in row:
@@ -13,8 +15,9 @@ def row_summary(row: dict, threads: list[int]) -> str:
     for t in threads:
         r = row[f"t{t}"]
         ov = f", openvino x{r['ov_ratio']:.2f}" if "ov_ratio" in r else ""
+        gflops = f", {row['gflop'] / r['svod_ms'] * 1e3:.1f} GFLOP/s" if row.get("gflop") else ""
         parts.append(f"{t} thr {r['svod_ms']:.1f} vs {r['ort_ms']:.1f} ms "
-                     f"(x{r['ratio']:.2f} +-{100 * r['noise']:.0f}%{ov})")
+                     f"(x{r['ratio']:.2f} +-{100 * r['noise']:.0f}%{ov}{gflops})")
     parts.append(f"cold {row['cold_svod_s']:.2f}s vs {row['cold_ort_s']:.2f}s, rss {row['rss_svod_mb']:.0f} vs "
                  f"{row['rss_ort_mb']:.0f} MB, err {row['max_rel_err']:.1e}{'' if row['correct'] else ' WRONG'}")
     return "  " + "; ".join(parts)
@@ -83,9 +86,39 @@ def write(out: Path, machine: dict, rows: list[dict], gemm_rows: list[dict], thr
             cells = " | ".join(f"{g[f't{t}']['svod_gflops']:.1f} | {g[f't{t}']['numpy_gflops']:.1f} | "
                                f"{g[f't{t}']['ratio']:.2f}" for t in threads)
             lines.append(f"| {g['shape']} | {cells} |")
+    lines += roofline_lines(ok, gemm_rows, threads)
     lines += [*extra, "", "![ratios](benchmarks.png)", ""]
     (out / "benchmarks.md").write_text("\n".join(lines))
     _chart(out / "benchmarks.png", ok, threads)
+
+
+def roofline_lines(rows: list[dict], gemm_rows: list[dict], threads: list[int]) -> list[str]:
+    """The models' achieved GFLOP/s (bench/flops.py) next to the best sgemm GFLOP/s of the GEMM table."""
+    counted = [r for r in rows if r.get("gflop")]
+    if not counted:
+        return []
+    lines = ["", "## Achieved GFLOP/s against the GEMM roofline", "",
+             "Conv, Gemm and MatMul FLOPs counted from the ONNX graph (nominal: a direct convolution's, "
+             "bench/flops.py) over the median latency; the roofline is the best sgemm GFLOP/s of the GEMM table at "
+             "the same thread count, svod's and numpy/OpenBLAS's.", "",
+             "| model | GFLOP | " + " | ".join(f"svod {t} thr GFLOP/s | of best svod / numpy sgemm | "
+                                               f"ort {t} thr GFLOP/s" for t in threads) + " |",
+             "|---|---:|" + "---:|---:|---:|" * len(threads)]
+    for r in counted:
+        cells = []
+        for t in threads:
+            ours, ort = r["gflop"] / r[f"t{t}"]["svod_ms"] * 1e3, r["gflop"] / r[f"t{t}"]["ort_ms"] * 1e3
+            roof = roofline(gemm_rows, t)
+            of = f"{100 * ours / roof[0]:.0f} % / {100 * ours / roof[1]:.0f} %" if roof else "-"
+            cells.append(f"{ours:.1f} | {of} | {ort:.1f}")
+        lines.append(f"| {r['model']} | {r['gflop']:.2f} | {' | '.join(cells)} |")
+    lines.append("")
+    for t in threads:
+        roof = roofline(gemm_rows, t)
+        if roof:
+            lines.append(f"Roofline, {t} thread{'s' if t > 1 else ''}: best sgemm {roof[0]:.1f} GFLOP/s svod, "
+                         f"{roof[1]:.1f} numpy/OpenBLAS.")
+    return lines
 
 
 def _chart(path: Path, rows: list[dict], threads: list[int]) -> None:

@@ -93,7 +93,11 @@ def cpu_plan(arg: GemmArg, target: Target, blocking: GemmBlocking) -> CpuGemmPla
     else:
         rows, nvec = _register_tile(arg, rows_total, lanes_total, vw, blocking)
         lanes = nvec * vw
-    lanes_first = arg.k * lanes * 4 <= blocking.lanes_first_max_panel
+    # Lane tiles innermost re-read the whole vector side once per row tile: only where it stays in L2 (else
+    # row tiles go innermost, each panel read from memory once; copied contiguous where read in place). With
+    # bounded dims the vector side is never copied, and the panel's size alone decides.
+    lanes_first = arg.k * lanes * 4 <= blocking.lanes_first_max_panel and (
+        arg.runtime or arg.k * lanes_total * 4 <= blocking.lanes_first_max_operand)
     # k blocks: a vector panel (k x lanes) past twice the blocking's block bytes is cut into equal blocks
     # (a multiple of the unroll each) and the part's tiles run once per block, so the block of each
     # panel stays in L1 while the row tiles reuse it. Only for a constant k.

@@ -32,10 +32,13 @@ class GemmBlocking:
     max_rows: int  # tile rows (scalar-side streams read per k)
     k_unroll: int  # k steps per iteration of the micro-kernel's loop (fewer loop instructions per FMA)
     lanes_first_max_panel: int  # bytes of a k x lanes vector panel up to which lane tiles go innermost
+    lanes_first_max_operand: int  # ... and of the whole vector side (k x all lanes; not with bounded dims)
     k_block_bytes: int  # a vector panel over this is cut into k blocks of about this (codegen/llvm_gemm.py)
     scalar_block_bytes: int  # a run-time scalar side is packed in row blocks of about this (gemm_plan.py)
     scalar_pack_min_lane_tiles: int  # ... where at least this many lane tiles reuse a block
     epilogue_in_registers: bool  # the epilogue on the accumulators where it can (codegen/llvm_gemm_epilogue.py)
+    prefetch_next_panel: bool = True  # a copied vector panel's copy prefetches the next one (llvm_gemm_copy.py)
+    prefetch_c: bool = True  # a micro-kernel prefetches its C tile before its k loop (not with lane tiles innermost)
 
 
 def gemm_blocking(target: Target) -> GemmBlocking:
@@ -44,16 +47,22 @@ def gemm_blocking(target: Target) -> GemmBlocking:
     Accumulators: at most 16 (8x2 vectors: enough independent FMA chains to cover two FMA pipes of
     4-5 cycles latency; AVX-512 Zen 4, which runs a 512-bit FMA as two 256-bit halves, needs only
     half as many, Zen 5 and Intel the 16), and at most the registers less four (for the loaded
-    vectors and a broadcast): 12 on AVX2 and rv64gc (16 registers). The lanes-first panel limit is a
-    quarter of L1d: the vector panel then stays in L1 while the lane tiles of a row block sweep it.
+    vectors and a broadcast): 12 on AVX2 and rv64gc (16 registers). Lane tiles go innermost where a
+    vector panel is within a quarter of L1d and the whole vector side within half of L2: each row tile's
+    sweep then re-reads it from L2 (past that, from L3 once per row tile: 256x64x3136 on one Zen 3 core
+    ran at about 30 GFLOP/s that way, 58 with row tiles innermost).
     A k block's vector panel is half of L1d: it stays in L1 while the row tiles reuse it, next to the
     scalar side's rows streaming through. A packed block of a run-time scalar side (rows x k block) is
-    four times L1d: it stays in L2 (at least eight times L1d on the cores we know) while the lane tiles
-    sweep it; a pack costs about one lane tile's FMAs, so it is done where 16 lane tiles (~6 %) reuse it."""
+    half of L2 (`Target.l2_bytes`; at least four times L1d): it stays in L2, next to the vector panels and
+    C tiles passing through, while the lane tiles sweep it (1024^3 on one Zen 3 core, 512 KiB L2: 128 ->
+    256 KiB blocks, 9 -> 5 of them, ~5 % faster); a pack costs about one lane tile's FMAs, so it is done
+    where 16 lane tiles (~6 %) reuse it. The software prefetches (prefetch_c, prefetch_next_panel) are on
+    for every target: llvm.prefetch is a hint, dropped where a target has no prefetch instruction."""
     regs = target.vector_regs
     return GemmBlocking(accumulators=min(16, regs - 4), vector_regs=regs, max_rows=8, k_unroll=4,
-                        lanes_first_max_panel=target.l1d_bytes // 4, k_block_bytes=target.l1d_bytes // 2,
-                        scalar_block_bytes=target.l1d_bytes * 4,
+                        lanes_first_max_panel=target.l1d_bytes // 4, lanes_first_max_operand=target.l2_bytes // 2,
+                        k_block_bytes=target.l1d_bytes // 2,
+                        scalar_block_bytes=max(target.l1d_bytes * 4, target.l2_bytes // 2),
                         scalar_pack_min_lane_tiles=16, epilogue_in_registers=True)
 
 
@@ -75,9 +84,10 @@ class OptimizationPolicy:
     parallel_min: int = 32  # leading output axes collapse into one parallel loop of at least this many
     unroll_reduce_max: int = 32  # reductions over at most this many elements are written out (passes/lower.py)
     # Winograd convolutions need at least these input channels (the GEMMs' K: with fewer, the C stores and the
-    # transforms outweigh the 2.25x fewer multiplies), output channels, 2x2 output tiles (the GEMMs' N) and
-    # multiply-adds of the batched GEMM (under it the five kernels' fixed costs win):
-    winograd_min_in_channels: int = 64
+    # transforms outweigh the 2.25x fewer multiplies; 32-48 channels measured 10-25 % faster than the im2col
+    # GEMM on Zen 3, 16 no faster), output channels, 2x2 output tiles (the GEMMs' N) and multiply-adds of the
+    # batched GEMM (under it the five kernels' fixed costs win):
+    winograd_min_in_channels: int = 32
     winograd_min_out_channels: int = 24
     winograd_min_tiles: int = 16
     winograd_min_macs: int = 2_000_000

@@ -105,6 +105,12 @@ class Target:
         common size (for blocking only: a wrong guess costs speed, never correctness)."""
         return L1D_BYTES.get(self.tune_cpu, L1D_BYTES[self.arch])
 
+    @property
+    def l2_bytes(self) -> int:
+        """L2 cache per core: the tuned CPU's where L2_BYTES knows it, else the architecture's common size
+        (for blocking only, like l1d_bytes)."""
+        return L2_BYTES.get(self.tune_cpu, L2_BYTES[self.arch])
+
     def describe(self) -> str:
         return f"{self.arch}:{self.cpu}"
 
@@ -113,6 +119,13 @@ class Target:
 # (x86-64 and POWER cores: 32 KiB; Arm Neoverse: 64 KiB; z/Arch: 128 KiB).
 L1D_BYTES = {"x86_64": 32 << 10, "aarch64": 64 << 10, "riscv64": 32 << 10, "ppc64le": 32 << 10, "s390x": 128 << 10,
              "icelake-server": 48 << 10, "sapphirerapids": 48 << 10, "cortex-a55": 32 << 10, "apple-m1": 128 << 10}
+
+# L2 bytes per core likewise (the architectures' sizes are the small end of their common cores).
+L2_BYTES = {"x86_64": 256 << 10, "aarch64": 512 << 10, "riscv64": 256 << 10, "ppc64le": 256 << 10, "s390x": 1 << 20,
+            "haswell": 256 << 10, "skylake": 256 << 10, "skylake-avx512": 1 << 20, "cascadelake": 1 << 20,
+            "icelake-server": 1280 << 10, "sapphirerapids": 2 << 20, "znver2": 512 << 10, "znver3": 512 << 10,
+            "znver4": 1 << 20, "cortex-a55": 128 << 10, "cortex-a76": 512 << 10, "neoverse-n1": 1 << 20,
+            "neoverse-n2": 1 << 20, "neoverse-v1": 1 << 20}
 
 
 def host_target() -> Target:

@@ -27,7 +27,7 @@ __all__ = ["Bundle", "KernelInfo", "Program", "Section", "Source", "TensorInfo",
 MANIFEST_EXPANSION, MANIFEST_FLOOR = 64, 4 << 20  # raw manifest <= 64 x stored + 4 MiB
 OBJECTS_PER_BYTE, OBJECTS_FLOOR = 1, 1 << 16  # real bundles: < 0.1 msgpack objects per file byte
 MAX_MAP = fmt.MAX_ITEMS  # keys in any manifest map (node_ops has one per ONNX node); the object budget bounds the sum
-RECORD_AGE_NS = 1_000_000_000  # a WeightsRecord is written only for a file unchanged this long
+RECORD_AGE_NS = 2_000_000_000  # a WeightsRecord is written only for a file unchanged this long when opened (FAT: 2 s)
 
 
 class Source:
@@ -36,6 +36,7 @@ class Source:
     def __init__(self, data: bytes | memoryview | None = None, fd: int | None = None, name: str = "the bundle"):
         self.fd, self.name = fd, name
         self._data = memoryview(data) if data is not None else None
+        self.opened_ns = time.time_ns()  # before the stat: a write after it gets a later timestamp
         self.stat = os.fstat(fd) if fd is not None else None  # a file's, when opened: WeightsRecord names it
         self.size = len(self._data) if self._data is not None else self.stat.st_size  # type: ignore[union-attr]
 
@@ -207,16 +208,16 @@ class WeightsRecord(NamedTuple):
 
     path: str
     content: bytes
-    changed_ns: int  # the file's last change, when it was opened
+    quiet_ns: int  # how long before it was opened the file had last changed
 
     @classmethod
-    def of(cls, st: os.stat_result | None, b: Bundle) -> WeightsRecord | None:
-        if st is None:  # bytes: no file to name
+    def of(cls, src: Source, b: Bundle) -> WeightsRecord | None:
+        if (st := src.stat) is None:  # bytes: no file to name
             return None
         cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         key = " ".join(map(str, identity(st)[2:])) + f" {b.weights.sha256.hex()} {b.header.manifest_digest.hex()}"
         return cls(os.path.join(cache, "svodrt", "verified", f"{st.st_dev:x}-{st.st_ino:x}"),
-                   f"svodrt weights v1 {key}\n".encode(), max(st.st_mtime_ns, st.st_ctime_ns))
+                   f"svodrt weights v1 {key}\n".encode(), src.opened_ns - max(st.st_mtime_ns, st.st_ctime_ns))
 
     def exists(self) -> bool:
         with contextlib.suppress(OSError), open(self.path, "rb") as f:
@@ -224,10 +225,11 @@ class WeightsRecord(NamedTuple):
         return False
 
     def write(self) -> None:
-        """Only for a file unchanged for RECORD_AGE_NS: any later change gets a later ctime (one within the same
-        timestamp granule might not). A cache: where it cannot be written, the next load checks the sha256 again."""
+        """Only for a file unchanged for RECORD_AGE_NS before it was opened: a change after the open (while it was
+        read or hashed) then gets a later timestamp than the recorded one, which a change within the same timestamp
+        granule might not. A cache: where it cannot be written, the next load checks the sha256 again."""
         with contextlib.suppress(OSError):
-            if time.time_ns() - self.changed_ns >= RECORD_AGE_NS:
+            if self.quiet_ns >= RECORD_AGE_NS:
                 os.makedirs(os.path.dirname(self.path), exist_ok=True)
                 with open(tmp := f"{self.path}.{os.getpid()}", "wb") as f:
                     f.write(self.content)
@@ -291,7 +293,7 @@ class Program:
             # Weights up to fmt.WEIGHTS_CHECK_LIMIT are checked at a file's first load (damage is an error, not a
             # wrong answer) and then trusted by its record; any by svodrt verify, when asked, or under a trust policy.
             small = self.bundle.weights.length <= fmt.WEIGHTS_CHECK_LIMIT
-            self.record = WeightsRecord.of(self.source.stat, self.bundle)
+            self.record = WeightsRecord.of(self.source, self.bundle)
             recorded = verify_weights is None and trust is None and self.record is not None and self.record.exists()
             self.check_weights = trust is not None or (small and not recorded if verify_weights is None
                                                        else bool(verify_weights))

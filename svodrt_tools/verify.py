@@ -124,10 +124,15 @@ def read_test_vectors(data: bytes, bundle: Bundle) -> list[TestVector]:
     m = bundle.manifest
     if tests := [s for s in bundle.sections if s.kind == "tests"]:
         s = tests[0]
+        if len(tests) > 1 or s.name != "test_vectors" or "test_vectors" in m:  # docs/bundle-format.md: one, named so
+            raise BundleFormatError(f"the bundle has {len(tests)} 'tests' sections ({', '.join(t.name for t in tests)})"
+                                    f"{' and test vectors in its manifest' if 'test_vectors' in m else ''}: a "
+                                    "bundle carries one, named 'test_vectors'; rebuild it with svodc")
         try:  # bounded like the manifest (svodrt/bundle.py)
             m = {"test_vectors": unpack_bounded(data[s.offset: s.offset + s.length], len(data))}
         except Exception as e:  # msgpack raises several types for malformed input
-            raise BundleFormatError(f"section {s.name!r} at offset {s.offset} is not valid msgpack: {e}") from None
+            raise BundleFormatError(f"section {s.name!r} at offset {s.offset} is not valid msgpack: "
+                                    f"{type(e).__name__} {e}") from None
         try:
             return _test_vectors(m, bundle.inputs, bundle.outputs)
         except BundleFormatError as e:  # the schema's readers name manifest fields
@@ -237,13 +242,13 @@ def verify(source: str | os.PathLike | bytes, host: Host | None = None, threads:
     host = host or detect_host()
     report = Report()
     try:
-        opened = None  # a file's identity when opened: the weights' record names it
+        opened = None  # the file as opened: the weights' record names it
         if isinstance(source, (bytes, bytearray)):
             data = bytes(source)
         else:
             src = Source.open(source)
             try:
-                data, opened = bytes(src.read(0, src.size)), src.stat
+                data, opened = bytes(src.read(0, src.size)), src
             finally:
                 src.close()
         bundle = parse_bundle(data)
@@ -257,7 +262,7 @@ def verify(source: str | os.PathLike | bytes, host: Host | None = None, threads:
         try:
             check_section(data, s)
             report.add("ok", f"section {s.name!r}: {s.length} bytes at offset {s.offset}, sha256 matches")
-            if s == bundle.weights and (record := WeightsRecord.of(opened, bundle)) is not None:
+            if s == bundle.weights and opened is not None and (record := WeightsRecord.of(opened, bundle)):
                 record.write()  # later loads of this file version trust its weights (docs/architecture.md)
         except SvodError as e:
             report.add("FAIL", str(e))

@@ -26,25 +26,26 @@ def quiet_onnxruntime_tools() -> None:
     logging.getLogger().setLevel(logging.ERROR)  # the quantizer logs advice on every call
 
 
-def mobilenet_at_image_size(folder: Path) -> Path:
-    """mobilenetv2_random with its input fixed to IMAGE, saved in folder."""
+def mobilenet_at_image_size(folder: Path, image: tuple[int, ...] = IMAGE) -> Path:
+    """mobilenetv2_random with its input fixed to `image`, saved in folder."""
     model = onnx.load(MOBILENET)
-    for d, v in zip(model.graph.input[0].type.tensor_type.shape.dim, IMAGE, strict=True):
+    for d, v in zip(model.graph.input[0].type.tensor_type.shape.dim, image, strict=True):
         d.dim_value = v
     onnx.save(model, folder / "mobilenet_float.onnx")
     return folder / "mobilenet_float.onnx"
 
 
-def qoperator_mobilenet(folder: Path) -> tuple[Path, dict[str, np.ndarray]]:
+def qoperator_mobilenet(folder: Path, image: tuple[int, ...] = IMAGE) -> tuple[Path, dict[str, np.ndarray]]:
     """mobilenetv2_random quantized statically in QOperator format (uint8 activations, int8 weights,
-    calibrated on 2 random images), at IMAGE size; and an input. reduce_range (7-bit weights), which
-    onnxruntime recommends for x86 CPUs without VNNI: without it onnxruntime's u8s8 kernels there sum
-    pairs of products in saturating int16 and return integers off by up to ~40 (docs/architecture.md)."""
+    calibrated on 2 random images), at `image` size (the float model is saved beside it); and an input.
+    reduce_range (7-bit weights), which onnxruntime recommends for x86 CPUs without VNNI: without it
+    onnxruntime's u8s8 kernels there sum pairs of products in saturating int16 and return integers off
+    by up to ~40 (docs/architecture.md)."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     quiet_onnxruntime_tools()
     rng = np.random.default_rng(0)
-    images = [{"input": rng.standard_normal(IMAGE).astype(np.float32)} for _ in range(3)]
+    images = [{"input": rng.standard_normal(image).astype(np.float32)} for _ in range(3)]
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
@@ -53,7 +54,7 @@ def qoperator_mobilenet(folder: Path) -> tuple[Path, dict[str, np.ndarray]]:
         def get_next(self):
             return next(self.it, None)
 
-    src, out = mobilenet_at_image_size(folder), folder / "mobilenet_qoperator.onnx"
+    src, out = mobilenet_at_image_size(folder, image), folder / "mobilenet_qoperator.onnx"
     quantize_static(str(src), str(out), Reader(), quant_format=QuantFormat.QOperator, activation_type=QuantType.QUInt8,
                     weight_type=QuantType.QInt8, reduce_range=True)
     return out, images[2]

@@ -162,3 +162,25 @@ def test_register_tiles_fit_the_registers_and_the_panels():
     t = parse_target("x86_64:x86-64-v3")[0]
     lanes = cpu_plan(transposed, t, gemm_blocking(t)).lanes
     assert lanes % B_PANEL == 0 or B_PANEL % lanes == 0
+
+
+def test_a_runtime_a_is_packed_in_blocks_that_fit_the_targets_l2():
+    """A run-time A's packed row blocks take half of the tuned CPU's L2 (at least four L1ds), so a core with
+    a larger L2 packs fewer, larger blocks; the rows of a block never exceed that budget."""
+    from svodc.gemm_plan import cpu_plan
+    from svodc.ir.ops import GemmArg, GemmOperand
+    from svodc.policy import gemm_blocking
+    from svodc.target import parse_target
+
+    m, k, n = 1024, 1024, 1024
+    arg = GemmArg((), m, n, k, GemmOperand((), k, 1), GemmOperand((), n, 1), GemmOperand((), n, 1))
+    zen3, generic = parse_target("x86_64:znver3,x86-64-v3")
+    assert zen3.l2_bytes > generic.l2_bytes
+    plans = []
+    for target in (zen3, generic):
+        blocking = gemm_blocking(target)
+        assert blocking.scalar_block_bytes == max(4 * target.l1d_bytes, target.l2_bytes // 2)
+        plan = cpu_plan(arg, target, blocking)
+        assert plan.block_row_tiles * plan.rows * plan.k_block * 4 <= blocking.scalar_block_bytes
+        plans.append(plan)
+    assert plans[0].row_blocks < plans[1].row_blocks

@@ -81,6 +81,31 @@ CASES = {
                                            {"xs": f(0.02), "xz": np.uint8(0), "w": np.full((4, 8, 3, 3), 127, np.int8),
                                             "ws": f(0.001), "wz": np.int8(0), "ys": f(0.5), "yz": np.uint8(0)},
                                            ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], [U]),
+    # depthwise: every partial sum an integer below 2^24, so summed in float32 (frontend/ops/quantize.py)
+    "QLinearConv_depthwise_stride2": case("QLinearConv", {"x": u8(1, 16, 9, 9)},
+                                          {"xs": f(0.02), "xz": np.uint8(3), "w": u8(16, 1, 3, 3),
+                                           "ws": f(0.004), "wz": np.uint8(128), "ys": f(0.03), "yz": np.uint8(100),
+                                           "b": R.integers(-5000, 5000, 16).astype(np.int32)},
+                                          ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], [U],
+                                          pads=[1, 1, 1, 1], strides=[2, 2], group=16),
+    # output rows of 16 and more: the bytes padded in place (decompose.BYTE_ROWS_MIN)
+    "QLinearConv_depthwise_stride2_wide": case("QLinearConv", {"x": u8(1, 8, 6, 34)},
+                                               {"xs": f(0.02), "xz": np.uint8(250), "w": w7(8, 1, 3, 3),
+                                                "ws": f(0.004), "wz": np.int8(0), "ys": f(0.01), "yz": np.uint8(3)},
+                                               ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], [U],
+                                               pads=[1, 1, 1, 1], strides=[2, 2], group=8),
+    # a bias past 2^24: the sums stay int32
+    "QLinearConv_depthwise_large_bias": case("QLinearConv", {"x": u8(1, 4, 5, 5)},
+                                             {"xs": f(1.0), "xz": np.uint8(0), "w": w7(4, 1, 3, 3), "ws": f(1.0),
+                                              "wz": np.int8(0), "ys": f(2.0 ** 18), "yz": np.uint8(128),
+                                              "b": np.array([2 ** 25, -2 ** 25, 3 << 23, 0], np.int32)},
+                                             ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], [U],
+                                             pads=[1, 1, 1, 1], group=4),
+    # more output channels than an integer GEMM's stack tile of C takes (lower_gemm_int8.C_TILE_ROWS)
+    "QLinearConv_1x1_1040_channels": case("QLinearConv", {"x": u8(2, 8, 3, 5)},
+                                          {"xs": f(0.02), "xz": np.uint8(9), "w": w7(1040, 8, 1, 1), "ws": f(0.01),
+                                           "wz": np.int8(0), "ys": f(0.01), "yz": np.uint8(128)},
+                                          ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], [U]),
 }
 # Cases onnxruntime cannot be compared on: its u8 x s8 kernels on x86 without VNNI add pairs of
 # products in saturating int16 (255 * 127 * 2 > 32767), so where this host lacks VNNI its integers
@@ -107,3 +132,16 @@ def test_integers_match_reference_and_onnxruntime(name):
             assert np.abs(g.astype(np.int64) - o.astype(np.int64)).max() <= 1
         else:
             np.testing.assert_array_equal(g, o)
+
+
+@pytest.mark.parametrize(("name", "sums"), [("QLinearConv_depthwise_stride2", "float32"),
+                                            ("QLinearConv_depthwise_large_bias", "int32"),
+                                            ("QLinearConv_full_range_weights", "int32")])
+def test_depthwise_sums_in_float32_only_where_exact(name, sums):
+    from svodc.frontend.importer import import_model
+    from svodc.ir.ops import Ops
+    from svodc.ir.uop import toposort
+
+    graph = import_model(CASES[name][0])
+    convs = [n for n in toposort([u for _, u in graph.outputs]) if n.op is Ops.CONV]
+    assert [c.dtype.name for c in convs] == [sums]

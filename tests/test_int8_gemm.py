@@ -1,6 +1,6 @@
 """The integer GEMM kernels (passes/lower_gemm_int8.py, codegen/llvm_gemm_int8.py): which products take
 them, and their integers equal onnx.reference's on every dot-product path: vpmaddwd here (AVX2, and
-SSE2 at the x86_64 floor), sdot (aarch64 dotprod) and the generic one (aarch64 without it) under
+SSE2 at the x86_64 floor), vpmaddubsw for 7-bit weights, sdot (aarch64 dotprod) and the generic one (aarch64 without it) under
 unicorn; vpdpbusd (AVX512-VNNI, AVX-VNNI) is compiled and found in the code (this host cannot run it,
 and Intel SDE is not installed here).
 
@@ -45,20 +45,25 @@ def _init(name: str, v) -> TensorProto:
     return numpy_helper.from_array(np.asarray(v), name)
 
 
-def int8_model():
+def int8_model(bound: int = 128):
     """x (uint8, 2x5x9x7) -> QLinearConv 3x3 pad 1 (13 ch) -> QLinearConv 1x1 (6 ch, per-channel zero points)
     -> y1; a (int8, 2x37x75) -> QLinearMatMul with B 75x10 -> y2; a -> MatMulInteger with B 75x21 -> y3
-    (batch 2 everywhere: the GEMMs' batch strides)."""
+    (batch 2 everywhere: the GEMMs' batch strides). Weights within +-bound; at bound 64 (the vpmaddubsw
+    path) the first filters are all +64 and -64 and the first image row 255: int16 pair sums at their
+    largest, 255 * 64 * 2."""
     f = np.float32
+    w1 = R.integers(-min(bound, 128), min(bound, 127) + 1, (13, 5, 3, 3)).astype(np.int8)
+    if bound <= 64:
+        w1[0], w1[1] = bound, -bound
     inits = [
-        _init("xs", f(0.03)), _init("xz", np.uint8(117)), _init("w1", R.integers(-128, 128, (13, 5, 3, 3), np.int8)),
+        _init("xs", f(0.03)), _init("xz", np.uint8(117)), _init("w1", w1),
         _init("w1s", np.linspace(0.001, 0.004, 13).astype(f)), _init("w1z", np.zeros(13, np.int8)),
         _init("hs", f(0.9)), _init("hz", np.uint8(90)), _init("b1", R.integers(-3000, 3000, 13).astype(np.int32)),
-        _init("w2", R.integers(-100, 100, (6, 13, 1, 1), np.int8)), _init("w2s", f(0.004)),
+        _init("w2", R.integers(-min(bound, 100), min(bound, 100), (6, 13, 1, 1), np.int8)), _init("w2s", f(0.004)),
         _init("w2z", np.array([0, 3, -5, 7, 0, -1], np.int8)), _init("ys", f(0.2)), _init("yz", np.uint8(130)),
-        _init("as", f(0.05)), _init("az", np.int8(-7)), _init("b", R.integers(-128, 128, (75, 10), np.int8)),
+        _init("as", f(0.05)), _init("az", np.int8(-7)), _init("b", R.integers(-bound, bound, (75, 10), np.int8)),
         _init("bs", f(0.02)), _init("bz", np.int8(0)), _init("y2s", f(1.5)), _init("y2z", np.int8(4)),
-        _init("c", R.integers(-100, 100, (75, 21), np.int8)), _init("cz", np.int8(2)),
+        _init("c", R.integers(-min(bound, 100), min(bound, 100), (75, 21), np.int8)), _init("cz", np.int8(2)),
     ]
     nodes = [
         helper.make_node("QLinearConv", ["x", "xs", "xz", "w1", "w1s", "w1z", "hs", "hz", "b1"], ["h"],
@@ -74,12 +79,20 @@ def int8_model():
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
     feeds = {"x": R.integers(0, 256, (2, 5, 9, 7)).astype(np.uint8),
              "a": R.integers(-128, 128, (2, 37, 75)).astype(np.int8)}
+    feeds["x"][:, :, 0] = 255
     return model, feeds
 
 
 @pytest.fixture(scope="module")
 def case():
     model, feeds = int8_model()
+    return model, feeds, ReferenceEvaluator(model).run(None, feeds)
+
+
+@pytest.fixture(scope="module")
+def case7():
+    """7-bit weights (quantize_static's reduce_range): the vpmaddubsw path on x86 without VNNI."""
+    model, feeds = int8_model(64)
     return model, feeds, ReferenceEvaluator(model).run(None, feeds)
 
 
@@ -105,6 +118,18 @@ def test_integers_equal_the_reference_here(case, spec):
     t = parse_target(spec)[0]
     if spec != "host":  # the host's path is whatever its CPU has (vpdpbusd on a VNNI machine)
         assert int8_path(t) == "pmaddwd"
+    with svodrt.load(svodc.compile(model, target=spec)) as m:
+        _equal(m.run(feeds), want, spec)
+
+
+@pytest.mark.parametrize("spec, path", [("host", None), ("x86_64", "pmaddwd"), ("x86_64:x86-64-v2", "pmaddubsw"),
+                                        ("x86_64:x86-64-v3", "pmaddubsw")])
+def test_7bit_weights_equal_the_reference_here(case7, spec, path):
+    """SSE2 alone (the x86_64 floor) has no pmaddubsw (SSSE3)."""
+    model, feeds, want = case7
+    t = parse_target(spec)[0]
+    if path is not None:
+        assert int8_path(t, 64) == path and int8_path(t, 65) == "pmaddwd"
     with svodrt.load(svodc.compile(model, target=spec)) as m:
         _equal(m.run(feeds), want, spec)
 
@@ -185,6 +210,15 @@ def test_each_path_uses_its_instruction(case, spec, instruction):
     assert re.search(instruction, code), f"no {instruction} in the {spec} code"
     if "vpdpbusd" in instruction:
         assert "vpmaddwd" not in code
+    if spec.startswith("x86_64"):
+        assert "vpmaddubsw" not in code  # full-range weights: never the saturating pair sums
+
+
+@pytest.mark.skipif(not (shutil.which("llvm-objdump") and shutil.which("llvm-objcopy")),
+                    reason="llvm-objdump / llvm-objcopy are not installed")
+def test_7bit_weights_use_vpmaddubsw(case7):
+    code = _disassembly(svodc.compile(case7[0], target="x86_64:x86-64-v3"), "x86_64:x86-64-v3")
+    assert re.search(r"vpmaddubsw\s+%ymm", code)
 
 
 def test_a_bundle_with_a_gpu_variant_keeps_generic_integer_loops(case):
@@ -193,3 +227,23 @@ def test_a_bundle_with_a_gpu_variant_keeps_generic_integer_loops(case):
     model, feeds, want = case
     with svodrt.load(svodc.compile(model, target="host,sm_80")) as m:
         _equal(m.run(feeds), want, "host,sm_80")
+
+
+def test_an_epilogue_reads_c_from_a_stack_tile_up_to_its_row_limit():
+    """C of a GEMM with an epilogue goes to a per-thread stack tile (lower_gemm_int8.C_TILE) where M fits
+    it: no M x N int32 scratch in the arena; past C_TILE_ROWS, the whole product (test_int8_exact covers
+    both paths' integers)."""
+    from svodc.passes.lower_gemm_int8 import C_TILE, C_TILE_ROWS
+
+    for m, tiled in ((13, True), (C_TILE_ROWS + 16, False)):
+        w = R.integers(-64, 64, (m, 64, 1, 1)).astype(np.int8)
+        g = helper.make_graph(
+            [helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["y"])], "c",
+            [helper.make_tensor_value_info("x", U8, [1, 64, 8, 8])], [helper.make_tensor_value_info("y", U8, None)],
+            [_init("xs", np.float32(0.02)), _init("xz", np.uint8(3)), _init("w", w), _init("ws", np.float32(0.01)),
+             _init("wz", np.int8(0)), _init("ys", np.float32(0.05)), _init("yz", np.uint8(100))])
+        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+        program = build_program(import_model(model, CompileOptions()), CompileOptions())
+        gemm, = [s.arg for k in program.kernels for s in k.ast.src if s.op is Ops.GEMM]
+        assert gemm.quant.c_tile == (C_TILE if tiled else 0)
+        assert any(b.shape[-2:] == (m, 64) for b in program.scratch) != tiled

@@ -81,6 +81,7 @@ def test_variants_with_their_own_gemm_blocking_share_a_bundle():
     v3, v4 = parse_target("x86_64:x86-64-v3,x86-64-v4")
     assert default_policy(v3).cpu_gemm != default_policy(v4).cpu_gemm  # 16 ymm registers vs 32 zmm
     small = GemmBlocking(accumulators=2, vector_regs=16, max_rows=2, k_unroll=1, lanes_first_max_panel=1024,
+                         lanes_first_max_operand=4096,
                          k_block_bytes=512, scalar_block_bytes=2048,
                          scalar_pack_min_lane_tiles=2, epilogue_in_registers=False)
     target = "x86_64:x86-64-v3,x86-64"

@@ -220,7 +220,7 @@ RUNTIME_BUDGET = 2_000  # lines in svodrt/*.py (`wc -l`): ../shared/DESIGN.md, i
 # one lock for the call count and the arena); + 24 for issue 13's load: the weights' record (+ 36), test vectors
 # read by verify alone (- 22), C-level checks of int lists (+ 10), buffers' end offsets kept (+ 1).
 # A change that adds lines raises this by what it adds (and says so).
-RUNTIME_LINES_NOW = 1_997
+RUNTIME_LINES_NOW = 1_999
 
 
 def _runtime_lines() -> int:

@@ -3,6 +3,7 @@ hashes them); svodrt verify reads them there, and from the manifest in older bun
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import svodrt
 from svodrt.bundle import parse_bundle
 from svodrt.format import FORMAT_MINOR
 from svodrt_tools.verify import verify
-from tests.bundle_tools import manifest_of, run_old_runtime, vectors_of
+from tests.bundle_tools import manifest_of, repack, run_old_runtime, vectors_of
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 FORMAT_1_8_COMMIT = "700a808"  # main just before format 1.9: a format 1.8 runtime
@@ -60,3 +61,16 @@ with svodrt.load(sys.argv[1] + "/b.svod", threads=1) as m:
 """, tmp_path)
     with svodrt.load(path, threads=1) as m, np.load(tmp_path / "out.npz") as old:
         assert np.array_equal(old["y"], m.run(feeds)["y"])
+
+
+def test_verify_refuses_vectors_in_two_places(small_bundle):
+    """One `tests` section named test_vectors, and no vectors in the manifest beside it: verify reads one copy,
+    so another copy (which it would not check) is a format error, not something silently ignored."""
+    data = small_bundle[0].read_bytes()
+    renamed = manifest_of(data)
+    next(s for s in renamed["sections"] if s["kind"] == "tests")["name"] = "other"
+    doubled = manifest_of(data)
+    doubled["test_vectors"] = vectors_of(data)
+    for bad, what in ((renamed, r"1 'tests' sections \(other\)"), (doubled, "and test vectors in its manifest")):
+        failures = verify(repack(data, bad)).failures
+        assert failures and re.search(what, failures[-1]), failures

@@ -6,6 +6,7 @@ longer matches and the weights are checked again."""
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -69,18 +70,39 @@ def test_a_weight_damaged_after_the_record_is_still_an_error_at_load(bundle_file
         svodrt.load(path)
 
 
-def test_a_file_changed_in_the_last_second_gets_no_record(bundle_file, monkeypatch):
+def test_a_recently_changed_file_gets_no_record(bundle_file, monkeypatch):
     path, _ = bundle_file
     monkeypatch.setattr(svodrt.bundle, "RECORD_AGE_NS", 10**18)  # every file is "new"
     svodrt.load(path).close()
     assert _checks(path) == (True, True)  # checked again: a change within its timestamps' granule would not show
 
 
+def test_a_file_new_when_opened_gets_no_record_however_long_its_check_takes(bundle_file, monkeypatch):
+    """The file's age is taken at the open: a write during a slow read or hash (here: the clock moves 10 s while
+    the weights are read) could keep the times a later record would trust (review of the first version)."""
+    path, _ = bundle_file
+    monkeypatch.setattr(svodrt.bundle, "RECORD_AGE_NS", 2_000_000_000)
+    clock = {"skew": 0}
+    real_ns = svodrt.bundle.time.time_ns
+    monkeypatch.setattr(svodrt.bundle, "time", SimpleNamespace(time_ns=lambda: real_ns() + clock["skew"]))
+    readinto = Source.readinto
+
+    def slow_readinto(self, offset, buf):
+        clock["skew"] = 10_000_000_000
+        readinto(self, offset, buf)
+
+    monkeypatch.setattr(Source, "readinto", slow_readinto)
+    svodrt.load(path).close()
+    assert _checks(path) == (True, True)  # no record: checked again
+
+
 def test_a_record_of_another_version_of_the_file_is_ignored(bundle_file):
     path, _ = bundle_file
     svodrt.load(path).close()
-    record = WeightsRecord.of(os.stat(path), parse_bundle(path.read_bytes()))
-    assert record.exists()
+    src = Source.open(path)
+    src.close()
+    record = WeightsRecord.of(src, parse_bundle(path.read_bytes()))
+    assert record is not None and record.exists()
     size = os.stat(path).st_size
     with open(record.path, "wb") as f:  # the same device and inode, another size
         f.write(record.content.replace(f" {size} ".encode(), f" {size + 1} ".encode(), 1))

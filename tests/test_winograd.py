@@ -82,8 +82,11 @@ def test_gate():
     for kwargs in ({"stride": 2}, {"group": 2}, {"dilation": 2}):  # the direct path
         strided, _ = _conv_model(8, 8, 12, 12, 1, **kwargs)
         assert _winograd_matmuls(strided, EVERYWHERE) == 0, kwargs
-    big, _ = _conv_model(DEFAULT_POLICY.winograd_min_in_channels, DEFAULT_POLICY.winograd_min_out_channels, 24, 24, 1)
+    c, o = DEFAULT_POLICY.winograd_min_in_channels, DEFAULT_POLICY.winograd_min_out_channels
+    big, _ = _conv_model(c, o, 32, 32, 1)
     assert _winograd_matmuls(big, DEFAULT_POLICY) == 1
+    fewer_channels, _ = _conv_model(c - 1, o, 32, 32, 1)
+    assert _winograd_matmuls(fewer_channels, DEFAULT_POLICY) == 0
 
 
 def test_squeezenet_matches_onnxruntime():

@@ -58,8 +58,9 @@ class Side:
 
 
 def micro_kernel_name(rows: int, nvec: int, vw: int, unroll: int, masked: bool, packed: bool, scatter: bool,
-                      returns: bool = False) -> str:
-    modes = f"{'m' if masked else ''}{'p' if packed else ''}{'s' if scatter else ''}{'r' if returns else ''}"
+                      returns: bool = False, prefetch_c: bool = False) -> str:
+    modes = (f"{'m' if masked else ''}{'p' if packed else ''}{'s' if scatter else ''}{'r' if returns else ''}"
+             f"{'c' if prefetch_c else ''}")
     return f"svod.mk.{rows}x{nvec}v{vw}u{unroll}{modes}"
 
 
@@ -69,7 +70,7 @@ def tile_type(rows: int, nvec: int, vw: int) -> str:
 
 
 def micro_kernel(rows: int, nvec: int, vw: int, unroll: int, masked: bool, packed: bool, scatter: bool,
-                 intrinsics: set[str], returns: bool = False) -> str:
+                 intrinsics: set[str], returns: bool = False, prefetch_c: bool = False) -> str:
     """void mk(ptr s, ptr v, ptr c, i64 k, i64 s_k, i64 s_row, i64 v_k, i64 v_panel, i64 c_row,
     i64 c_lane, i64 tail, i1 accumulate): C tile (rows x nvec vectors) = S[rows, :k] x V[:k, lanes]
     (+= with accumulate), its k loop unrolled `unroll` times (plus a loop for the k % unroll steps left).
@@ -77,7 +78,10 @@ def micro_kernel(rows: int, nvec: int, vw: int, unroll: int, masked: bool, packe
     Specialized only on its shape (rows, vectors) and modes, so kernels share micro-kernels; sizes and
     strides are arguments. masked: the last vector has `tail` valid lanes (masked loads of V unless
     V is packed and zero-padded; masked stores). scatter: C lanes are c_lane apart (transposed GEMM).
-    returns: the tile is returned (tile_type) instead of stored, for the epilogue in registers."""
+    returns: the tile is returned (tile_type) instead of stored, for the epilogue in registers.
+    prefetch_c: the C tile's lines are prefetched for writing first (not with scatter). The k loop is one
+    long dependency chain that the out-of-order window cannot see past, so the C loads (accumulate) and
+    stores after it would each wait on a miss (C is past L2 on the shapes where it matters)."""
     vt = f"<{vw} x float>"
     mt = f"<{vw} x i1>"
     fma = f"llvm.fmuladd.v{vw}f32"
@@ -87,10 +91,18 @@ def micro_kernel(rows: int, nvec: int, vw: int, unroll: int, masked: bool, packe
     intrinsics.add(f"declare void @llvm.masked.scatter.v{vw}f32.v{vw}p0({vt}, <{vw} x ptr>, i32, {mt})")
     intrinsics.add(f"declare {vt} @llvm.masked.gather.v{vw}f32.v{vw}p0(<{vw} x ptr>, i32, {mt}, {vt})")
     iota = "<" + ", ".join(f"i64 {i}" for i in range(vw)) + ">"
-    name = micro_kernel_name(rows, nvec, vw, unroll, masked, packed, scatter, returns)
+    name = micro_kernel_name(rows, nvec, vw, unroll, masked, packed, scatter, returns, prefetch_c)
     ret = tile_type(rows, nvec, vw) if returns else "void"
     L = [f"define internal {ret} @{name}(ptr noalias %s, ptr noalias %v, ptr noalias %c, i64 %kn, i64 %s_k, "
          "i64 %s_row, i64 %v_k, i64 %v_panel, i64 %c_row, i64 %c_lane, i64 %tail, i1 %accumulate) #0 {", "entry:"]
+    if prefetch_c and not scatter:  # one prefetch per 16 floats (a 64-byte line) of each row and its last float
+        intrinsics.add("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
+        for i in range(rows):
+            L.append(f"  %pcr{i} = mul nsw i64 %c_row, {i}")
+            for e, off in enumerate(sorted({*range(0, nvec * vw, 16), nvec * vw - 1})):
+                L += [f"  %pco{i}.{e} = add nsw i64 %pcr{i}, {off}",
+                      f"  %pcp{i}.{e} = getelementptr float, ptr %c, i64 %pco{i}.{e}",
+                      f"  call void @llvm.prefetch.p0(ptr %pcp{i}.{e}, i32 1, i32 3, i32 1)"]
     L.append(f"  %ti = insertelement <{vw} x i64> poison, i64 %tail, i64 0")
     L.append(f"  %tv = shufflevector <{vw} x i64> %ti, <{vw} x i64> poison, <{vw} x i32> zeroinitializer")
     L.append(f"  %mask = icmp ult <{vw} x i64> {iota}, %tv")
@@ -299,13 +311,17 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
     if (epilogue is not None and blocking.epilogue_in_registers and not arg.transposed and not arg.runtime
             and plan.k_blocks == 1):
         vepi = vector_epilogue(epilogue, node.src[2], tuple(ranges), em.free)
+    # C tiles written as `rows` contiguous streams (lane tiles innermost), which hardware prefetchers
+    # follow, or scattered (transposed) are not prefetched
+    prefetch_c = blocking.prefetch_c and not plan.lanes_first
     calls = {}
     for r in row_sizes:
         if arg.n_var is not None:  # the last lane tile: nvec vectors, the last one masked to vec_tail lanes
             for nvec in range(1, lanes // vw + 1):
                 mode = (True, v_side.packed_panels, c_lane != 1)
-                name = micro_kernel_name(r, nvec, vw, unroll, *mode)
-                em.shared_functions[name] = micro_kernel(r, nvec, vw, unroll, *mode, em.uses_intrinsics)
+                name = micro_kernel_name(r, nvec, vw, unroll, *mode, False, prefetch_c)
+                em.shared_functions[name] = micro_kernel(r, nvec, vw, unroll, *mode, em.uses_intrinsics, False,
+                                                         prefetch_c)
                 calls[(r, -nvec)] = (f"@{name}", f"i64 {k_size}, i64 {s_side.k_stride}, i64 {s_side.row_stride}, "
                                                  f"i64 {v_side.k_stride}, i64 {v_side.panel_stride}, i64 {c_row}, "
                                                  f"i64 {c_lane}, i64 {vec_tail}, i1 {accumulate}")
@@ -313,9 +329,9 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
             nvec = -(-c // vw)
             tail = c - (nvec - 1) * vw
             mode = (tail != vw, v_side.packed_panels, c_lane != 1)
-            name = micro_kernel_name(r, nvec, vw, unroll, *mode, vepi is not None)
+            name = micro_kernel_name(r, nvec, vw, unroll, *mode, vepi is not None, prefetch_c)
             em.shared_functions[name] = micro_kernel(r, nvec, vw, unroll, *mode, em.uses_intrinsics,
-                                                     vepi is not None)
+                                                     vepi is not None, prefetch_c)
             calls[(r, c)] = (f"@{name}", f"i64 {k_size}, i64 {s_side.k_stride}, i64 {s_side.row_stride}, "
                                          f"i64 {v_side.k_stride}, i64 {v_side.panel_stride}, i64 {c_row}, "
                                          f"i64 {c_lane}, i64 {tail}, i1 {accumulate}")
@@ -371,8 +387,8 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
                            rin, k_size)
     last_l = line(sc, f"icmp eq i64 {lt}, {last_lane_tile}") if lanes_tail != lanes or arg.n_var else "false"
     if plan.copy_panel:  # the first tile of a lane tile in this part copies the panel, the rest read the copy
-        copy = f"svod.copy.{lanes // vw}v{vw}"
-        em.shared_functions[copy] = copy_panel(lanes // vw, vw, em.uses_intrinsics)
+        copy = f"svod.copy.{lanes // vw}v{vw}{'p' if blocking.prefetch_next_panel else ''}"
+        em.shared_functions[copy] = copy_panel(lanes // vw, vw, em.uses_intrinsics, blocking.prefetch_next_panel)
         buf = em.fresh("panel")
         em.allocas.append(f"{buf} = alloca float, i64 {(plan.k_block or arg.k) * lanes}, align 64")
         first = line(sc, f"or i1 {line(sc, f'icmp eq i64 {rin}, 0')}, {line(sc, f'icmp eq i64 {t}, {start}')}")

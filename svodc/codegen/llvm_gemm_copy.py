@@ -12,14 +12,22 @@ if TYPE_CHECKING:
     from svodc.codegen.llvm_ir import KernelEmitter, Scope
 
 
-def copy_panel(nvec: int, vw: int, intrinsics: set[str]) -> str:
+def copy_panel(nvec: int, vw: int, intrinsics: set[str], prefetch: bool = False) -> str:
     """void copy(ptr src, ptr dst, i64 k, i64 src_k, i64 valid): dst[k][nvec * vw] = the first `valid`
-    lanes of rows src + k * src_k, zero past them (so the micro-kernel's masked tail reads zeros)."""
+    lanes of rows src + k * src_k, zero past them (so the micro-kernel's masked tail reads zeros).
+
+    prefetch: each row of the next lane tile's panel (the nvec * vw floats after this one's) is
+    prefetched to L2 as this one is copied. Its rows are a page or more apart, so no hardware stream
+    prefetcher follows them, and the next copy would wait on a cache miss per row; the row tiles
+    between the two copies cover the prefetches' latency. A prefetch never faults, so the one past
+    the last lane tile reads nothing the GEMM owns and costs only a line."""
     vt, mt = f"<{vw} x float>", f"<{vw} x i1>"
     iota = "<" + ", ".join(f"i64 {i}" for i in range(vw)) + ">"
     intrinsics.add(f"declare {vt} @llvm.masked.load.v{vw}f32.p0(ptr, i32, {mt}, {vt})")
-    L = [f"define internal void @svod.copy.{nvec}v{vw}(ptr noalias %src, ptr noalias %dst, i64 %kn, i64 %src_k, "
-         "i64 %valid) #0 {", "entry:",
+    if prefetch:
+        intrinsics.add("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
+    L = [f"define internal void @svod.copy.{nvec}v{vw}{'p' if prefetch else ''}(ptr noalias %src, ptr noalias %dst, "
+         "i64 %kn, i64 %src_k, i64 %valid) #0 {", "entry:",
          f"  %vi = insertelement <{vw} x i64> poison, i64 %valid, i64 0",
          f"  %vv = shufflevector <{vw} x i64> %vi, <{vw} x i64> poison, <{vw} x i32> zeroinitializer"]
     for j in range(nvec):
@@ -33,6 +41,10 @@ def copy_panel(nvec: int, vw: int, intrinsics: set[str]) -> str:
               f"{vt} zeroinitializer)",
               f"  %da{j} = add nsw i64 %do, {j * vw}", f"  %dp{j} = getelementptr inbounds float, ptr %dst, i64 %da{j}",
               f"  store {vt} %x{j}, ptr %dp{j}, align 4"]
+    # one prefetch per 64-byte line of the next panel's row: at each 16 floats and at its last float
+    for i, off in enumerate(sorted({*range(0, nvec * vw, 16), nvec * vw - 1}) if prefetch else ()):
+        L += [f"  %pa{i} = add i64 %so, {nvec * vw + off}", f"  %pp{i} = getelementptr float, ptr %src, i64 %pa{i}",
+              f"  call void @llvm.prefetch.p0(ptr %pp{i}, i32 0, i32 2, i32 1)"]
     L += ["  %k.next = add nuw i64 %k, 1", "  %more = icmp ult i64 %k.next, %kn",
           "  br i1 %more, label %loop, label %done", "done:", "  ret void", "}"]
     return "\n".join(L)
@@ -41,23 +53,47 @@ def copy_panel(nvec: int, vw: int, intrinsics: set[str]) -> str:
 def pack_rows(rows: int) -> str:
     """void pack(ptr src, ptr dst, i64 nrows, i64 k, i64 src_k, i64 src_row, i64 tile_stride): row r of
     src (elements src_k apart along k, rows src_row apart) to dst[r // rows][k][r % rows], row tiles
-    tile_stride elements apart: what the micro-kernels read as a scalar side (k stride rows, row stride 1)."""
-    return "\n".join([
-        f"define internal void @svod.pack.{rows}(ptr noalias %src, ptr noalias %dst, i64 %nrows, i64 %kn, "
-        "i64 %src_k, i64 %src_row, i64 %tile_stride) #0 {", "entry:", "  br label %row", "row:",
-        "  %r = phi i64 [ 0, %entry ], [ %r.next, %row.end ]",
-        f"  %tile = udiv i64 %r, {rows}", f"  %within = urem i64 %r, {rows}",
-        "  %dt = mul nsw i64 %tile, %tile_stride", "  %dbase = add nsw i64 %dt, %within",
-        "  %sbase = mul nsw i64 %r, %src_row", "  br label %kloop", "kloop:",
-        "  %k = phi i64 [ 0, %row ], [ %k.next, %kloop ]",
-        "  %so0 = mul nsw i64 %k, %src_k", "  %so = add nsw i64 %sbase, %so0",
-        "  %sp = getelementptr inbounds float, ptr %src, i64 %so", "  %x = load float, ptr %sp, align 4",
-        f"  %do0 = mul nsw i64 %k, {rows}", "  %do = add nsw i64 %dbase, %do0",
-        "  %dp = getelementptr inbounds float, ptr %dst, i64 %do", "  store float %x, ptr %dp, align 4",
-        "  %k.next = add nuw i64 %k, 1", "  %kmore = icmp ult i64 %k.next, %kn",
-        "  br i1 %kmore, label %kloop, label %row.end", "row.end:",
-        "  %r.next = add nuw i64 %r, 1", "  %rmore = icmp ult i64 %r.next, %nrows",
-        "  br i1 %rmore, label %row, label %done", "done:", "  ret void", "}"])
+    tile_stride elements apart: what the micro-kernels read as a scalar side (k stride rows, row stride 1).
+
+    Whole row tiles go k by k, each k's `rows` floats (one per row stream) stored contiguous: LLVM
+    vectorizes that loop along k (vector loads of each row, interleaved into vector stores) where A's k
+    is contiguous. The rows of a last partial tile go row by row."""
+    L = [f"define internal void @svod.pack.{rows}(ptr noalias %src, ptr noalias %dst, i64 %nrows, i64 %kn, "
+         "i64 %src_k, i64 %src_row, i64 %tile_stride) #0 {", "entry:",
+         f"  %full = udiv i64 %nrows, {rows}", "  %anyfull = icmp ugt i64 %full, 0",
+         "  br i1 %anyfull, label %tile, label %tail", "tile:",
+         "  %t = phi i64 [ 0, %entry ], [ %t.next, %tile.end ]",
+         f"  %tr0 = mul nsw i64 %t, {rows}", "  %tsbase = mul nsw i64 %tr0, %src_row",
+         "  %tdbase = mul nsw i64 %t, %tile_stride", "  br label %tk", "tk:",
+         "  %tkk = phi i64 [ 0, %tile ], [ %tkk.next, %tk ]",
+         "  %tso0 = mul nsw i64 %tkk, %src_k", "  %tso = add nsw i64 %tsbase, %tso0",
+         f"  %tdo0 = mul nsw i64 %tkk, {rows}", "  %tdo = add nsw i64 %tdbase, %tdo0"]
+    for r in range(rows):
+        L += [f"  %tro{r} = mul nsw i64 %src_row, {r}", f"  %tsa{r} = add nsw i64 %tso, %tro{r}",
+              f"  %tsp{r} = getelementptr inbounds float, ptr %src, i64 %tsa{r}",
+              f"  %tx{r} = load float, ptr %tsp{r}, align 4",
+              f"  %tda{r} = add nsw i64 %tdo, {r}", f"  %tdp{r} = getelementptr inbounds float, ptr %dst, i64 %tda{r}",
+              f"  store float %tx{r}, ptr %tdp{r}, align 4"]
+    L += ["  %tkk.next = add nuw i64 %tkk, 1", "  %tkmore = icmp ult i64 %tkk.next, %kn",
+          "  br i1 %tkmore, label %tk, label %tile.end", "tile.end:",
+          "  %t.next = add nuw i64 %t, 1", "  %tmore = icmp ult i64 %t.next, %full",
+          "  br i1 %tmore, label %tile, label %tail", "tail:",
+          f"  %rstart = mul nuw i64 %full, {rows}", "  %anytail = icmp ult i64 %rstart, %nrows",
+          "  br i1 %anytail, label %row, label %done", "row:",
+          "  %r = phi i64 [ %rstart, %tail ], [ %r.next, %row.end ]",
+          f"  %tile_i = udiv i64 %r, {rows}", f"  %within = urem i64 %r, {rows}",
+          "  %dt = mul nsw i64 %tile_i, %tile_stride", "  %dbase = add nsw i64 %dt, %within",
+          "  %sbase = mul nsw i64 %r, %src_row", "  br label %kloop", "kloop:",
+          "  %k = phi i64 [ 0, %row ], [ %k.next, %kloop ]",
+          "  %so0 = mul nsw i64 %k, %src_k", "  %so = add nsw i64 %sbase, %so0",
+          "  %sp = getelementptr inbounds float, ptr %src, i64 %so", "  %x = load float, ptr %sp, align 4",
+          f"  %do0 = mul nsw i64 %k, {rows}", "  %do = add nsw i64 %dbase, %do0",
+          "  %dp = getelementptr inbounds float, ptr %dst, i64 %do", "  store float %x, ptr %dp, align 4",
+          "  %k.next = add nuw i64 %k, 1", "  %kmore = icmp ult i64 %k.next, %kn",
+          "  br i1 %kmore, label %kloop, label %row.end", "row.end:",
+          "  %r.next = add nuw i64 %r, 1", "  %rmore = icmp ult i64 %r.next, %nrows",
+          "  br i1 %rmore, label %row, label %done", "done:", "  ret void", "}"]
+    return "\n".join(L)
 
 
 def blocked_tile(em: KernelEmitter, sc: Scope, plan: CpuGemmPlan, t: str, start: str

@@ -8,9 +8,13 @@ Q_PANEL weight rows runs the micro-kernel over it: Q_PANEL x nvec vector accumul
 lanes, one 4-byte weight group broadcast per row and k step, the same layout for every machine.
 The dot product per target (int8_path):
 - vnni: vpdpbusd (AVX512-VNNI, or AVX-VNNI at 256 bits): u8 x s8 groups of 4, added to int32;
-- pmaddwd: x86 without VNNI: the even and odd bytes of each group, zero-extended (activations) and
-  sign-extended (weights) to int16, through vpmaddwd. No int16 saturation can occur (255 * 128 * 2
-  < 2^31; unlike vpmaddubsw, whose saturating int16 pair sums give other integers);
+- pmaddubsw: x86 without VNNI, weights of at most 64 in magnitude (QuantGemm.a_max: 7-bit weights, as
+  quantize_static's reduce_range makes): vpmaddubsw sums each u8 x s8 byte pair in int16, exactly
+  (255 * 64 * 2 < 2^15), and vpmaddwd by ones adds the two pairs of a group: 2 instructions per 4 k
+  and 8 lanes, with no splitting of bytes into int16 halves;
+- pmaddwd: x86 without VNNI, full-range weights: the even and odd bytes of each group, zero-extended
+  (activations) and sign-extended (weights) to int16, through vpmaddwd. No int16 saturation can occur
+  (255 * 128 * 2 < 2^31; where vpmaddubsw's saturating pair sums would give other integers);
 - sdot: aarch64 dotprod, s8 x s8 groups of 4;
 - generic: every other machine, int32 multiplies and adds of the extended bytes.
 The packing stores activations as the instruction's type (u8 for vnni/pmaddwd, s8 for sdot, as given
@@ -36,15 +40,16 @@ if TYPE_CHECKING:
     from svodc.codegen.llvm_ir import KernelEmitter
 
 
-def int8_path(target: Target) -> str:
-    """The dot-product instruction of the target's integer GEMM micro-kernel (see the module docstring)."""
+def int8_path(target: Target, a_max: int = 128) -> str:
+    """The dot-product instruction of the target's integer GEMM micro-kernel for weights of at most
+    a_max in magnitude (see the module docstring)."""
     f, vw = set(target.features), target.vector_bits // 32
     if target.arch == "x86_64":
         if (vw == 16 and "avx512vnni" in f) or (vw == 8 and "avxvnni" in f):
             return "vnni"
         # 256-bit integer vectors need AVX2 and 512-bit ones AVX512BW (AVX alone has 256-bit float only).
         if vw == 4 or (vw == 8 and "avx2" in f) or (vw == 16 and "avx512bw" in f):
-            return "pmaddwd"
+            return "pmaddubsw" if a_max <= 64 and (vw > 4 or "ssse3" in f) else "pmaddwd"
     if target.arch == "aarch64" and "dotprod" in f and vw == 4:
         return "sdot"
     return "generic"
@@ -153,6 +158,16 @@ def _dot(L: list[str], path: str, vw: int, acc: str, a: str, w: str, out: str, s
         L += [f"  {out}.e = call {vt} @{fn}({ht} {a}.e, {ht} {w}.e)",
               f"  {out}.o = call {vt} @{fn}({ht} {a}.o, {ht} {w}.o)",
               f"  {out}.s = add {vt} {out}.e, {out}.o", f"  {out} = add {vt} {acc}, {out}.s"]
+    elif path == "pmaddubsw":
+        ht, bt = f"<{2 * vw} x i16>", f"<{4 * vw} x i8>"
+        ub = {4: "llvm.x86.ssse3.pmadd.ub.sw.128", 8: "llvm.x86.avx2.pmadd.ub.sw", 16: "llvm.x86.avx512.pmaddubs.w.512"}
+        wd = {4: "llvm.x86.sse2.pmadd.wd", 8: "llvm.x86.avx2.pmadd.wd", 16: "llvm.x86.avx512.pmaddw.d.512"}
+        intrinsics.add(f"declare {ht} @{ub[vw]}({bt}, {bt})")
+        intrinsics.add(f"declare {vt} @{wd[vw]}({ht}, {ht})")
+        ones = "<" + ", ".join(["i16 1"] * (2 * vw)) + ">"
+        L += [f"  {out}.w = bitcast {vt} {w} to {bt}",
+              f"  {out}.p = call {ht} @{ub[vw]}({bt} {a}, {bt} {out}.w)",
+              f"  {out}.s = call {vt} @{wd[vw]}({ht} {out}.p, {ht} {ones})", f"  {out} = add {vt} {acc}, {out}.s"]
     elif path == "sdot":
         intrinsics.add(f"declare {vt} @llvm.aarch64.neon.sdot.v4i32.v16i8({vt}, <16 x i8>, <16 x i8>)")
         L += [f"  {out}.w = bitcast {vt} {w} to <16 x i8>",
@@ -267,10 +282,10 @@ def emit_int8_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmB
     quant = arg.quant
     assert quant is not None and not arg.runtime and not arg.transposed
     pw, pb, pc, ps = (em.value(x) for x in node.src[:4])
-    path = int8_path(target)
+    path = int8_path(target, quant.a_max)
     vw, nvec, tiles = int8_plan(arg, target, blocking)
     lanes = nvec * vw
-    stored_signed = {"vnni": False, "pmaddwd": False, "sdot": True}.get(path, quant.b_signed)
+    stored_signed = {"vnni": False, "pmaddwd": False, "pmaddubsw": False, "sdot": True}.get(path, quant.b_signed)
     flip = stored_signed != quant.b_signed
     delta = 0 if not flip else (128 if stored_signed else -128)  # x = x_stored + delta
     corr = delta - quant.b_zero
@@ -295,8 +310,15 @@ def emit_int8_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmB
     valid = line(sc, f"select i1 {few}, i64 {left}, i64 {lanes}")
     b_ptr = line(sc, f"getelementptr inbounds i8, ptr {pb}, i64 "
                      f"{operand_offset(em, sc, arg.b, batch, [(n0, arg.b.col_stride)])}", "ptr")
-    c_ptr = line(sc, f"getelementptr inbounds i32, ptr {pc}, i64 {operand_offset(em, sc, arg.c, batch, [(n0, 1)])}",
-                 "ptr")
+    if quant.c_tile:  # C in a stack tile (lower_gemm_int8.c_scratch_shape): the epilogue's C is the tile less n0
+        assert lanes <= quant.c_tile and len(node.src) > 4
+        c_ptr = em.fresh("ctile")
+        em.allocas.append(f"{c_ptr} = alloca i32, i64 {arg.m * quant.c_tile}, align 64")
+        neg = line(sc, f"sub nsw i64 0, {n0}")
+        em.param_values[node.src[2].arg.index] = line(sc, f"getelementptr i32, ptr {c_ptr}, i64 {neg}", "ptr")
+    else:
+        c_ptr = line(sc, f"getelementptr inbounds i32, ptr {pc}, i64 "
+                         f"{operand_offset(em, sc, arg.c, batch, [(n0, 1)])}", "ptr")
     buf = em.fresh("packed")
     em.allocas.append(f"{buf} = alloca i8, i64 {k4 * 4 * lanes}, align 64")
     sc.lines += [f"  call void @{pack}(ptr {b_ptr}, ptr {buf}, i64 {arg.k}, i64 {arg.b.row_stride}, "
@@ -305,6 +327,7 @@ def emit_int8_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmB
                  f"i64 {arg.c.row_stride}, i64 {valid}, i32 {corr})"]
     if len(node.src) > 4:
         _epilogue(em, node, batch, n0, lanes, valid, few)
+    em.param_values.pop(node.src[2].arg.index, None)
     em.close_loop()
 
 

@@ -65,6 +65,7 @@ class KernelEmitter:
         self.range_pos: dict[UOp, int] = {}
         self.free: dict[UOp, frozenset[UOp]] = {}
         self.params: dict[int, str] = {}
+        self.param_values: dict[int, str] = {}  # a parameter's pointer replaced in the scope emitting now
         self.uses_intrinsics: set[str] = set()
         # Bounded dims read at run time (passes/dynamic.py): the body then takes the entry's `dims` array.
         self.uses_dims = reads_dims(ast)
@@ -162,7 +163,7 @@ class KernelEmitter:
             return const(n.dtype, n.arg)
         if n.op is Ops.PARAM:
             assert isinstance(n.arg, ParamArg)
-            return f"%p{n.arg.index}"
+            return self.param_values.get(n.arg.index, f"%p{n.arg.index}")
         if n.op is Ops.RANGE:
             return self.stack[self.range_pos[n]].ivar
         if n.op is Ops.DEFINE_VAR:

@@ -293,6 +293,12 @@ class QuantGemm:
 
     b_zero: int
     b_signed: bool
+    # max |A|: at most 64 (7-bit weights, quantize_static's reduce_range), a u8 x s8 byte pair sums
+    # exactly in int16 (255 * 64 * 2 < 2^15), which x86 without VNNI's vpmaddubsw needs
+    a_max: int = 128
+    # 0: C is the kernel's buffer. Else the epilogue reads C from a per-thread stack tile of M rows of
+    # c_tile int32 (passes/lower_gemm_int8.C_TILE), one lane tile at a time, instead of an M x N scratch
+    c_tile: int = 0
 
 
 @dataclass(frozen=True, slots=True)

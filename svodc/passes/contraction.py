@@ -3,11 +3,13 @@ convolutions into matrix products the GEMM kernels run.
 
 - `pm_fold_into_conv`: CONV(x, W) * a -> CONV(x, W * a) and (CONV(x, W) + b) * a -> CONV(x, W*a) + b*a
   when a and b are per-output-channel constants (inference BatchNormalization after a convolution).
-  The weights change at compile time; rounding differs from the unfused order by an ulp or so.
+  The weights change at compile time; rounding differs from the unfused order by an ulp or so. Not for
+  a float32 convolution of integers (exact_integer_conv), whose exactness its requantization needs.
 - `pm_conv_to_matmul`: CONV -> MATMUL(W as [g, O/g, K], im2col(x) as [N, g, K, OH*OW]). The im2col view
   is only materialized when it is not a plain strided view of x (a 1x1 convolution with stride 1 and
   no padding reads x in place). Depthwise convolutions (one input channel per group) stay on the
-  generic path, which vectorizes them directly.
+  generic path, which vectorizes them directly. A 1-D convolution over channels-last memory is
+  MATMUL(patches [N, P, K], W^T) instead, its patches read in place (`channels_last_conv_to_matmul`).
 - `collapse_splat_operand` (in `pm_conv_to_matmul`): a splat operand (one scalar, e.g. a
   ConstantOfShape weight) makes every row (A) or column (B) of the product the same, so the MATMUL
   computes one row or column and broadcasts it: M (or N) times less work, and the packed operand is
@@ -23,11 +25,11 @@ import numpy as np
 from svodc.ir import tensor as T
 from svodc.ir.dtypes import dtypes
 from svodc.ir.interpret import evaluate
-from svodc.ir.ops import ConvArg, Ops
+from svodc.ir.ops import MOVEMENT, ConvArg, Ops
 from svodc.ir.pattern import PatternMatcher, UPat
 from svodc.ir.uop import UOp
 from svodc.passes.fold import broadcast_weight, is_folded_constant, splat_value
-from svodc.passes.lower_gemm_int8 import int8_activation
+from svodc.passes.lower_gemm_int8 import int8_activation, int8_values
 from svodc.passes.views import affine_view
 from svodc.policy import OptimizationPolicy
 
@@ -51,15 +53,29 @@ def _scaled_conv(conv: UOp, scale: np.ndarray) -> UOp:
     return conv.replace(src=(x, broadcast_weight(w.dtype, data.astype(w.dtype.np))))
 
 
+def exact_integer_conv(conv: UOp) -> bool:
+    """A float32 CONV of integers (x an integer CAST, less a constant): a quantized convolution the
+    frontend computes in float32 because every sum is an integer below 2^24 (frontend/ops/quantize.py).
+    A scale folded into its weights would round the sums that its requantization rounds later."""
+    x = conv.src[0]
+    if x.op is Ops.SUB and is_folded_constant(x.src[1]):
+        x = x.src[0]
+    return x.op is Ops.CAST and x.src[0].dtype.is_int
+
+
+def _foldable(conv: UOp) -> bool:
+    return conv.dtype is dtypes.float32 and is_folded_constant(conv.src[1]) and not exact_integer_conv(conv)
+
+
 def fold_scale(conv: UOp, a: UOp) -> UOp | None:
-    if conv.dtype is not dtypes.float32 or not is_folded_constant(conv.src[1]):
+    if not _foldable(conv):
         return None
     scale = channel_vector(a, conv.shape[1])
     return None if scale is None else _scaled_conv(conv, scale)
 
 
 def fold_scale_bias(conv: UOp, b: UOp, a: UOp) -> UOp | None:
-    if conv.dtype is not dtypes.float32 or not is_folded_constant(conv.src[1]):
+    if not _foldable(conv):
         return None
     channels = conv.shape[1]
     scale, bias = channel_vector(a, channels), channel_vector(b, channels)
@@ -93,7 +109,7 @@ def conv_to_matmul(n: UOp, min_macs: int, int8: bool = False) -> UOp | None:
     x, w = n.src
     arg: ConvArg = n.arg
     act = int8_activation(x) if int8 and n.dtype is dtypes.int32 else None
-    if act is not None and fits_int8(w):
+    if act is not None and int8_values(w) is not None:
         x = act.value
     elif n.dtype is not dtypes.float32:
         return None
@@ -117,6 +133,41 @@ def conv_to_matmul(n: UOp, min_macs: int, int8: bool = False) -> UOp | None:
         col = minus_zero(col, act.zero)
     w2 = T.expand(T.reshape(w, (1, g, og, K)), (N, g, og, K))
     return T.reshape(UOp(Ops.MATMUL, n.dtype, (w2, col)), (N, O, *out_sp))
+
+
+def channels_last_conv_to_matmul(n: UOp, min_macs: int) -> UOp | None:
+    """A float32 convolution whose input views memory with channels innermost (a TF/JAX export's 1-D
+    convolution: Transpose of [N, L, C] to [N, C, L, 1]) as MATMUL(patches [N, P, K], W^T [K, O]) -> [N, P, O],
+    viewed as [N, O, *OS], with K ordered (*kernel, C): each patch row is then a run of that memory read in
+    place, where conv_to_matmul's im2col [K, P] has its columns s*C apart and is copied (a transposing gather:
+    magika's 1280 x 508 im2col took 1.2 ms next to its 12 ms GEMM; this way its product takes 9.7 ms in all, and
+    the activation and max over the length that read it transposed 0.9 -> 1.3 ms; one Zen 3 core, same process,
+    loaded machine). Only where the patches are an affine
+    view: one group, no padding, taps that merge with the channels (a 1-D window: the other axis and its
+    kernel of size 1); else None (conv_to_matmul's path)."""
+    x, w = n.src
+    arg: ConvArg = n.arg
+    if (n.dtype is not dtypes.float32 or arg.groups != 1 or any(p for side in arg.pads for p in side)
+            or not all(isinstance(d, int) for d in (*x.shape, *n.shape))):
+        return None
+    N, C = x.shape[:2]
+    O, kernel, nsp = w.shape[0], w.shape[2:], x.ndim - 2
+    K, P = C * math.prod(kernel), math.prod(n.shape[2:])
+    memory = affine_view(x, lambda m: m.op not in MOVEMENT)
+    macs = O * K * P
+    # A run-time filter would be a B with strided columns (a copy); P = 1 (a 1x1 image) is an im2col [K, 1]
+    # that conv_to_matmul reads in place already.
+    if (C == 1 or P == 1 or macs < min_macs or not is_folded_constant(w) or memory is None
+            or memory.strides[1] != 1):
+        return None
+    last = T.permute(x, (0, *range(2, 2 + nsp), 1))  # [N, *S, C]
+    win = T.window(last, range(1, 1 + nsp), kernel, arg.strides, arg.dilations)  # [N, *OS, C, *K]
+    patches = T.reshape(T.permute(win, (0, *range(1, 1 + nsp), *range(2 + nsp, 2 + 2 * nsp), 1 + nsp)), (N, P, K))
+    if affine_view(patches, lambda m: m is memory.base) is None:
+        return None
+    wt = T.permute(T.reshape(T.permute(w, (0, *range(2, 2 + nsp), 1)), (O, K)), (1, 0))  # [K, O], K as (*kernel, C)
+    mm = UOp(Ops.MATMUL, n.dtype, (patches, T.expand(T.reshape(wt, (1, K, O)), (N, K, O))))
+    return T.reshape(T.permute(mm, (0, 2, 1)), n.shape)
 
 
 def conv_to_row_matmuls(n: UOp, min_macs: int) -> UOp | None:
@@ -168,20 +219,14 @@ def minus_zero(x: UOp, zero: int) -> UOp:
     return T.alu(Ops.SUB, xi, T.scalar_like(xi, zero)) if zero else xi
 
 
-def fits_int8(w: UOp) -> bool:
-    """A constant int32 tensor whose values all fit int8 (a weight less its zero point)."""
-    if not is_folded_constant(w):
-        return False
-    data = evaluate([w])[0]
-    return data.size == 0 or (int(data.min()) >= -128 and int(data.max()) <= 127)
-
-
 def transpose_int8_matmul(n: UOp) -> UOp | None:
     """An int32 MATMUL(x - x_zero, W') of 8-bit activations and a constant W' (MatMulInteger,
     QLinearMatMul, QGemm) as (W'^T (x - x_zero)^T)^T: the integer GEMM's rows are its constant."""
     a, b = n.src
     act = int8_activation(a)
-    if n.dtype is not dtypes.int32 or act is None or a.ndim != b.ndim or not fits_int8(b) or is_folded_constant(a):
+    if n.dtype is not dtypes.int32 or act is None or a.ndim != b.ndim or is_folded_constant(a):
+        return None
+    if int8_values(b) is None:  # evaluates b: last
         return None
     perm = (*range(a.ndim - 2), a.ndim - 1, a.ndim - 2)
     at = minus_zero(T.permute(act.value, perm), act.zero)
@@ -197,5 +242,6 @@ def pm_conv_to_matmul(policy: OptimizationPolicy) -> PatternMatcher:
     if int8:
         rules.append((UPat(Ops.MATMUL, name="n"), transpose_int8_matmul))
     if policy.conv_to_matmul:
+        rules.append((UPat(Ops.CONV, name="n"), lambda n: channels_last_conv_to_matmul(n, policy.gemm_min_macs)))
         rules.append((UPat(Ops.CONV, name="n"), lambda n: conv_to_matmul(n, policy.gemm_min_macs, int8)))
     return PatternMatcher(rules, name="conv_to_matmul")

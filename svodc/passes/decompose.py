@@ -15,11 +15,14 @@ from svodc.ir.pattern import PatternMatcher, UPat
 from svodc.ir.uop import UOp
 from svodc.policy import OptimizationPolicy
 
+BYTE_ROWS_MIN = 16  # output row length from which a strided 8-bit convolution reads its bytes in place
+
 
 def decompose_conv(n: UOp) -> UOp:
     """An 8-bit input less its zero point (a quantized convolution) is padded as bytes with the zero
-    point, and the windows are taken before CAST - zero: the same integers, and the padded copy the
-    scheduler realizes for the windows holds bytes."""
+    point, and the windows are taken before CAST - zero (and the CAST to float32 of an exact float
+    convolution of them): the same integers, and the padded copy the scheduler realizes for the
+    windows holds bytes."""
     from svodc.passes.contraction import minus_zero
     from svodc.passes.lower_gemm_int8 import int8_activation
 
@@ -32,10 +35,18 @@ def decompose_conv(n: UOp) -> UOp:
     cg, og = C // g, O // g
     kernel = w.shape[2:]
     act = int8_activation(x) if n.dtype is dtypes.int32 else None
+    # A float32 convolution of such integers (an exact depthwise QLinearConv, frontend/ops/quantize.py):
+    # strided with output rows of at least BYTE_ROWS_MIN, its bytes padded in place (fuse_window_pads) beat
+    # a float padded copy (mobilenetv2's 3x3 stride-2 layers, Zen 3: to 56 wide 0.76 -> 0.66 ms, to 28
+    # 0.25 -> 0.22 ms); shorter rows of byte loads LLVM leaves scalar (to 14 wide 0.15 -> 0.23 ms), and at
+    # stride 1 the float copy is about the output's size.
+    if (n.dtype is dtypes.float32 and x.op is Ops.CAST and x.src[0].dtype is dtypes.int32 and max(arg.strides) > 1
+            and nsp and n.shape[-1] >= BYTE_ROWS_MIN):
+        act = int8_activation(x.src[0])
     xp = T.pad(x if act is None else act.value, [(0, 0), (0, 0), *arg.pads], 0 if act is None else act.zero)
     win = T.window(xp, range(2, 2 + nsp), kernel, arg.strides, arg.dilations)  # [N, C, *OS, *K]
     if act is not None:
-        win = minus_zero(win, act.zero)
+        win = minus_zero(win, act.zero).cast(n.dtype)
     out_sp = win.shape[2:2 + nsp]
     full = (N, g, og, cg, *out_sp, *kernel)
     xw = T.expand(T.reshape(win, (N, g, 1, cg, *out_sp, *kernel)), full)

@@ -98,6 +98,9 @@ class KernelLowerer:
         self.read_back: dict[UOp, Buffer] = {}
         self._ranges = 0
         self._memo: dict[tuple[UOp, tuple[UOp, ...]], UOp] = {}
+        # A loop REDUCE over several static axes runs them as one range (lower_kernel keeps it where that
+        # needs no div/mod): one long loop LLVM vectorizes, not nested short ones (GlobalAveragePool's 13 x 13).
+        self.merge_reduce = False
 
     def extents(self, n: UOp) -> tuple[int | UOp, ...]:
         """n's axis sizes at run time: ints, or UOps where a bounded dim sizes the axis."""
@@ -328,13 +331,19 @@ class KernelLowerer:
             ranges = []
             sidx = list(idx)
             extents = self.extents(src)
+            axes = [a for a in arg.axes if src.shape[a] != 1]
             for a in arg.axes:
-                if src.shape[a] == 1:
-                    sidx[a] = ic(0)
-                    continue
-                r = self.new_range(extents[a], RangeKind.REDUCE)
+                sidx[a] = ic(0)
+            if self.merge_reduce and len(axes) > 1 and all(isinstance(extents[a], int) for a in axes):
+                r = self.new_range(math.prod(src.shape[a] for a in axes), RangeKind.REDUCE)
                 ranges.append(r)
-                sidx[a] = r
+                for a, i in zip(axes, self._split_range(r, tuple(src.shape[a] for a in axes)), strict=True):
+                    sidx[a] = _simplify(i)
+            else:
+                for a in axes:
+                    r = self.new_range(extents[a], RangeKind.REDUCE)
+                    ranges.append(r)
+                    sidx[a] = r
             if math.prod(src.shape[a] for a in arg.axes) == 0:
                 return UOp.const(n.dtype, reduce_identity(arg.op, n.dtype))
             inner = yield src, tuple(sidx)
@@ -406,18 +415,40 @@ def reduce_identity(op: Ops, dtype) -> int | float | bool:
 
 def lower_kernel(name: str, root: UOp, out: Buffer, buffers: Buffers, policy: OptimizationPolicy,
                  copy_from: Buffer | None = None, dyn: DynamicAxes | None = None) -> tuple[UOp, list[Buffer]]:
-    """Lower one kernel. The inner output axes are tried as one merged loop first: when that indexes
-    every buffer without div/mod (the axes are contiguous everywhere), it gives the vectorizer one
-    long loop instead of short nested ones; otherwise each axis keeps its own loop."""
+    """Lower one kernel. The inner output axes (and the axes of a loop REDUCE over several) are tried as
+    one merged loop first: when that indexes every buffer without div/mod (the axes are contiguous
+    everywhere), it gives the vectorizer one long loop instead of short nested ones; otherwise each
+    axis keeps its own loop."""
     results = []
-    for merge in (True, False) if policy.merge_inner_loops else (False,):
+    tries = [(False, False)]
+    if policy.merge_inner_loops:
+        merged_reduce = _multi_axis_loop_reduce(root, buffers, policy)
+        tries = [(True, True), (True, False), *tries] if merged_reduce else [(True, False), *tries]
+    for merge, merge_reduce in tries:
         lowerer = KernelLowerer(name, out, buffers, policy, dyn)
+        lowerer.merge_reduce = merge_reduce
         ast = lowerer.lower_kernel(root, copy_from, merge_inner=merge)
         results.append((_divmods(ast), ast, lowerer.params))
         if results[0][0] == 0:  # no div/mod: nothing can beat it (and the first wins a tie)
             break
     _, ast, params = min(results, key=lambda r: r[0])  # the first (merged) on a tie
     return ast, params
+
+
+def _multi_axis_loop_reduce(root: UOp, buffers: Buffers, policy: OptimizationPolicy) -> bool:
+    """Whether the kernel computes (not reads from a buffer) a REDUCE that runs as a loop (not written out)
+    over more than one axis of size > 1: only then is a merged-reduce lowering worth a try."""
+    stack, seen = [root], set()
+    while stack:
+        n = stack.pop()
+        if n in seen or (n is not root and buffers.get(n) is not None):
+            continue
+        seen.add(n)
+        if (n.op is Ops.REDUCE and not unrolls_reduce(n, policy)
+                and sum(1 for a in n.arg.axes if n.src[0].shape[a] != 1) > 1):
+            return True
+        stack.extend(n.src)
+    return False
 
 
 def _divmods(ast: UOp) -> int:

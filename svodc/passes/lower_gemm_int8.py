@@ -37,6 +37,10 @@ from svodc.program import Buffer
 
 Q_PANEL = 4  # weight rows per packed panel (the micro-kernel's tile rows)
 K_MAX = 8192  # a lane tile's packed activations live on the stack: K x lanes bytes (at most 256 KiB)
+# With an epilogue, C goes to a per-thread stack tile of M x C_TILE int32 (lanes <= C_TILE on every
+# target: codegen/llvm_gemm_int8.int8_plan), so the epilogue reads it from L1 and no M x N int32 scratch
+# is written (4 bytes per output element through the caches to memory and back); M at most C_TILE_ROWS.
+C_TILE, C_TILE_ROWS = 32, 1024
 BYTE_TYPES = (dtypes.uint8, dtypes.int8)
 
 
@@ -63,16 +67,22 @@ def int8_activation(x: UOp) -> Int8Operand | None:
     return Int8Operand(x.src[0], zero)
 
 
+def int8_values(w: UOp) -> np.ndarray | None:
+    """The values of a constant int32 tensor (a weight less its zero point) when all fit int8; else None."""
+    if w.dtype is not dtypes.int32 or not is_folded_constant(w):
+        return None
+    data = evaluate([w])[0]
+    return data if data.size == 0 or (int(data.min()) >= -128 and int(data.max()) <= 127) else None
+
+
 def int8_weight(a: UOp) -> np.ndarray | None:
     """The constant weight matrix of an int32 MATMUL's A when it fits int8 and is one matrix for
     every batch index, as [M, K]; else None."""
-    if a.dtype is not dtypes.int32 or not is_folded_constant(a):
+    data = int8_values(a)
+    if data is None:
         return None
-    data = evaluate([a])[0]
     flat = data.reshape((-1,) + data.shape[-2:])
-    if flat.size and (flat.min() < -128 or flat.max() > 127 or not (flat == flat[:1]).all()):
-        return None
-    return flat[0]
+    return flat[0] if not flat.size or (flat == flat[:1]).all() else None
 
 
 def is_int8_gemm(mm: UOp) -> bool:
@@ -88,6 +98,14 @@ def int8_gemm_shape(mm: UOp) -> bool:
     return mm.dtype is dtypes.int32 and int8_activation(mm.src[1]) is not None and is_folded_constant(mm.src[0])
 
 
+def c_scratch_shape(mm: UOp) -> tuple[int, ...]:
+    """The shape of the buffer an int8 GEMM with an epilogue writes C to: a stack tile's index space
+    (row m, column n - n0 of the lane tile at n0: the kernel's pointer to it is the tile less n0, so
+    m * C_TILE + n spans M * C_TILE + N), or the whole product where M is past C_TILE_ROWS."""
+    m, n = mm.shape[-2:]
+    return (m * C_TILE + n,) if m <= C_TILE_ROWS else mm.shape
+
+
 def pack_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """[M, K] int8 -> (panels [ceil(M/Q_PANEL), ceil(K/4), Q_PANEL, 4] int8, row sums
     [ceil(M/Q_PANEL) * Q_PANEL] int32)."""
@@ -100,6 +118,13 @@ def pack_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Int8GemmLowerer(KernelLowerer):
+    def _lower_node(self, n: UOp, idx: tuple[UOp, ...], top: bool):
+        c_buf = self.read_back.get(n)
+        if c_buf is not None and c_buf.shape != n.shape:  # the stack tile (c_scratch_shape)
+            *_, m, col = idx
+            return self.load(c_buf, (graph_rewrite(m * C_TILE + col, pm_symbolic),))
+        return (yield from super()._lower_node(n, idx, top))
+
     def lower_int8_gemm(self, root: UOp, mm: UOp, c_buf: Buffer) -> UOp:
         """The GEMM node writing C into c_buf; with root above mm, the epilogue STORE of root's value
         (read back from c_buf, per lane tile) into the kernel's output."""
@@ -107,7 +132,8 @@ class Int8GemmLowerer(KernelLowerer):
         batch, (m, n), k = mm.shape[:-2], mm.shape[-2:], a.shape[-1]
         act = int8_activation(b)
         assert act is not None and c_buf.dtype is dtypes.int32 and (root is mm) == (c_buf is self.params[0])
-        panels, sums = pack_int8(int8_weight(a))
+        weight = int8_weight(a)
+        panels, sums = pack_int8(weight)
         w_param = self.param(self.buffers.weight(UOp(Ops.WEIGHT, dtypes.int8, (), ConstData(panels))))
         s_param = self.param(self.buffers.weight(UOp(Ops.WEIGHT, dtypes.int32, (), ConstData(sums))))
 
@@ -124,9 +150,12 @@ class Int8GemmLowerer(KernelLowerer):
         for d in reversed(batch):
             c_strides.append(s)
             s *= d
-        c_op = GemmOperand(tuple(reversed(c_strides)), n, 1, 0)
+        tile = C_TILE if c_buf.shape != mm.shape else 0
+        c_op = GemmOperand((0,) * len(batch), C_TILE, 1, 0) if tile else \
+            GemmOperand(tuple(reversed(c_strides)), n, 1, 0)
         a_op = GemmOperand((0,) * len(batch), 0, 0, 0, packed=True)
-        quant = QuantGemm(act.zero, act.value.dtype is dtypes.int8)
+        a_max = int(np.abs(weight.astype(np.int32)).max()) if weight.size else 0
+        quant = QuantGemm(act.zero, act.value.dtype is dtypes.int8, a_max, tile)
         arg = GemmArg(tuple(batch), m, n, k, a_op, b_op, c_op, quant=quant)
         src = (w_param, self.param(buf), self.param(c_buf), s_param)
         if root is mm:

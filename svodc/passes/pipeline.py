@@ -30,7 +30,7 @@ from svodc.passes.dynamic import DynamicAxes, dims_kernel, is_constant
 from svodc.passes.fold import is_folded_constant, pm_fold
 from svodc.passes.lower import lower_kernel
 from svodc.passes.lower_gemm import find_matmul, lower_gemm_kernel
-from svodc.passes.lower_gemm_int8 import lower_int8_gemm_kernel
+from svodc.passes.lower_gemm_int8 import c_scratch_shape, lower_int8_gemm_kernel
 from svodc.passes.memory import plan_arena, plan_weights
 from svodc.passes.pads import share_window_pads
 from svodc.passes.schedule import KernelPlan, plan_kernels
@@ -171,7 +171,7 @@ def build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimiz
         if mm is not None and mm.dtype is dtypes.int32:  # the integer GEMM: its epilogue reads C from a scratch
             c_buf = out
             if plan.root is not mm:
-                c_buf = Buffer(next(next_id), BufferKind.SCRATCH, dtypes.int32, mm.shape, f"t{len(scratch)}")
+                c_buf = Buffer(next(next_id), BufferKind.SCRATCH, dtypes.int32, c_scratch_shape(mm), f"t{len(scratch)}")
                 scratch.append(c_buf)
             ast, params = lower_int8_gemm_kernel(name, plan.root, mm, out, c_buf, buffers, policy)
         elif mm is not None:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from svodc.frontend.context import NodeContext, Unsupported, constant_value, is_constant
 from svodc.frontend.ops.activations import sigmoid
 from svodc.frontend.ops.linalg import matmul
@@ -31,11 +33,12 @@ from svodc.frontend.ops.quantize import (
 from svodc.frontend.ops.rnn import LSTM_ACTIVATIONS, Layer, lstm_layers
 from svodc.frontend.registry import onnx_op
 from svodc.ir import tensor as T
-from svodc.ir.dtypes import DType, dtypes
+from svodc.ir.dtypes import DType, dtypes, max_value, min_value
 from svodc.ir.ops import Ops
 from svodc.ir.uop import UOp
 
 MS = "com.microsoft"
+BYTES = (dtypes.uint8, dtypes.int8)
 F32, F64, I32 = dtypes.float32, dtypes.float64, dtypes.int32
 
 onnx_op("QuantizeLinear", 1, domain=MS)(quantize_linear)
@@ -78,9 +81,33 @@ def qlinear_add(ctx: NodeContext) -> UOp:
     """C = round((A_scale/C_scale)(A - A_zp) + (B_scale/C_scale)(B - B_zp)) + C_zp."""
     a, a_s, a_z, b, b_s, b_z, c_s = _qparams(ctx, 0, 7)
     c_z = scalar(ctx.optional_input(7), "C_zero_point")
-    ya = T.alu(Ops.MUL, _centered(a, a_z).cast(F64), _ratio(a_s, c_s).cast(F64))
-    yb = T.alu(Ops.MUL, _centered(b, b_z).cast(F64), _ratio(b_s, c_s).cast(F64))
-    return requantize(T.alu(Ops.ADD, ya, yb), None, c_z, _out_type(c_z, a), F64)
+    to = _out_type(c_z, a)
+    ra, rb = _ratio(a_s, c_s), _ratio(b_s, c_s)
+    if _float32_add_is_exact(a, a_z, ra, b, b_z, rb, c_z, to):
+        ya = T.alu(Ops.MUL, _centered(a, a_z).cast(F32), ra)
+        yb = T.alu(Ops.MUL, _centered(b, b_z).cast(F32), rb)
+        y = un(Ops.ROUND, T.alu(Ops.ADD, ya, yb))
+        return (y if c_z is None else T.alu(Ops.ADD, y, c_z.cast(F32))).cast(to)
+    ya = T.alu(Ops.MUL, _centered(a, a_z).cast(F64), ra.cast(F64))
+    yb = T.alu(Ops.MUL, _centered(b, b_z).cast(F64), rb.cast(F64))
+    return requantize(T.alu(Ops.ADD, ya, yb), None, c_z, to, F64)
+
+
+def _float32_add_is_exact(a: UOp, a_z: UOp | None, ra: UOp, b: UOp, b_z: UOp | None, rb: UOp, c_z: UOp | None,
+                          to: DType) -> bool:
+    """Does float32 (round(float32(a') * ra + float32(b') * rb) + c_z, saturated) give the float64
+    rescale's integers for every pair of 8-bit inputs? Checked on all 65,536 pairs: a proof, not a sample."""
+    consts = [p for p in (a_z, b_z, c_z, ra, rb) if p is not None]
+    if a.dtype not in BYTES or b.dtype not in BYTES or not to.is_int or not all(is_constant(p) for p in consts):
+        return False
+    za, zb, zc = (int(constant_value(p)) if p is not None else 0 for p in (a_z, b_z, c_z))
+    fa, fb = np.float32(constant_value(ra)), np.float32(constant_value(rb))
+    av = np.arange(min_value(a.dtype), max_value(a.dtype) + 1, dtype=np.int64)[:, None] - za
+    bv = np.arange(min_value(b.dtype), max_value(b.dtype) + 1, dtype=np.int64)[None, :] - zb
+    lo, hi = min_value(to), max_value(to)
+    want = np.clip(np.rint(av * np.float64(fa) + bv * np.float64(fb) + zc), lo, hi)
+    got = np.clip(np.rint(av.astype(np.float32) * fa + bv.astype(np.float32) * fb) + np.float32(zc), lo, hi)
+    return bool(np.array_equal(want, got))
 
 
 @onnx_op("QLinearMul", 1, domain=MS)

@@ -2,18 +2,22 @@
 and float4 types), DynamicQuantizeLinear, MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv.
 
 Rounding and intermediate precisions follow onnx.reference: round half to even; QLinear* rescale
-the int32 accumulator in float64 (numpy promotes int32 * float32 to float64).
+the int32 accumulator in float64 (numpy promotes int32 * float32 to float64), or in float32 where
+rescale_exact.py proves that gives the same integers for every accumulator.
 """
 
 from __future__ import annotations
 
 import math
 
-from svodc.frontend.context import NodeContext, Unsupported
+import numpy as np
+
+from svodc.frontend.context import NodeContext, Unsupported, constant_value, is_constant
 from svodc.frontend.dtypes import onnx_to_dtype
 from svodc.frontend.ops.casts import cast_to
 from svodc.frontend.ops.linalg import matmul
 from svodc.frontend.ops.nn import conv_from_attrs
+from svodc.frontend.ops.rescale_exact import float32_rescale_is_exact
 from svodc.frontend.registry import onnx_op
 from svodc.ir import tensor as T
 from svodc.ir.dtypes import DType, dtypes, max_value, min_value
@@ -148,13 +152,55 @@ def conv_integer(ctx: NodeContext) -> UOp:
 
 
 def requantize(acc: UOp, factor: UOp | None, zp: UOp | None, to: DType, rescale_dtype: DType) -> UOp:
-    """round(acc * factor + zp) (factor None: 1), saturated to `to`; computed in rescale_dtype."""
+    """round(acc * factor + zp) (factor None: 1), saturated to `to`; computed in rescale_dtype, or in
+    float32 where that is proven to give the same integers (rescale_exact.py)."""
+    if rescale_dtype is F64 and factor is not None and _float32_is_exact(acc, factor, zp, to):
+        # The cast to `to` saturates; the zero point, an integer, is added to an integral float exactly
+        # wherever the result is not saturated anyway.
+        y = un(Ops.ROUND, T.alu(Ops.MUL, acc.cast(F32), factor))
+        return (y if zp is None else T.alu(Ops.ADD, y, zp.cast(F32))).cast(to)
     y = acc.cast(rescale_dtype)
     if factor is not None:
         y = T.alu(Ops.MUL, y, factor.cast(rescale_dtype))
     if zp is not None:
         y = T.alu(Ops.ADD, y, zp.cast(rescale_dtype))
     return saturate_int(un(Ops.ROUND, y), to)
+
+
+def _max_abs(x: UOp) -> int | None:
+    """max |x| of an integer tensor: its values where constant, else its 8-bit source's range."""
+    if is_constant(x):
+        v = constant_value(x)
+        return int(np.abs(v.astype(np.int64)).max()) if v.size else 0
+    src = x.src[0] if x.op is Ops.SUB else x
+    if src.op is Ops.CAST and src.src[0].dtype in (dtypes.uint8, dtypes.int8):
+        return 255  # an 8-bit value less an 8-bit zero point
+    return None
+
+
+def _float32_sums_exact(ctx: NodeContext, x: UOp, w: UOp, bias: UOp | None) -> bool:
+    """A grouped (depthwise) convolution whose every partial sum, bias included, is an integer below
+    2^24, so float32 computes it exactly in any order: the generic loops then vectorize as the float
+    ones do (LLVM leaves an int32 product of bytes over a short row scalar), and the accumulator needs
+    no conversion before the rescale. Ungrouped ones go to the integer GEMM."""
+    if int(ctx.attr("group", 1)) == 1:
+        return False
+    bounds = [_max_abs(x), _max_abs(w), 0 if bias is None else _max_abs(bias.cast(I32))]
+    if any(b is None for b in bounds):
+        return False
+    xb, wb, bb = bounds
+    return math.prod(w.shape[1:]) * xb * wb + bb < 2 ** 24
+
+
+def _float32_is_exact(acc: UOp, factor: UOp, zp: UOp | None, to: DType) -> bool:
+    """An int32 accumulator (or float32 holding integers exactly), constant float32 factor and zero point
+    whose float32 rescale is exact."""
+    if acc.dtype not in (I32, F32) or factor.dtype is not F32 or not to.is_int or to.itemsize > 2:
+        return False
+    if not is_constant(factor) or (zp is not None and not is_constant(zp)):
+        return False
+    zeros = constant_value(zp).astype(np.int64) if zp is not None else np.zeros((), np.int64)
+    return float32_rescale_is_exact(constant_value(factor), zeros, min_value(to), max_value(to))
 
 
 def _scale_factor(*scales: UOp) -> UOp:
@@ -176,9 +222,11 @@ def qlinear_matmul(ctx: NodeContext) -> UOp:
 def qlinear_conv(ctx: NodeContext) -> UOp:
     x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp = (ctx.optional_input(i) for i in range(8))
     bias = ctx.optional_input(8)
-    acc = conv_from_attrs(ctx, minus_zero_point(x, x_zp, None), minus_zero_point(w, w_zp, 0))
+    xc, wc = minus_zero_point(x, x_zp, None), minus_zero_point(w, w_zp, 0)
+    acc_type = F32 if _float32_sums_exact(ctx, xc, wc, bias) else I32
+    acc = conv_from_attrs(ctx, xc.cast(acc_type), wc.cast(acc_type))
     if bias is not None:
-        acc = T.alu(Ops.ADD, acc, T.reshape(bias.cast(I32), (1, bias.shape[0]) + (1,) * (acc.ndim - 2)))
+        acc = T.alu(Ops.ADD, acc, T.reshape(bias.cast(acc_type), (1, bias.shape[0]) + (1,) * (acc.ndim - 2)))
     if math.prod(w_scale.shape) > 1:  # per output channel
         w_scale = T.reshape(w_scale, (1, w_scale.shape[0]) + (1,) * (acc.ndim - 2))
     factor = _scale_factor(*(T.reshape(s, ()) if math.prod(s.shape) == 1 else s for s in (x_scale, w_scale, y_scale)))
