@@ -44,3 +44,12 @@ def test_multi_axis_reduce(nodes, shape, inits, ranges):
     feeds = {"x": np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
     got = compile_and_run(model, feeds)["y"]
     np.testing.assert_allclose(got, reference(model, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceProd", "ReduceSumSquare"])
+def test_a_reduce_over_an_empty_axis_is_its_identity(op):
+    """An axis of size 0 among several reduced ones: the identity, not a merged range split by a size of 0."""
+    model = make_model([helper.make_node(op, ["x", "axes"], ["y"], keepdims=0)], {"x": (np.float32, [2, 0, 5])},
+                       ["y"], _axes([1, 2]), opset=18)
+    feeds = {"x": np.zeros((2, 0, 5), np.float32)}
+    np.testing.assert_array_equal(compile_and_run(model, feeds)["y"], reference(model, feeds)[0])

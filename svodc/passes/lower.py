@@ -328,6 +328,8 @@ class KernelLowerer:
             assert isinstance(arg, ReduceArg)
             if self._unrolls(n):
                 return (yield from self._unrolled_reduce(n, idx))
+            if math.prod(src.shape[a] for a in arg.axes) == 0:  # before any range: a merged one splits by each size
+                return UOp.const(n.dtype, reduce_identity(arg.op, n.dtype))
             ranges = []
             sidx = list(idx)
             extents = self.extents(src)
@@ -344,8 +346,6 @@ class KernelLowerer:
                     r = self.new_range(extents[a], RangeKind.REDUCE)
                     ranges.append(r)
                     sidx[a] = r
-            if math.prod(src.shape[a] for a in arg.axes) == 0:
-                return UOp.const(n.dtype, reduce_identity(arg.op, n.dtype))
             inner = yield src, tuple(sidx)
             if not ranges:
                 return inner
