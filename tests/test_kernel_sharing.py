@@ -57,3 +57,39 @@ def test_a_kernel_that_shares_nothing_keeps_its_own_constants():
     assert all(tmpl is None for unit in units for _, tmpl, _ in unit if len(unit) == 1)
     x = np.random.default_rng(2).standard_normal(64).astype(np.float32)
     np.testing.assert_array_equal(compile_and_run(model, {"x": x})["y"], np.maximum(x[5:40], 0))
+
+
+def test_a_load_indexed_by_a_shifted_load_is_shifted_once():
+    """Gathers from three slices of x through one slice of the indices: the kernels share a body with both
+    pointers moved, so the inner load's own constant must leave the body too (review: it stayed, and the body
+    read ix[r + 4], past the slice)."""
+    nodes, outs, inits = [helper.make_node("Slice", ["ix", "s", "e"], ["ixs"])], [], {"s": np.array([2]),
+                                                                                      "e": np.array([8])}
+    for i, off in enumerate([1, 4, 9]):
+        inits[f"s{i}"], inits[f"e{i}"] = np.array([off]), np.array([off + 5])
+        nodes += [helper.make_node("Slice", ["x", f"s{i}", f"e{i}"], [f"t{i}"]),
+                  helper.make_node("Gather", [f"t{i}", "ixs"], [f"y{i}"], axis=0)]
+        outs.append(f"y{i}")
+    model = make_model(nodes, {"x": (np.float32, [16]), "ix": (np.int64, [8])}, outs, inits)
+    feeds = {"x": np.arange(16, dtype=np.float32), "ix": np.array([9, 9, 0, 1, 2, 3, 4, -1])}
+    got = compile_and_run(model, feeds)
+    for name, want in zip(outs, reference(model, feeds), strict=True):
+        np.testing.assert_array_equal(got[name], want, err_msg=name)
+
+
+def test_a_compare_of_a_value_holding_a_lifted_compare_declares_both_arguments():
+    """(x > 3 ? x : 0) > c for two c: both constants become body arguments (review: the outer compare kept the
+    inner one's constant, the body declared one argument, the wrapper passed two, and the part count arrived
+    as 0: SIGFPE)."""
+    nodes, outs = [helper.make_node("Greater", ["x", "c3"], ["g"]), helper.make_node("Where", ["g", "x", "z"], ["a"])], []
+    inits = {"c3": np.array(3, np.int32), "z": np.array(0, np.int32)}
+    for i, c in enumerate([5, 7]):
+        inits[f"c{i}"] = np.array(c, np.int32)
+        nodes += [helper.make_node("Greater", ["a", f"c{i}"], [f"h{i}"]),
+                  helper.make_node("Cast", [f"h{i}"], [f"y{i}"], to=6)]
+        outs.append(f"y{i}")
+    model = make_model(nodes, {"x": (np.int32, [20])}, outs, inits)
+    feeds = {"x": np.random.default_rng(7).integers(-5, 12, 20).astype(np.int32)}
+    got = compile_and_run(model, feeds)
+    for name, want in zip(outs, reference(model, feeds), strict=True):
+        np.testing.assert_array_equal(got[name], want, err_msg=name)

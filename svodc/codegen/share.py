@@ -100,17 +100,6 @@ def _index_shifts(kernel: Kernel, nodes: list[UOp]) -> dict[int, int]:
     return shifts
 
 
-def _rebuild(nodes: list[UOp], new: dict[UOp, UOp]) -> UOp:
-    """The last node of `nodes` (a toposort) with the nodes in `new` replaced."""
-    for n in nodes:
-        if n in new:
-            continue
-        src = tuple(new.get(s, s) for s in n.src)
-        if any(a is not b for a, b in zip(src, n.src, strict=True)):
-            new[n] = n.replace(src=src)
-    return new.get(nodes[-1], nodes[-1])
-
-
 def _loaded(nodes: list[UOp]) -> set[UOp]:
     """The nodes whose value depends on data the kernel reads (some LOAD reaches them)."""
     out: set[UOp] = set()
@@ -121,27 +110,32 @@ def _loaded(nodes: list[UOp]) -> set[UOp]:
 
 
 def template(kernel: Kernel) -> Template:
+    """One bottom-up pass: each node is rebuilt from its already-rebuilt sources, then its own index shifted
+    or its compared constant lifted, so a change below a changed node is kept (a STORE of a shifted LOAD, a
+    LOAD indexed by a shifted LOAD, a compare of a value holding a lifted compare)."""
     nodes = toposort([kernel.ast])
     if any(n.op is Ops.GEMM for n in nodes):
         return Template(kernel.ast, (0,) * len(kernel.params))
     shifts = _index_shifts(kernel, nodes)
-    new: dict[UOp, UOp] = {}
-    for n in nodes:
-        if n.op in (Ops.LOAD, Ops.STORE) and n.src[0].op is Ops.PARAM and n.src[0].arg.index in shifts:
-            terms, c = _terms(n.src[1])
-            new[n] = n.replace(src=(n.src[0], _sum(terms, c - shifts[n.src[0].arg.index]), *n.src[2:]))
-    ast = _rebuild(nodes, new) if new else kernel.ast
-    nodes = toposort([ast]) if new else nodes
     loaded = _loaded(nodes)
-    new, values = {}, []
+    new: dict[UOp, UOp] = {}
+    values: list[UOp] = []
     for n in nodes:
-        if n.op not in COMPARE or n.src[0].dtype.is_float or n.src[0].dtype is dtypes.bool:
-            continue
-        for pos, (s, o) in enumerate((n.src, n.src[::-1])):
-            if s.op is Ops.CONST and o in loaded:
-                arg = body_arg(s.dtype, len(values))
-                values.append(s)
-                new[n] = n.replace(src=(arg, o) if pos == 0 else (o, arg))
-                break
-    ast = _rebuild(nodes, new) if new else ast
+        src = tuple(new.get(s, s) for s in n.src)
+        if n.op in (Ops.LOAD, Ops.STORE) and n.src[0].op is Ops.PARAM and n.src[0].arg.index in shifts:
+            terms, c = _terms(src[1])  # the top-level constant: rebuilding inside a term leaves it as it was
+            src = (src[0], _sum(terms, c - shifts[n.src[0].arg.index]), *src[2:])
+        elif n.op in COMPARE and not (n.src[0].dtype.is_float or n.src[0].dtype is dtypes.bool):
+            for pos, (s, o) in enumerate((n.src, n.src[::-1])):
+                if s.op is Ops.CONST and o in loaded:
+                    arg = body_arg(s.dtype, len(values))
+                    values.append(s)
+                    src = (arg, src[1]) if pos == 0 else (src[0], arg)
+                    break
+        if any(a is not b for a, b in zip(src, n.src, strict=True)):
+            new[n] = n.replace(src=src)
+    ast = new.get(nodes[-1], nodes[-1])
+    if values:  # the wrapper passes one value per body argument: the body must declare each, in order
+        declared = sorted(j for n in toposort([ast]) if (j := body_arg_index(n)) is not None)
+        assert declared == list(range(len(values))), (declared, len(values))
     return Template(ast, tuple(shifts.get(i, 0) for i in range(len(kernel.params))), tuple(values))
