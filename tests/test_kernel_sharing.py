@@ -93,3 +93,27 @@ def test_a_compare_of_a_value_holding_a_lifted_compare_declares_both_arguments()
     got = compile_and_run(model, feeds)
     for name, want in zip(outs, reference(model, feeds), strict=True):
         np.testing.assert_array_equal(got[name], want, err_msg=name)
+
+
+def test_a_store_of_a_shifted_load_moves_both_constants_out():
+    """STORE(o, r + 8, LOAD(x, r + 3)): the template stores o[r] from x[r] with shifts (8, 3) (review: the
+    STORE kept the unshifted LOAD, so the body would have read x[r + 6])."""
+    from svodc.codegen.share import template
+    from svodc.ir.dtypes import dtypes
+    from svodc.ir.ops import KernelArg, Ops, ParamArg, RangeArg, RangeKind
+    from svodc.ir.uop import UOp
+    from svodc.program import Buffer, BufferKind, Kernel
+
+    def index(v: int) -> UOp:
+        return UOp.const(dtypes.index, v)
+
+    out = UOp(Ops.PARAM, dtypes.float32.ptr(), (), ParamArg(index=0, name="o"))
+    x = UOp(Ops.PARAM, dtypes.float32.ptr(), (), ParamArg(index=1, name="x"))
+    r = UOp(Ops.RANGE, dtypes.index, (index(6),), RangeArg(id=0, kind=RangeKind.PARALLEL))
+    store = UOp(Ops.STORE, dtypes.void, (out, r + index(8), UOp(Ops.LOAD, dtypes.float32, (x, r + index(3)), 0)))
+    ast = UOp(Ops.SINK, dtypes.void, (store,), KernelArg(name="k", serial=False))
+    params = [Buffer(0, BufferKind.SCRATCH, dtypes.float32, (16,), "o", offset=0),
+              Buffer(1, BufferKind.INPUT, dtypes.float32, (16,), "x", slot=0)]
+    t = template(Kernel("k", ast, params))
+    (st,) = t.ast.src
+    assert t.shifts == (8, 3) and st.src[1] is r and st.src[2].src[1] is r
