@@ -3,6 +3,7 @@ entry (abi.py) on up to `threads` threads; its invariants: docs/architecture.md 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import time
@@ -140,28 +141,6 @@ class Model(Runner):
         check_dims_status(dims, self.bundle.dims)
         return [real_output(t, o, dims, self._dim_slots) for t, o in zip(self.bundle.outputs, outs, strict=True)]
 
-    def profile(self, feeds: MappingT[str, object], repeat: int = 10) -> list[tuple[str, float, tuple[str, ...]]]:
-        """Time each kernel alone (single-threaded, its own entry point): [(kernel, median seconds,
-        ONNX nodes)], in execution order. Times are the calling thread's CPU time, so a busy machine
-        that preempts the thread does not inflate them."""
-        self._begin()  # the code stays mapped until _end
-        try:
-            fns = [KERNEL_FN(self._code.address + off) for off in self.variant.kernels]
-            times: list[list[float]] = [[] for _ in fns]
-
-            def each_kernel(table, _sync, dims=None) -> None:
-                for _ in range(repeat):
-                    for i, fn in enumerate(fns):
-                        t0 = time.thread_time()
-                        fn(table, dims, 0, 1)
-                        times[i].append(time.thread_time() - t0)
-
-            arrays, dims = self._prepare(feeds)
-            self._call(arrays, each_kernel, dims=dims)
-        finally:
-            self._end()
-        return [(k.name, float(np.median(t)), k.provenance) for k, t in zip(self.bundle.kernels, times, strict=True)]
-
     def _call(self, arrays: list[np.ndarray], run=None, outs: list[np.ndarray] | None = None,
               dims=None) -> list[np.ndarray]:
         """Outputs allocated (or given, checked: svodrt/session.py), an arena lent, the buffer table and sync
@@ -201,7 +180,10 @@ class Model(Runner):
                     from concurrent.futures import ThreadPoolExecutor  # here: its import costs ~3 ms
 
                     self._pool = ThreadPoolExecutor(n - 1, thread_name_prefix="svodrt")
-                futures += [self._pool.submit(self._entry, table, dims, i, n, sync) for i in range(1, n)]
+                    self._getcpu = hasattr(os, "sched_setaffinity") and getattr(ctypes.CDLL(None), "sched_getcpu", None)
+                taken = {self._getcpu()} if self._getcpu else set()
+                futures += [self._pool.submit(_spread, self._entry, self._getcpu, table, dims, i, n, sync, taken)
+                            for i in range(1, n)]
                 self._entry(table, dims, 0, n, sync)
             finally:
                 _join(futures)
@@ -221,6 +203,19 @@ class Model(Runner):
             self._pool.shutdown(wait=True)
         self._code.close()
         self._weights = self._arenas = None  # type: ignore[assignment]
+
+
+def _spread(entry, getcpu, table, dims, i: int, n: int, sync, taken: set[int]) -> None:
+    """A helper's part of a call, on a CPU no other thread of the call is on: Linux often wakes a pool thread on
+    the CPU of the thread that woke it, where it waits behind the caller while another CPU idles (issue 13: a
+    2-thread GEMM after a 50 ms gap ran at one thread's speed). So a helper on a taken CPU moves to a free one
+    of its allowed set and gives the mask back at once (nothing stays pinned)."""
+    if getcpu and getcpu() in taken and (free := (mask := os.sched_getaffinity(0)) - taken):
+        with contextlib.suppress(OSError):  # a cpuset changed meanwhile: run where we are
+            os.sched_setaffinity(0, free)  # moves this thread now, before it returns
+            os.sched_setaffinity(0, mask)
+    taken.add(getcpu() if getcpu else -1)
+    entry(table, dims, i, n, sync)
 
 
 def _address(a: np.ndarray) -> int:  # ~3x cheaper than a.ctypes.data (an object per call), a third of the floor

@@ -161,11 +161,11 @@ def cmd_verify(args: argparse.Namespace) -> None:
 
 def cmd_profile(args: argparse.Namespace) -> None:
     import svodrt
-    from svodrt_tools.profile import kernel_rows, print_table, write_chart, write_trace
+    from svodrt_tools.profile import kernel_rows, kernel_times, print_table, write_chart, write_trace
 
     with svodrt.load(_bundle(args.bundle), threads=1) as model:
         feeds = drop_fixed_inputs(model, load_inputs(args.input))
-        rows = kernel_rows(model, model.profile(feeds, repeat=args.repeat))
+        rows = kernel_rows(model, kernel_times(model, feeds, repeat=args.repeat))
     print_table(rows, args.top)
     if args.trace:
         write_trace(rows, args.trace)

@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
+
+import numpy as np
+
+from svodrt.model import KERNEL_FN
 
 
 @dataclass(frozen=True)
@@ -24,8 +29,32 @@ class KernelRow:
         return "+".join(self.ops) or "?"
 
 
+def kernel_times(model, feeds, repeat: int = 10) -> list[tuple[str, float, tuple[str, ...]]]:
+    """Time each kernel of a loaded CPU model alone (single-threaded, its own entry point): [(kernel, median
+    seconds, ONNX nodes)], in execution order. Times are the calling thread's CPU time, so a busy machine that
+    preempts the thread does not inflate them. Lives here, not in svodrt: a tool, not the minimal runtime; it
+    goes through the model's own call path (_call: checked inputs, an arena, the buffer table)."""
+    model._begin()  # the code stays mapped until _end (raises ModelClosedError after close())
+    try:
+        fns = [KERNEL_FN(model._code.address + off) for off in model.variant.kernels]
+        times: list[list[float]] = [[] for _ in fns]
+
+        def each_kernel(table, _sync, dims=None) -> None:
+            for _ in range(repeat):
+                for i, fn in enumerate(fns):
+                    t0 = time.thread_time()
+                    fn(table, dims, 0, 1)
+                    times[i].append(time.thread_time() - t0)
+
+        arrays, dims = model._prepare(feeds)
+        model._call(arrays, each_kernel, dims=dims)
+    finally:
+        model._end()
+    return [(k.name, float(np.median(t)), k.provenance) for k, t in zip(model.bundle.kernels, times, strict=True)]
+
+
 def kernel_rows(model, timings: list[tuple[str, float, tuple[str, ...]]]) -> list[KernelRow]:
-    """Model.profile's rows with op types from the manifest's `node_ops` (bundles from svodc 0.1.0 on)."""
+    """kernel_times' rows with op types from the manifest's `node_ops` (bundles from svodc 0.1.0 on)."""
     node_ops = model.bundle.manifest.get("node_ops", {})
     node_ops = node_ops if isinstance(node_ops, dict) else {}
     return [KernelRow(k, t, tuple(nodes), tuple(dict.fromkeys(str(node_ops.get(n, "?")) for n in nodes)))
