@@ -106,7 +106,8 @@ def main(ctx: click.Context, debug: bool) -> None:
                    "runs N).")
 @click.option("--weights", "weights", multiple=True, type=click.Path(dir_okay=False), metavar="FILE.safetensors",
               help="Supply or override initializers by name from a safetensors file (mmapped; repeatable).")
-@click.option("-O", "opt_level", type=click.IntRange(0, 3), default=3, show_default=True, help="LLVM opt level.")
+@click.option("-O", "opt_level", type=click.IntRange(0, 3), default=2, show_default=True,
+              help="LLVM opt level (3 made no faster CPU code than 2, in more time).")
 @click.option("-j", "--jobs", type=click.IntRange(0), default=0, help="Compile workers (0: one per core).")
 @click.option("--test-vectors/--no-test-vectors", "test_vectors", default=None,
               help="Embed a reference input and its expected outputs for `svodrt verify` "

@@ -32,8 +32,10 @@ class CompileOptions:
     # name (`--loop-bound NODE=N`): the loop is imported N times and iterations past the run-time count
     # are skipped at run time (frontend/ops/control_flow.py). A call needing more runs only N.
     loop_bounds: dict[str, int] = field(default_factory=dict)
-    # LLVM optimization level for kernels (0-3).
-    opt_level: int = 3
+    # LLVM optimization level for kernels (0-3). 2 by default: on the corpus CPU models LLVM's O3 gave the same
+    # outputs bit for bit and no faster code (run-time ratios O2/O3 0.93-1.01) for about 18 % more LLVM time
+    # (docs/architecture.md, "Compile time"); not measured on GPU targets.
+    opt_level: int = 2
     # Worker processes compiling kernels (LLVM runs out of process so a fatal error cannot kill us).
     # 0 means one per core.
     jobs: int = 0

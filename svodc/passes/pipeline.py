@@ -31,6 +31,7 @@ from svodc.passes.fold import is_folded_constant, pm_fold
 from svodc.passes.lower import lower_kernel
 from svodc.passes.lower_gemm import find_matmul, lower_gemm_kernel
 from svodc.passes.lower_gemm_int8 import c_scratch_shape, lower_int8_gemm_kernel
+from svodc.passes.lower_memo import LoweringMemo
 from svodc.passes.memory import plan_arena, plan_weights
 from svodc.passes.pads import share_window_pads
 from svodc.passes.schedule import KernelPlan, plan_kernels
@@ -160,6 +161,7 @@ def build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimiz
     written: dict[UOp, Buffer] = {}  # kernel root -> the buffer its kernel wrote
 
     kernels: list[Kernel] = []
+    memo = LoweringMemo()  # loop kernels equal but for their buffers are lowered once
     for plan in plans:
         if plan.output in value_of:
             writers[value_of[plan.output].name] = len(kernels)
@@ -177,6 +179,9 @@ def build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimiz
         elif mm is not None:
             ast, params = lower_gemm_kernel(name, plan.root, mm, out, buffers, policy, dyn,
                                             getattr(dtypes, PRECISIONS[options.precision]))
+        elif copy_from is None and dyn is None:  # bounded dims: lowering reads dyn's per-node tables
+            ast, params = memo.lower(name, plan.root, out, buffers,
+                                     lambda n, r, o, b: lower_kernel(n, r, o, b, policy))
         else:
             ast, params = lower_kernel(name, plan.root, out, buffers, policy, copy_from=copy_from, dyn=dyn)
         if not plan.copy:
