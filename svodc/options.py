@@ -32,6 +32,10 @@ class CompileOptions:
     # name (`--loop-bound NODE=N`): the loop is imported N times and iterations past the run-time count
     # are skipped at run time (frontend/ops/control_flow.py). A call needing more runs only N.
     loop_bounds: dict[str, int] = field(default_factory=dict)
+    # Recurrent layers (RNN, GRU, LSTM) over a static sequence compile as step loops: one step's kernels,
+    # run once per step by the entry (passes/steploop.py). False unrolls them, a kernel per step; GPU
+    # variants do (their launch list has no loops: svodc.api sets it).
+    step_loops: bool = True
     # LLVM optimization level for kernels (0-3).
     opt_level: int = 3
     # Worker processes compiling kernels (LLVM runs out of process so a fatal error cannot kill us).
