@@ -27,7 +27,7 @@ from svodc.passes.buffers import Buffers
 from svodc.passes.concat import pm_reduce_concat
 from svodc.passes.contraction import conv_to_row_matmuls, pm_conv_to_matmul, pm_fold_into_conv
 from svodc.passes.decompose import decompose_conv, decompose_matmul, pm_decompose
-from svodc.passes.dynamic import DynamicAxes, dims_kernel, is_constant
+from svodc.passes.dynamic import DynamicAxes, DynamicShapeError, dims_kernel, is_constant
 from svodc.passes.fold import is_folded_constant, pm_fold
 from svodc.passes.lower import lower_kernel
 from svodc.passes.lower_gemm import find_matmul, lower_gemm_kernel
@@ -212,10 +212,14 @@ def build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimiz
         k = kernels[writers[d.name]]
         kernels[writers[d.name]] = dataclasses.replace(k, ast=value_dims.write_dims(k.ast, d, dyn, status_slot))
     if values:
+        if loops:  # hoisting would reorder kernels out of their loops
+            raise DynamicShapeError(f"{len(loops)} recurrent layers compiled as step loops in a model with sizes "
+                                    "decided by run-time values: compile with CompileOptions(step_loops=False)")
         writers = value_dims.hoist(kernels, writers)
         value_dims.check_order(kernels, writers, dyn)
     if dyn and dyn.computed():  # format 1.7: the computed dims, written before any kernel reads them
         kernels.insert(0, Kernel("k_dims", dims_kernel(dyn), [], [], "dims"))
+        loops = [(first + 1, end + 1, trips) for first, end, trips in loops]
     weight_list = list(buffers.weights.values())
     program = Program(inputs, out_bufs, kernels, weight_list, scratch, producer=graph.producer,
                       vocabulary=graph.vocabulary, zipmaps=graph.zipmaps,
