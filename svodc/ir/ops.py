@@ -249,6 +249,9 @@ class StepInArg:
     kind: str  # "state" or "step"
     index: int
     shape: tuple[int, ...]
+    # Which loop (its node's outputs and direction): loops of equal shapes keep apart, so what a step graph
+    # computes from its leaves alone (views of them) has its own layer's provenance.
+    loop: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,10 +20,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from svodc.ir.ops import Ops, StepInArg
+from svodc.ir.ops import Ops
 from svodc.ir.shapes import prod
 from svodc.ir.steps import step_roots
-from svodc.ir.uop import UOp
+from svodc.ir.uop import UOp, toposort
 from svodc.passes.buffers import Buffers
 from svodc.passes.schedule import plan_kernels
 from svodc.policy import OptimizationPolicy
@@ -32,9 +32,9 @@ from svodc.program import Buffer, Kernel
 
 @dataclass(frozen=True)
 class StepLowering:
-    """What build_program lends: lower(root, out, copy_from, stop, realized, stepped) appends the kernel that
-    computes root into out; scratch(x) is a new scratch buffer for x; new_id() a buffer id; count() how many
-    kernels there are."""
+    """What build_program lends: lower(root, out, copy_from, stop, known, stepped) appends the kernel that
+    computes root into out (stop(n): n is read from a buffer; known: where its provenance stops); scratch(x)
+    is a new scratch buffer for x; new_id() a buffer id; count() how many kernels there are."""
     lower: Callable[[UOp, Buffer, Buffer | None, Callable[[UOp], bool], set[UOp], bool], Kernel]
     scratch: Callable[[UOp], Buffer]
     new_id: Callable[[], int]
@@ -47,6 +47,11 @@ def _view(of: Buffer, shape: tuple[int, ...], offset: int, stride: int, ids: Cal
                   view_of=storage, view_offset=of.view_offset + offset, step_stride=stride)
 
 
+def _leaves(roots: tuple[UOp, ...]) -> dict[tuple[str, int], UOp]:
+    """The step graph's STEP_IN leaves by (kind, index)."""
+    return {(n.arg.kind, n.arg.index): n for n in toposort(list(roots)) if n.op is Ops.STEP_IN}
+
+
 def lower_step_loop(loop: UOp, hist: Buffer, buffers: Buffers, policy: OptimizationPolicy,
                     lw: StepLowering) -> tuple[int, int, int]:
     """The loop's kernels (module docstring), appended through lw; returns its Program.loops entry."""
@@ -54,24 +59,22 @@ def lower_step_loop(loop: UOp, hist: Buffer, buffers: Buffers, policy: Optimizat
     init, sources, roots = loop.src[0], loop.src[1:1 + arg.steps], step_roots(loop)
     states, per = init.shape[0], prod(init.shape[1:])
 
-    def buffer_of(x: UOp) -> Buffer:
-        return buffers.get(x) or lw.scratch(x)
-
     def outside(n: UOp) -> bool:
         return n.op in (Ops.INPUT, Ops.WEIGHT) or buffers.get(n) is not None
 
-    lw.lower(init, _view(hist, init.shape, 0, 0, lw.new_id), None, outside, set(), False)
+    lw.lower(init, _view(hist, init.shape, 0, 0, lw.new_id), None, outside, set(buffers.realized), False)
+    leaves = _leaves(roots)
     bound: dict[UOp, Buffer] = {}
     for j, x in enumerate(sources):
         buf = buffers.get(x)
         if buf is None:
             buf = lw.scratch(x)
-            lw.lower(x, buf, None, outside, set(), False)
-        step_in = UOp(Ops.STEP_IN, x.dtype, (), StepInArg("step", j, x.shape[1:]))
-        bound[step_in] = _view(buf, x.shape[1:], 0, prod(x.shape[1:]), lw.new_id)
+            lw.lower(x, buf, None, outside, set(buffers.realized), False)
+        if ("step", j) in leaves:
+            bound[leaves["step", j]] = _view(buf, x.shape[1:], 0, prod(x.shape[1:]), lw.new_id)
     for k in range(states):
-        step_in = UOp(Ops.STEP_IN, init.dtype, (), StepInArg("state", k, init.shape[1:]))
-        bound[step_in] = _view(hist, init.shape[1:], k * per, states * per, lw.new_id)
+        if ("state", k) in leaves:
+            bound[leaves["state", k]] = _view(hist, init.shape[1:], k * per, states * per, lw.new_id)
     outs = {f"state{k}": _view(hist, init.shape[1:], (states + k) * per, states * per, lw.new_id)
             for k in range(states)}
 
@@ -83,12 +86,11 @@ def lower_step_loop(loop: UOp, hist: Buffer, buffers: Buffers, policy: Optimizat
                                    leaves=frozenset(buffers.realized))
     first = lw.count()
     written: dict[UOp, Buffer] = {}
+    known = realized | set(buffers.realized)  # where a kernel's provenance stops: what it reads from buffers
     for plan in plans:
-        out = outs[plan.output] if plan.output is not None else buffer_of(plan.root)
-        if plan.output is None and buffers.get(plan.root) is not None:
-            out = lw.scratch(plan.root)  # (a realized outer node is a leaf: never planned)
+        out = outs[plan.output] if plan.output is not None else lw.scratch(plan.root)
         lw.lower(plan.root, out, written[plan.root] if plan.copy else None,
-                 lambda n: n in realized or outside(n), realized, True)
+                 lambda n: n in realized or outside(n), known, True)
         if not plan.copy:
             written.setdefault(plan.root, out)
             if plan.root in realized:

@@ -167,7 +167,7 @@ class Layer:
         xw = T.alu(Ops.ADD, xw, T.reshape(bias, (1, 1, g)))
         acts = self.acts[d * self.per_dir:(d + 1) * self.per_dir]
         if self.step_loop and self.ctx.step_loops and not self.ctx.has_bounded_dims:
-            y, states = self._loop(cell, states, xw, T.reshape(rb, (1, g)), rt, acts)
+            y, states = self._loop(cell, states, xw, T.reshape(rb, (1, g)), rt, acts, d)
             return (self.reversed_in_length(y) if self.directions[d] == "reverse" else y), states
         ys = []
         for t in range(self.seq):
@@ -189,7 +189,8 @@ class Layer:
             y = self.reversed_in_length(y)
         return y, states
 
-    def _loop(self, cell, states: list[UOp], xw: UOp, rb: UOp, rt: UOp, acts: list[Act]) -> tuple[UOp, list[UOp]]:
+    def _loop(self, cell, states: list[UOp], xw: UOp, rb: UOp, rt: UOp, acts: list[Act], d: int
+              ) -> tuple[UOp, list[UOp]]:
         """The steps as one STEP_LOOP (ops.StepLoopArg): the cell is built once over STEP_IN leaves (x_t, the
         step's validity per batch entry, the previous states); Y and the final states are views of the
         loop's state history [seq + 1, states, batch, h], Y zeroed past each batch entry's length."""
@@ -200,11 +201,12 @@ class Layer:
             t = T.broadcast_to(T.reshape(_iota(n), (n, 1)), (n, b))
             valid = T.alu(Ops.CMPLT, t, T.broadcast_to(T.reshape(self.lens, (1, b)), (n, b)))
             sources.append(valid)
-        xt = UOp(Ops.STEP_IN, xw.dtype, (), StepInArg("step", 0, xw.shape[1:]))
-        prev = [UOp(Ops.STEP_IN, xw.dtype, (), StepInArg("state", k, (b, h))) for k in range(s)]
+        where = f"{','.join(self.ctx.node.output)}:{d}"
+        xt = UOp(Ops.STEP_IN, xw.dtype, (), StepInArg("step", 0, xw.shape[1:], where))
+        prev = [UOp(Ops.STEP_IN, xw.dtype, (), StepInArg("state", k, (b, h), where)) for k in range(s)]
         _, new = cell(xt, prev, rt, rb, acts)
         if valid is not None:
-            valid_t = UOp(Ops.STEP_IN, dtypes.bool, (), StepInArg("step", 1, (b,)))
+            valid_t = UOp(Ops.STEP_IN, dtypes.bool, (), StepInArg("step", 1, (b,), where))
             ok = T.broadcast_to(T.reshape(valid_t, (b, 1)), (b, h))
             new = [T.alu(Ops.WHERE, ok, v, o) for v, o in zip(new, prev, strict=True)]
         init = T.concat([T.reshape(v, (1, b, h)) for v in states], 0)
