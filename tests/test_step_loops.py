@@ -62,7 +62,7 @@ def test_a_step_loop_whose_kernels_are_cut_into_parts():
     model = make_model([helper.make_node("LSTM", ["x", "w", "r"], ["y", "yh", "yc"], hidden_size=hidden)],
                        {"x": (np.float32, [seq, batch, size])}, ["y", "yh", "yc"], inits, opset=14)
     program = _program(model)
-    (first, end, trips), = program.loops
+    (_, end, trips), = program.loops
     target = host_target()
     assert trips == seq
     assert any(parallel_parts(k, target, gemm_blocking(target)) > 1 for k in program.kernels[first:end])
@@ -111,3 +111,25 @@ def test_unrolled_and_looped_agree_and_profile_runs_step_zero():
     assert len(names) == len(set(names))
     for name in outputs:
         np.testing.assert_allclose(got[name], unrolled[name], rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+def test_a_step_loop_that_is_a_graph_output_is_copied_out():
+    from svodc.ir.interpret import evaluate
+    from svodc.ir.ops import Ops
+    from svodc.ir.provenance import Provenance
+    from svodc.options import CompileOptions
+    from svodc.passes.pipeline import build_program
+    from svodc.program import ImportedGraph
+    from tests.test_op_tables import _step_loop
+
+    loop = _step_loop()  # h[t + 1] = 0.5 * h[t] + x[t]
+    feeds = {"h0": R.standard_normal((2, 3)).astype(np.float32), "x": R.standard_normal((4, 2, 3)).astype(np.float32)}
+    want = [feeds["h0"]]
+    for t in range(4):
+        want.append(0.5 * want[-1] + feeds["x"][t])
+    (got,) = evaluate([loop], feeds)
+    np.testing.assert_allclose(got[:, 0], np.stack(want), rtol=1e-6)
+    inputs = [(n.arg.name, n) for n in loop.toposort() if n.op is Ops.INPUT]
+    program = build_program(ImportedGraph(inputs, [("y", loop)], Provenance(), "test"), CompileOptions())
+    (_, end, trips), = program.loops
+    assert trips == 4 and [k.params[0] for k in program.kernels[end:]] == [program.outputs[0]]

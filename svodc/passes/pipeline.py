@@ -196,6 +196,8 @@ def build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimiz
                 lambda x: _plan_output(KernelPlan(x, None), {}, scratch, next_id), lambda: next(next_id),
                 lambda: len(kernels))))
             written[plan.root] = buffers.realized[plan.root] = hist
+            if plan.output in out_by_name:  # the history itself is a graph output: copied out after the loop
+                lower(plan.root, out_by_name[plan.output], hist, lambda n: False, realized, guard)
             continue
         if plan.output in value_of:
             writers[value_of[plan.output].name] = len(kernels)
