@@ -62,7 +62,7 @@ def test_a_step_loop_whose_kernels_are_cut_into_parts():
     model = make_model([helper.make_node("LSTM", ["x", "w", "r"], ["y", "yh", "yc"], hidden_size=hidden)],
                        {"x": (np.float32, [seq, batch, size])}, ["y", "yh", "yc"], inits, opset=14)
     program = _program(model)
-    (_, end, trips), = program.loops
+    (first, end, trips), = program.loops
     target = host_target()
     assert trips == seq
     assert any(parallel_parts(k, target, gemm_blocking(target)) > 1 for k in program.kernels[first:end])
