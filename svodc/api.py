@@ -115,6 +115,8 @@ def _compile_parts(model: ModelSource, target: str, options: CompileOptions | No
     stages = _Stages(say)
     targets = parse_targets(target)
     _check_precision(options.precision, targets)
+    if any(isinstance(t, GpuTarget) for t in targets):  # a GPU variant's launch list has no loops: unrolled
+        options = dataclasses.replace(options, step_loops=False)
     proto = load_model(model)
     base_dir = Path(model).parent if isinstance(model, (str, os.PathLike)) else None
     graph = import_model(proto, options, base_dir=base_dir)

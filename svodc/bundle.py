@@ -230,7 +230,7 @@ def write_bundle_to(out: BinaryIO, program: Program, images: list[tuple[Target, 
         "sections": table,
         "variants": variants,
         "buffers": [_buffer_entry(b) for b in program.weights + program.scratch],
-        "kernels": [{"name": k.name, "params": [b.id for b in k.params], "provenance": k.provenance,
+        "kernels": [{"name": k.name, "params": [b.storage.id for b in k.params], "provenance": k.provenance,
                      "kind": k.kind} for k in program.kernels],
     }
     if any(b.dtype is dtypes.string for b in program.inputs + program.outputs):  # 1.4 (1.5: outputs); bound

@@ -32,6 +32,10 @@ class CompileOptions:
     # name (`--loop-bound NODE=N`): the loop is imported N times and iterations past the run-time count
     # are skipped at run time (frontend/ops/control_flow.py). A call needing more runs only N.
     loop_bounds: dict[str, int] = field(default_factory=dict)
+    # Recurrent layers (RNN, GRU, LSTM) over a static sequence compile as step loops: one step's kernels,
+    # run once per step by the entry (passes/steploop.py). False unrolls them, a kernel per step; GPU
+    # variants do (their launch list has no loops: svodc.api sets it).
+    step_loops: bool = True
     # LLVM optimization level for kernels (0-3). 2 by default: on the corpus CPU models LLVM's O3 gave the same
     # outputs bit for bit and no faster code (run-time ratios O2/O3 0.93-1.01) for about 18 % more LLVM time
     # (docs/architecture.md, "Compile time"); not measured on GPU targets.

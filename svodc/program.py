@@ -68,6 +68,16 @@ class Buffer:
     # inputs and outputs of a bundle with bounded dims: per axis a passes.dynamic.SymAxis or None
     # (`shape` is the upper bound); () when every axis is static
     dims: tuple = ()
+    # A view (passes/steploop.py): these elements of `view_of`'s storage from element `view_offset`, moved by
+    # `step_stride` elements per step of the step loop whose kernels read or write it (0: not moved).
+    view_of: Buffer | None = None
+    view_offset: int = 0
+    step_stride: int = 0
+
+    @property
+    def storage(self) -> Buffer:
+        """The buffer whose memory this is: itself, or what it views."""
+        return self.view_of if self.view_of is not None else self
 
     @property
     def nbytes(self) -> int:
@@ -91,6 +101,9 @@ class Kernel:
     provenance: list[str] = field(default_factory=list)  # ONNX node names this kernel computes
     kind: str = "loop"  # "gemm" (a contraction kernel), "loop" (generic loops) or "copy"; informative
     guard: KernelGuard = ()
+    # In a step loop (Program.loops): the entry passes the step in `part` (step * nparts + part) and the
+    # wrapper moves each parameter by its step_stride per step (codegen/llvm_ir.render_wrapper).
+    stepped: bool = False
 
 
 @dataclass
@@ -107,3 +120,6 @@ class Program:
     dims: tuple = ()  # bounded input dims (frontend.dims.DimSpec), in the order of the entry's `dims` array
     zipmaps: tuple[tuple[str, tuple[int | str, ...]], ...] = ()  # (output, keys): returned as a list of dicts
     edge_outputs: tuple = ()  # ImportedGraph.edge_outputs: svodrt's string program
+    # Step loops (passes/steploop.py): (first kernel, end kernel, trips): kernels[first:end] run `trips`
+    # times in order, step 0 first, before kernels[end].
+    loops: list[tuple[int, int, int]] = field(default_factory=list)

@@ -1,5 +1,6 @@
 """Kernels equal but for their buffers' places and compared constants share one compiled body
-(codegen/share.py): a recurrent layer's steps compile once however long the sequence (issue 13)."""
+(codegen/share.py): a recurrent layer's steps, unrolled (CompileOptions.step_loops off, as for GPU
+variants), compile once however long the sequence (issue 13)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from tests.onnx_util import compile_and_run, make_model, reference
 from tests.test_rnn_resize import _rnn_model
 
 
-def _units(model):
+def _units(model, **options):
     from svodc.codegen.compile import prepare_kernel
     from svodc.codegen.module import _render_units
     from svodc.frontend.importer import import_model
@@ -20,7 +21,7 @@ def _units(model):
     from svodc.policy import gemm_blocking
     from svodc.target import host_target
 
-    program = build_program(import_model(model), CompileOptions())
+    program = build_program(import_model(model, CompileOptions(**options)), CompileOptions(**options))
     target = host_target()
     kernels = [prepare_kernel(k, target) for k in program.kernels]
     return kernels, _render_units(kernels, target, gemm_blocking(target))
@@ -33,7 +34,7 @@ def test_recurrent_steps_share_bodies_whatever_the_sequence_length(op, gates):
     counts = {}
     for seq in (3, 9):
         model, _, _ = _rnn_model(op, gates, 4, {"direction": "bidirectional"}, seq=seq)
-        kernels, units = _units(model)
+        kernels, units = _units(model, step_loops=False)
         counts[seq] = (len(kernels), len(units))
     assert counts[9][0] > counts[3][0]  # more steps, more kernels
     assert counts[9][1] == counts[3][1], counts  # and no more bodies
@@ -41,7 +42,7 @@ def test_recurrent_steps_share_bodies_whatever_the_sequence_length(op, gates):
 
 def test_shared_step_bodies_compute_what_onnxruntime_does():
     model, feeds, outputs = _rnn_model("GRU", 3, 5, {"direction": "bidirectional"}, seq=7)
-    got = compile_and_run(model, feeds)
+    got = compile_and_run(model, feeds, step_loops=False)
     for name, want in zip(outputs, reference(model, feeds), strict=True):
         np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5, err_msg=name)
 

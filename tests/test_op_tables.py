@@ -31,6 +31,8 @@ from svodc.ir.ops import (
     Ops,
     ScatterArg,
     SizedArg,
+    StepInArg,
+    StepLoopArg,
 )
 from svodc.ir.provenance import Provenance
 from svodc.ir.spec import _SPEC, verify
@@ -74,6 +76,15 @@ def _alu(op: Ops, dtype) -> UOp:
     return UOp(op, dtype, tuple(xs))  # MULACC
 
 
+def _step_loop() -> UOp:
+    """h[t + 1] = 0.5 * h[t] + x[t] over 4 steps: a STEP_LOOP and its step graph's STEP_IN leaves."""
+    h = UOp(Ops.STEP_IN, dtypes.float32, (), StepInArg("state", 0, SHAPE, "example"))
+    xt = UOp(Ops.STEP_IN, dtypes.float32, (), StepInArg("step", 0, SHAPE, "example"))
+    root = T.alu(Ops.ADD, T.alu(Ops.MUL, h, T.const(0.5, dtypes.float32, SHAPE)), xt)
+    init = T.reshape(_input("h0"), (1, *SHAPE))
+    return UOp(Ops.STEP_LOOP, dtypes.float32, (init, _input("x", shape=(4, *SHAPE)), root), StepLoopArg(4, 1))
+
+
 def _idx() -> UOp:
     return _weight(np.array([[0, 2, 1], [1, 1, 0]], np.int32))
 
@@ -97,6 +108,8 @@ EXAMPLES: dict[Ops, Callable[[], UOp]] = {
     # axis 1 of x sized at run time by the int64 scalar n (a value dim, passes/value_dims.py)
     Ops.SIZED: lambda: UOp(Ops.SIZED, dtypes.float32, (_input("x"), _input("n", dtypes.int64, ())),
                            SizedArg((None, ("y:1", 0, SHAPE[1])))),
+    Ops.STEP_LOOP: _step_loop,
+    Ops.STEP_IN: _step_loop,  # a leaf of a step graph: checked through its loop
     **{op: (lambda op=op: _alu(op, dtypes.float32)) for op in ALU},
 }
 
@@ -126,7 +139,8 @@ def _feeds(node: UOp) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("op", sorted(EXAMPLES, key=lambda o: o.value), ids=lambda o: o.name)
 def test_op_goes_through_every_table(op):
     node = EXAMPLES[op]()
-    assert node.op is op or op in (Ops.CONST, Ops.EXPAND)  # a broadcast CONST is RESHAPE + EXPAND of it
+    # a broadcast CONST is RESHAPE + EXPAND of it; a STEP_IN is checked through its STEP_LOOP
+    assert node.op is op or op in (Ops.CONST, Ops.EXPAND) or (op is Ops.STEP_IN and node.op is Ops.STEP_LOOP)
     verify(node)  # spec and shapes
     (value,) = evaluate([node], _feeds(node))
     assert value.shape == node.shape

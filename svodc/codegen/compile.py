@@ -7,6 +7,7 @@ becomes a CodegenError naming the kernels it was compiling.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Callable
@@ -91,7 +92,7 @@ def prepare_kernel(kernel: Kernel, target: Target | None = None, check_ir: bool 
     ast = graph_rewrite(ast, pm_symbolic)
     if check_ir:
         verify(ast)
-    return Kernel(kernel.name, ast, kernel.params, kernel.provenance, kernel.kind, kernel.guard)
+    return dataclasses.replace(kernel, ast=ast)
 
 
 # Distinct kernel bodies per LLVM module (kernels with identical code share one body, compiled once:
@@ -121,7 +122,7 @@ def compile_program(program: Program, target: Target, options: CompileOptions,
                             ir, target.triple, target.llvm_cpu, target.llvm_features, options.opt_level,
                             target.codemodel, dbg >= 4, abiname=target.abiname))
     entry = entry_module([(k.name, parallel_parts(k, target, blocking)) for k in kernels], target,
-                         [guard_flags(k.guard, nin) for k in kernels])
+                         [guard_flags(k.guard, nin) for k in kernels], program.loops)
     jobs.append(LLVMJob("entry", entry, target.triple, target.llvm_cpu,
                         target.llvm_features, ENTRY_OPT_LEVEL, target.codemodel, dbg >= 4,
                         abiname=target.abiname))

@@ -23,6 +23,7 @@ from svodc.codegen.gpu_tools import assemble_ptx, check_amd_code_object, link_am
 from svodc.codegen.link import CodeImage, link
 from svodc.codegen.llvm_ir import FN_ATTRS
 from svodc.codegen.worker import WorkerPool, borrow
+from svodc.errors import CodegenError
 from svodc.gpu_target import GpuTarget
 from svodc.ir.ops import Ops
 from svodc.ir.uop import UOp, output_ranges
@@ -58,6 +59,9 @@ def plan_statements(program: Program, check_ir: bool = False) -> list[Statement]
     """Every statement of every kernel (after the target-level rewrites) with its launch, in execution
     order. Symbols are ours (`svod_k<kernel>_<statement>`): PTX allows no '.' in names. With bounded
     dims, every kernel takes `dims` after its buffers (Launch.dims)."""
+    if program.loops:  # svodc.api compiles GPU bundles with CompileOptions.step_loops off
+        raise CodegenError(f"{len(program.loops)} step loops: GPU variants take unrolled recurrent layers only; "
+                           "compile with CompileOptions(step_loops=False)")
     out = []
     with_dims = bool(program.dims)
     for ki, kernel in enumerate(program.kernels):

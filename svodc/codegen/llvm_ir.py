@@ -293,7 +293,11 @@ class KernelEmitter:
 
 
 def param_pointer(buf: Buffer, nin: int) -> tuple[int, int]:
-    """(slot in the entry ABI's buffer table, svodrt/abi.py; byte offset) where a kernel parameter lives."""
+    """(slot in the entry ABI's buffer table, svodrt/abi.py; byte offset) where a kernel parameter lives (a
+    view: in its storage, at its offset; at step 0 of a step loop)."""
+    if buf.view_of is not None:
+        slot, offset = param_pointer(buf.view_of, nin)
+        return slot, offset + buf.view_offset * buf.dtype.itemsize
     if buf.kind is BufferKind.SCRATCH:
         return ARENA_SLOT, buf.offset
     if buf.kind is BufferKind.WEIGHT:
@@ -326,7 +330,11 @@ def render_wrapper(kernel: Kernel, nin: int, body: str, tmpl: Template | None = 
     """`@<name>(bufs, dims, part, nparts)`: the kernel's buffer-table entry point, which finds its
     parameters in the table and calls `@<body>` (its own body, or an identical kernel's; with `tmpl`,
     the template's body, passed the kernel's pointer shifts and lifted constants)."""
-    lines = [f"define void @{kernel.name}(ptr %bufs, ptr %dims, i32 %part, i32 %nparts) #0 {{", "entry:"]
+    lines = [f"define void @{kernel.name}(ptr %bufs, ptr %dims, i32 %{'coded' if kernel.stepped else 'part'}, "
+             "i32 %nparts) #0 {", "entry:"]
+    if kernel.stepped:  # the entry passes step * nparts + part (codegen/module.py, step loops)
+        lines += ["  %step = udiv i32 %coded, %nparts", "  %part = urem i32 %coded, %nparts",
+                  "  %step64 = zext i32 %step to i64"]
     if getattr(kernel.ast.arg, "serial", False):  # one part only (module.parallel_parts says 1)
         lines += ["  %not_first = icmp ne i32 %part, 0", "  br i1 %not_first, label %skip, label %run",
                   "skip:", "  ret void", "run:"]
@@ -336,6 +344,10 @@ def render_wrapper(kernel: Kernel, nin: int, body: str, tmpl: Template | None = 
         offset += tmpl.shifts[i] * buf.dtype.itemsize if tmpl else 0
         lines.append(f"  %s{i} = getelementptr inbounds ptr, ptr %bufs, i64 {slot}")
         lines.append(f"  %b{i} = load ptr, ptr %s{i}")
+        if kernel.stepped and buf.step_stride:
+            lines += [f"  %m{i} = mul i64 %step64, {buf.step_stride * buf.dtype.itemsize}",
+                      f"  %o{i} = add i64 %m{i}, {offset}"]
+            offset = f"%o{i}"
         lines.append(f"  %a{i} = getelementptr inbounds i8, ptr %b{i}, i64 {offset}")
         args.append(f"ptr %a{i}")
     if reads_dims(kernel.ast):

@@ -33,6 +33,13 @@ and visible, and nothing writes a flag again in the call (memory.plan_arena keep
 the call: a thread held back by the OS may read one after the others have run every later kernel), so
 every thread reads the same bytes. A skipped kernel has n_i = 0 tickets, so base_(i+1) = base_i for
 everyone.
+
+Step loops (Program.loops, passes/steploop.py): kernels[first:end] run `trips` times. Every thread runs
+every step: the tickets go on across steps (a loop's kernels take trips * their parts in all), so the
+wait for "every earlier part done" orders step t + 1 after step t as it orders kernels. Each call of a
+loop's kernel passes step * nparts + part as its part (one part: the step), which its wrapper splits
+(llvm_ir.render_wrapper), so the kernel ABI is unchanged and a kernel called alone (svodrt's profile)
+runs step 0.
 """
 
 from __future__ import annotations
@@ -217,9 +224,14 @@ def _guard_test(guard: FlagGuard, name: str) -> list[str]:
     return lines
 
 
-def entry_module(kernels: list[tuple[str, int]], target: Target, guards: list[FlagGuard] | None = None) -> str:
-    """kernels: (name, parallel_parts) in execution order; guards: each kernel's (() runs it always)."""
+def entry_module(kernels: list[tuple[str, int]], target: Target, guards: list[FlagGuard] | None = None,
+                 loops: list[tuple[int, int, int]] = ()) -> str:
+    """kernels: (name, parallel_parts) in execution order; guards: each kernel's (() runs it always); loops:
+    Program.loops, the step loops (see the module docstring)."""
     guards = guards or [()] * len(kernels)
+    starts = {first: (j, end, trips) for j, (first, end, trips) in enumerate(loops)}
+    ends = {end - 1: j for j, (_, end, _) in enumerate(loops)}
+    step_of = {i: j for j, (first, end, _) in enumerate(loops) for i in range(first, end)}
     decl, hint = _spin_hint(target)
     lines = [*_header(target, "entry"), decl]
     lines += [f"declare void @{k}(ptr, ptr, i32, i32)" for k, _ in kernels]
@@ -227,12 +239,22 @@ def entry_module(kernels: list[tuple[str, int]], target: Target, guards: list[Fl
               "entry:", "  %multi = icmp sgt i32 %nthreads, 1", "  br i1 %multi, label %queue, label %solo",
               "solo:"]
     for i, ((k, _), guard) in enumerate(zip(kernels, guards, strict=True)):
-        call = f"  call void @{k}(ptr %bufs, ptr %dims, i32 0, i32 1)"
+        if i in starts:
+            j = starts[i][0]
+            lines += [f"  br label %sl{j}.pre", f"sl{j}.pre:", f"  br label %sl{j}.head", f"sl{j}.head:",
+                      f"  %st{j} = phi i32 [0, %sl{j}.pre], [%st{j}.next, %sl{j}.latch]"]
+        part = f"%st{step_of[i]}" if i in step_of else "0"
+        call = f"  call void @{k}(ptr %bufs, ptr %dims, i32 {part}, i32 1)"
         if not guard:
             lines.append(call)
-            continue
-        lines += [*_guard_test(guard, f"s{i}"), f"  br i1 %s{i}, label %s{i}.run, label %s{i}.next",
-                  f"s{i}.run:", call, f"  br label %s{i}.next", f"s{i}.next:"]
+        else:
+            lines += [*_guard_test(guard, f"s{i}"), f"  br i1 %s{i}, label %s{i}.run, label %s{i}.next",
+                      f"s{i}.run:", call, f"  br label %s{i}.next", f"s{i}.next:"]
+        if i in ends:
+            j = ends[i]
+            lines += [f"  br label %sl{j}.latch", f"sl{j}.latch:", f"  %st{j}.next = add i32 %st{j}, 1",
+                      f"  %sa{j} = icmp ult i32 %st{j}.next, {loops[j][2]}",
+                      f"  br i1 %sa{j}, label %sl{j}.head, label %sl{j}.exit", f"sl{j}.exit:"]
     lines += ["  ret void", "queue:",
               f"  %nextp = getelementptr inbounds i8, ptr %sync, i64 {SYNC_NEXT}",
               f"  %donep = getelementptr inbounds i8, ptr %sync, i64 {SYNC_DONE}",
@@ -240,14 +262,22 @@ def entry_module(kernels: list[tuple[str, int]], target: Target, guards: list[Fl
               "  br label %k0.start"]
     base = "0"
     for i, ((k, cap), guard) in enumerate(zip(kernels, guards, strict=True)):
-        nxt = f"%k{i + 1}.start"
+        # a step loop's last kernel goes on to the loop's latch, which runs the next step or leaves
+        nxt = f"%r{ends[i]}.latch" if i in ends else f"%k{i + 1}.start"
         lines.append(f"k{i}.start:")
+        if i in starts:  # every thread runs every step: the tickets go on from the step before's
+            j = starts[i][0]
+            lines += [f"  br label %r{j}.head", f"r{j}.head:",
+                      f"  %t{j} = phi i32 [0, %k{i}.start], [%t{j}.next, %r{j}.latch]",
+                      f"  %rb{j} = phi i32 [{base}, %k{i}.start], [%end{starts[i][1] - 1}, %r{j}.latch]"]
+            base = f"%rb{j}"
+        step = f"%t{step_of[i]}" if i in step_of else None
         if cap == 1:  # the calling thread's alone: see the module docstring
             lines += [f"  %end{i} = add i32 {base}, 1", f"  br i1 %caller, label %k{i}.solo, label {nxt}",
                       f"k{i}.solo:"]
             if i:
                 lines.append(f"  call void @svod_wait(ptr %donep, i32 {base}, ptr %sync)")
-            call = f"  call void @{k}(ptr %bufs, ptr %dims, i32 0, i32 1)"
+            call = f"  call void @{k}(ptr %bufs, ptr %dims, i32 {step or 0}, i32 1)"
             if guard:  # read after the wait above, by the one thread that reads it
                 lines += [*_guard_test(guard, f"q{i}"), f"  br i1 %q{i}, label %k{i}.run, label %k{i}.done",
                           f"k{i}.run:", call, f"  br label %k{i}.done", f"k{i}.done:"]
@@ -255,30 +285,35 @@ def entry_module(kernels: list[tuple[str, int]], target: Target, guards: list[Fl
                 lines.append(call)
             lines += [f"  %c{i} = atomicrmw add ptr %nextp, i32 1 monotonic",
                       f"  %d{i} = atomicrmw add ptr %donep, i32 1 release", f"  br label {nxt}"]
-            base = f"%end{i}"
-            continue
-        if i:
-            lines.append(f"  call void @svod_wait(ptr %donep, i32 {base}, ptr %sync)")
-        n = f"%n{i}.all" if guard else f"%n{i}"
-        lines += [f"  %few{i} = icmp ult i32 {cap}, %limit", f"  {n} = select i1 %few{i}, i32 {cap}, i32 %limit"]
-        if guard:  # read after the wait above: see the module docstring
-            lines += [*_guard_test(guard, f"q{i}"), f"  %n{i} = select i1 %q{i}, i32 {n}, i32 0"]
-        lines += [f"  %end{i} = add i32 {base}, %n{i}", f"  br label %k{i}.claim",
-                  f"k{i}.claim:",
-                  f"  %c{i} = load atomic i32, ptr %nextp monotonic, align 4",
-                  f"  %more{i} = icmp ult i32 %c{i}, %end{i}",
-                  f"  br i1 %more{i}, label %k{i}.try, label {nxt}",
-                  f"k{i}.try:",
-                  f"  %c{i}.1 = add i32 %c{i}, 1",
-                  f"  %x{i} = cmpxchg ptr %nextp, i32 %c{i}, i32 %c{i}.1 monotonic monotonic, align 4",
-                  f"  %ok{i} = extractvalue {{ i32, i1 }} %x{i}, 1",
-                  f"  br i1 %ok{i}, label %k{i}.run, label %k{i}.claim",
-                  f"k{i}.run:",
-                  f"  %part{i} = sub i32 %c{i}, {base}",
-                  f"  call void @{k}(ptr %bufs, ptr %dims, i32 %part{i}, i32 %n{i})",
-                  f"  %d{i} = atomicrmw add ptr %donep, i32 1 release",
-                  f"  br label %k{i}.claim"]
+        else:
+            if i:
+                lines.append(f"  call void @svod_wait(ptr %donep, i32 {base}, ptr %sync)")
+            n = f"%n{i}.all" if guard else f"%n{i}"
+            lines += [f"  %few{i} = icmp ult i32 {cap}, %limit", f"  {n} = select i1 %few{i}, i32 {cap}, i32 %limit"]
+            if guard:  # read after the wait above: see the module docstring
+                lines += [*_guard_test(guard, f"q{i}"), f"  %n{i} = select i1 %q{i}, i32 {n}, i32 0"]
+            coded = [f"  %pc{i} = mul i32 {step}, %n{i}", f"  %pk{i} = add i32 %pc{i}, %part{i}"] if step else []
+            lines += [f"  %end{i} = add i32 {base}, %n{i}", f"  br label %k{i}.claim",
+                      f"k{i}.claim:",
+                      f"  %c{i} = load atomic i32, ptr %nextp monotonic, align 4",
+                      f"  %more{i} = icmp ult i32 %c{i}, %end{i}",
+                      f"  br i1 %more{i}, label %k{i}.try, label {nxt}",
+                      f"k{i}.try:",
+                      f"  %c{i}.1 = add i32 %c{i}, 1",
+                      f"  %x{i} = cmpxchg ptr %nextp, i32 %c{i}, i32 %c{i}.1 monotonic monotonic, align 4",
+                      f"  %ok{i} = extractvalue {{ i32, i1 }} %x{i}, 1",
+                      f"  br i1 %ok{i}, label %k{i}.run, label %k{i}.claim",
+                      f"k{i}.run:",
+                      f"  %part{i} = sub i32 %c{i}, {base}", *coded,
+                      f"  call void @{k}(ptr %bufs, ptr %dims, i32 {f'%pk{i}' if step else f'%part{i}'}, i32 %n{i})",
+                      f"  %d{i} = atomicrmw add ptr %donep, i32 1 release",
+                      f"  br label %k{i}.claim"]
         base = f"%end{i}"
+        if i in ends:
+            j = ends[i]
+            lines += [f"r{j}.latch:", f"  %t{j}.next = add i32 %t{j}, 1",
+                      f"  %ra{j} = icmp ult i32 %t{j}.next, {loops[j][2]}",
+                      f"  br i1 %ra{j}, label %r{j}.head, label %k{i + 1}.start"]
     lines += [f"k{len(kernels)}.start:", "  ret void", "}", ""]
     lines += f"""define internal void @svod_wait(ptr %donep, i32 %want, ptr %sync) #0 {{
 entry:

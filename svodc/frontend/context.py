@@ -63,7 +63,8 @@ class NodeContext:
                  subgraph_runner: SubgraphRunner | None = None, vocabulary: Vocabulary | None = None,
                  bounded_axes: Callable[[UOp], tuple[str | None, ...]] | None = None,
                  loop_bounds: dict[str, int] | None = None,
-                 dim_bounds: dict[str, object] | None = None, realize: Callable[[UOp], None] | None = None):
+                 dim_bounds: dict[str, object] | None = None, realize: Callable[[UOp], None] | None = None,
+                 step_loops: bool = True):
         self.node = node
         self.inputs = inputs
         self.version = version  # the op's schema since_version this node uses
@@ -75,12 +76,18 @@ class NodeContext:
         self.loop_bounds = loop_bounds or {}  # CompileOptions.loop_bounds, by node name
         self.dim_bounds = dim_bounds or {}  # CompileOptions.dims: bounds of value-sized dims (TENSOR:AXIS) too
         self._realize = realize
+        self.step_loops = step_loops  # CompileOptions.step_loops: recurrent layers as step loops
 
     def realize(self, x: UOp) -> None:
         """Ask scheduling to store x in a buffer of its own rather than fuse it into its consumers: for a
         value every later step of a loop reads, which fused would be recomputed from the first step on."""
         if self._realize is not None:
             self._realize(x)
+
+    @property
+    def has_bounded_dims(self) -> bool:
+        """The model has bounded input dims (frontend/dims.py): some values' sizes vary per call."""
+        return self._bounded_axes is not None
 
     def bounded(self, x: UOp) -> tuple[str | None, ...]:
         """Per axis of x the bounded input dim its size follows (it varies per call; frontend/dims.py), or None."""

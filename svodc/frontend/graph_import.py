@@ -75,8 +75,9 @@ def _with(label: UnsupportedNode, reason: str, needs: tuple[str, ...] = ()) -> U
 class GraphImporter:
     def __init__(self, prov: Provenance, weight_of_initializer, vocabulary: Vocabulary, bounded_axes=None,
                  loop_bounds: dict[str, int] | None = None,
-                 dim_bounds: dict[str, object] | None = None):
+                 dim_bounds: dict[str, object] | None = None, step_loops: bool = True):
         self.prov = prov
+        self.step_loops = step_loops  # CompileOptions.step_loops
         self.dim_bounds = dim_bounds or {}  # CompileOptions.dims, for value-sized dims (frontend/runtime_dims.py)
         self.bounded_axes = bounded_axes  # UOp -> which axes a bounded dim sizes (frontend/dims.py), or None
         self.loop_bounds = loop_bounds or {}  # CompileOptions.loop_bounds
@@ -148,7 +149,8 @@ class GraphImporter:
             problems.append(_with(label, why))
             return self._poison(node, scope)
         ctx = NodeContext(node, srcs, version, opset, subgraph_runner, self.vocabulary, self.bounded_axes,
-                          self.loop_bounds, self.dim_bounds, realize=self.prov.ask_realize)
+                          self.loop_bounds, self.dim_bounds, realize=self.prov.ask_realize,
+                          step_loops=self.step_loops)
         try:
             result = handler.fn(ctx)
             outs = [result] if isinstance(result, UOp | SequenceValue | OptionalValue | ZipMapValue | EdgeStrings) \

@@ -124,7 +124,7 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
 
     importer = GraphImporter(prov, lambda init: _weight(init, external, vocabulary), vocabulary,
                              bounded_axes(dim_table) if dim_table.dims else None, options.loop_bounds,
-                             options.dims)
+                             options.dims, options.step_loops)
     problems += importer.import_graph_nodes(graph, scope, opsets)
     outputs, zipmaps, edge = [], [], []
     for vi in graph.output:

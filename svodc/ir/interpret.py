@@ -27,6 +27,7 @@ from svodc.ir.ops import (
     SliceArg,
     WindowArg,
 )
+from svodc.ir.steps import step_dependent
 from svodc.ir.uop import UOp, toposort
 
 _REDUCERS = {Ops.ADD: np.add, Ops.MUL: np.multiply, Ops.MAX: np.maximum, Ops.MIN: np.minimum}
@@ -45,13 +46,40 @@ def evaluate(roots: list[UOp], inputs: Mapping[str, np.ndarray] | None = None,
     """deadline: a time.monotonic() value; past it (checked between nodes) EvaluationTimeout is raised."""
     inputs = inputs or {}
     values: dict[UOp, np.ndarray] = {}
-    for i, n in enumerate(toposort(roots)):
-        if n.op is Ops.SINK:
+    order = toposort(roots)
+    inside = step_dependent(order)  # a step graph's nodes: their STEP_LOOP evaluates them once per step
+    for i, n in enumerate(order):
+        if n.op is Ops.SINK or n in inside:
             continue
         if deadline is not None and time.monotonic() > deadline:
             raise EvaluationTimeout(f"the reference interpreter ran out of time after {i} nodes")
+        if n.op is Ops.STEP_LOOP:
+            values[n] = _step_loop(n, values, inputs)
+            continue
         values[n] = eval_node(n, [values[s] for s in n.src], inputs)
     return [values[r] for r in roots]
+
+
+def _step_loop(n: UOp, outer: dict[UOp, np.ndarray], inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+    """STEP_LOOP (ops.StepLoopArg): the step graph's nodes evaluated once per step, the outer values they
+    read as they are."""
+    arg = n.arg
+    init = outer[n.src[0]]
+    xs = [outer[s] for s in n.src[1:1 + arg.steps]]
+    roots = list(n.src[1 + arg.steps:])
+    step = [m for m in toposort(roots) if m not in outer]
+    hist = np.empty((arg.trips + 1, *init.shape), init.dtype)
+    hist[0] = init
+    for t in range(arg.trips):
+        local: dict[UOp, np.ndarray] = {}
+        for m in step:
+            if m.op is Ops.STEP_IN:
+                local[m] = hist[t][m.arg.index] if m.arg.kind == "state" else xs[m.arg.index][t]
+            else:
+                local[m] = eval_node(m, [local[s] if s in local else outer[s] for s in m.src], inputs)
+        for k, r in enumerate(roots):
+            hist[t + 1][k] = local[r] if r in local else outer[r]
+    return hist
 
 
 def window_view(x: np.ndarray, arg: WindowArg) -> np.ndarray:

@@ -105,6 +105,10 @@ class Ops(Enum):
     SCATTER = auto()  # arg ScatterArg; src (x, idx, upd): out = x, then out[p with p[axis] = idx[p]] (op)= upd[p]
     SIZED = auto()  # arg SizedArg; src (x, value, ...): x, with axes sized at run time by values (value dims)
 
+    # --- step loops (tensor level): a recurrent layer's step graph, run `trips` times (passes/steploop.py)
+    STEP_IN = auto()  # arg StepInArg; a leaf of a step graph: the previous state k, or step input j at step t
+    STEP_LOOP = auto()  # arg StepLoopArg; src (init, *step inputs, *state roots): the states after each step
+
     # --- symbolic
     DEFINE_VAR = auto()  # arg VarArg: a named dimension with bounds
 
@@ -235,6 +239,29 @@ class SizedArg:
     deciding it are invalid (passes/dynamic.py ValueDim; the code writes it into the `dims` array)."""
 
     dims: tuple[tuple[str, int, int] | None, ...]  # per axis (name, lo, hi) or None
+
+
+@dataclass(frozen=True, slots=True)
+class StepInArg:
+    """STEP_IN: in a step graph, `state` k (slot k of the previous step's states, or of the loop's init at
+    step 0) or step input j (slice t of the loop's step source j), of `shape`."""
+
+    kind: str  # "state" or "step"
+    index: int
+    shape: tuple[int, ...]
+    # Which loop (its node's outputs and direction): loops of equal shapes keep apart, so what a step graph
+    # computes from its leaves alone (views of them) has its own layer's provenance.
+    loop: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StepLoopArg:
+    """STEP_LOOP(init [S, ...], step sources x_j [trips, ...], state roots r_k [...]): hist[0] = init, and
+    for t < trips hist[t + 1][k] = r_k with STEP_IN state k = hist[t][k] and STEP_IN step j = x_j[t].
+    The value is hist, [trips + 1, S, ...]: every step's states (Y and the final states are views of it)."""
+
+    trips: int
+    steps: int  # how many step sources follow init in src; the S = init.shape[0] state roots follow them
 
 
 @dataclass(frozen=True, slots=True)

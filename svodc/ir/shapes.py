@@ -117,6 +117,17 @@ def infer_shape(n: UOp) -> tuple:
         return idx
     if op is Ops.SIZED:
         return src
+    if op is Ops.STEP_IN:
+        return arg.shape
+    if op is Ops.STEP_LOOP:
+        init = n.src[0].shape
+        roots = n.src[1 + arg.steps:]
+        if len(roots) != init[0] or any(r.shape != init[1:] for r in roots):
+            raise ShapeError(f"STEP_LOOP: {len(roots)} state roots {[r.shape for r in roots]} for init {init}")
+        if any(x.shape[:1] != (arg.trips,) for x in n.src[1:1 + arg.steps]):
+            raise ShapeError(f"STEP_LOOP: step sources {[x.shape for x in n.src[1:1 + arg.steps]]} "
+                             f"do not lead with the trip count {arg.trips}")
+        return (arg.trips + 1, *init)
     if op is Ops.SCATTER:
         idx, upd = n.src[1].shape, n.src[2].shape
         if idx != upd:

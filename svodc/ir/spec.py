@@ -32,6 +32,8 @@ _SPEC: dict[Ops, tuple[type | tuple[type, ...] | None, int | None]] = {
     Ops.GATHER: (ops.GatherArg, 2),
     Ops.SCATTER: (ops.ScatterArg, 3),
     Ops.SIZED: (ops.SizedArg, None),
+    Ops.STEP_IN: (ops.StepInArg, 0),
+    Ops.STEP_LOOP: (ops.StepLoopArg, None),
     Ops.DEFINE_VAR: (ops.VarArg, 0),
     Ops.PARAM: (ops.ParamArg, 0),
     Ops.RANGE: (ops.RangeArg, 1),
@@ -73,6 +75,11 @@ def check_node(n: UOp) -> None:
     if n.op is Ops.SIZED and (len(n.src) != 1 + sum(d is not None for d in n.arg.dims) or len(n.arg.dims) !=
                               len(n.src[0].shape) or any(v.dtype is not dtypes.int64 or v.shape for v in n.src[1:])):
         raise SpecError("SIZED takes (x, one int64 scalar per named axis of x)")
+    if n.op is Ops.STEP_LOOP and (len(n.src) < 2 + n.arg.steps or n.src[0].dtype != n.dtype
+                                  or any(r.dtype != n.dtype for r in n.src[1 + n.arg.steps:])):
+        raise SpecError("STEP_LOOP takes (init, *step sources, *state roots), the roots of init's dtype")
+    if n.op is Ops.STEP_IN and n.arg.kind not in ("state", "step"):
+        raise SpecError(f"STEP_IN kind is 'state' or 'step', not {n.arg.kind!r}")
     if n.op is Ops.SCATTER and (n.src[2].dtype != n.dtype or n.arg.reduce not in (None, *REDUCE_OPS)):
         raise SpecError("SCATTER updates have the source's dtype; reduce is None or ADD/MUL/MAX/MIN")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from svodc.ir.dtypes import DType, dtypes
@@ -222,8 +223,9 @@ def output_ranges(stmt: UOp) -> list[UOp]:
     return sorted(free - bound, key=lambda r: r.arg.id)
 
 
-def toposort(roots: list[UOp]) -> list[UOp]:
-    """Nodes reachable from roots, each once, children before parents (iterative DFS)."""
+def toposort(roots: list[UOp], children: Callable[[UOp], tuple[UOp, ...]] | None = None) -> list[UOp]:
+    """Nodes reachable from roots, each once, children before parents (iterative DFS); children(n) (default
+    n.src) says what is below n."""
     order: list[UOp] = []
     seen: set[int] = set()
     stack: list[tuple[UOp, bool]] = [(r, False) for r in reversed(roots)]
@@ -236,7 +238,7 @@ def toposort(roots: list[UOp]) -> list[UOp]:
             continue
         seen.add(id(node))
         stack.append((node, True))
-        for s in reversed(node.src):
+        for s in reversed(node.src if children is None else children(node)):
             if id(s) not in seen:
                 stack.append((s, False))
     return order

@@ -159,7 +159,7 @@ class DynamicAxes:
         if op is Ops.INPUT:
             named = self._inputs.get(arg.name, {})
             return tuple(SymAxis(named[i]) if i in named else None for i in range(nd))
-        if op in (Ops.WEIGHT, Ops.CONST) or nd == 0:
+        if op in (Ops.WEIGHT, Ops.CONST, Ops.STEP_IN) or nd == 0:  # (a step loop's leaves are static)
             return (None,) * nd
         if op is Ops.SIZED:  # value dims where named, else what x has (a bounded input dim stays itself)
             for d in arg.dims:

@@ -62,10 +62,14 @@ def fold_pad_of_splat(n: UOp) -> UOp | None:
     return T.const(s.arg, n.dtype, n.shape)
 
 
+# Leaves, and a step loop (its step graph reads STEP_IN leaves: never all constants, but STEP_IN has no sources).
+_NOT_COMPUTED = frozenset({Ops.WEIGHT, Ops.CONST, Ops.INPUT, Ops.SINK, Ops.STEP_IN, Ops.STEP_LOOP})
+
+
 def make_fold_computed(limit: int):
     def fold_computed(n: UOp) -> UOp | None:
         """Compute a node of constants now (not views of weights, not reductions of splats)."""
-        if n.op in (Ops.WEIGHT, Ops.CONST, Ops.INPUT, Ops.SINK) or n.shape == () or n.op in MOVEMENT:
+        if n.op in _NOT_COMPUTED or n.shape == () or n.op in MOVEMENT:
             return None
         if not all(is_folded_constant(s) for s in n.src) or prod(n.shape) > limit:
             return None

@@ -17,14 +17,22 @@ def align(n: int, a: int = ALIGN) -> int:
     return (n + a - 1) // a * a
 
 
-def plan_arena(kernels: list[Kernel], scratch: list[Buffer]) -> int:
-    """Assign buffer.offset for every scratch buffer; returns the arena size in bytes."""
+def plan_arena(kernels: list[Kernel], scratch: list[Buffer], loops: list[tuple[int, int, int]] = ()) -> int:
+    """Assign buffer.offset for every scratch buffer; returns the arena size in bytes. A view lives as its
+    storage. loops: Program.loops."""
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     for k, kernel in enumerate(kernels):
         for b in kernel.params:
-            first.setdefault(b.id, k)
-            last[b.id] = max(k, last.get(b.id, k))
+            first.setdefault(b.storage.id, k)
+            last[b.storage.id] = max(k, last.get(b.storage.id, k))
+    for start, end, _ in loops:
+        # A buffer made before a step loop and read in it (a step source, the state history, a weight's
+        # copy) is read again by every step: live to the loop's end. One the loop's kernels make is
+        # remade each step before it is read, so its range inside one step holds for every step.
+        for b in {b.storage.id for kernel in kernels[start:end] for b in kernel.params}:
+            if first[b] < start:
+                last[b] = max(last[b], end - 1)
         for flag in (flag for term in kernel.guard for flag, _ in term):
             # a branch flag lives to the end: a thread the OS held back reads it when it reaches the kernel
             # it guards, maybe after faster threads have run every later kernel (codegen/module.py)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import sys
+from collections.abc import Callable
 
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import Ops
@@ -26,7 +27,7 @@ from svodc.passes.buffers import Buffers
 from svodc.passes.concat import pm_reduce_concat
 from svodc.passes.contraction import conv_to_row_matmuls, pm_conv_to_matmul, pm_fold_into_conv
 from svodc.passes.decompose import decompose_conv, decompose_matmul, pm_decompose
-from svodc.passes.dynamic import DynamicAxes, dims_kernel, is_constant
+from svodc.passes.dynamic import DynamicAxes, DynamicShapeError, dims_kernel, is_constant
 from svodc.passes.fold import is_folded_constant, pm_fold
 from svodc.passes.lower import lower_kernel
 from svodc.passes.lower_gemm import find_matmul, lower_gemm_kernel
@@ -35,6 +36,7 @@ from svodc.passes.lower_memo import LoweringMemo
 from svodc.passes.memory import plan_arena, plan_weights
 from svodc.passes.pads import share_window_pads
 from svodc.passes.schedule import KernelPlan, plan_kernels
+from svodc.passes.steploop import StepLowering, lower_step_loop
 from svodc.policy import DEFAULT_POLICY, OptimizationPolicy
 from svodc.program import Buffer, BufferKind, ImportedGraph, Kernel, KernelGuard, Program
 
@@ -162,50 +164,74 @@ def build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimiz
 
     kernels: list[Kernel] = []
     memo = LoweringMemo()  # loop kernels equal but for their buffers are lowered once
+    loops: list[tuple[int, int, int]] = []
+
+    def lower(root: UOp, out: Buffer, copy_from: Buffer | None, stop: Callable[[UOp], bool],
+              realized: set[UOp], guard: KernelGuard = (), stepped: bool = False, in_loop: bool = False) -> Kernel:
+        """The kernel that computes root into out (copies copy_from there); stop(n): n is read from a buffer."""
+        prov = _provenance(root, realized, graph.provenance)
+        name = _kernel_name(len(kernels), prov)
+        mm = None if copy_from is not None else find_matmul(root, stop)
+        if mm is not None and mm.dtype is dtypes.int32:  # the integer GEMM: its epilogue reads C from a scratch
+            c_buf = out
+            if root is not mm:
+                c_buf = Buffer(next(next_id), BufferKind.SCRATCH, dtypes.int32, c_scratch_shape(mm), f"t{len(scratch)}")
+                scratch.append(c_buf)
+            ast, params = lower_int8_gemm_kernel(name, root, mm, out, c_buf, buffers, policy)
+        elif mm is not None:
+            ast, params = lower_gemm_kernel(name, root, mm, out, buffers, policy, dyn,
+                                            getattr(dtypes, PRECISIONS[options.precision]))
+        elif copy_from is None and dyn is None and not in_loop:  # bounded dims: lowering reads dyn's per-node
+            # tables; a step loop's kernels read buffer views that move per step, which the memo's stand-ins lack
+            ast, params = memo.lower(name, root, out, buffers, lambda n, r, o, b: lower_kernel(n, r, o, b, policy))
+        else:
+            ast, params = lower_kernel(name, root, out, buffers, policy, copy_from=copy_from, dyn=dyn)
+        kind = "copy" if copy_from is not None else "gemm" if mm is not None else "loop"
+        _after_pass(f"lowering kernel {name}", ast, options)
+        kernels.append(Kernel(name, ast, params, prov, kind, guard, stepped))
+        return kernels[-1]
+
     for plan in plans:
+        if plan.root.op is Ops.STEP_LOOP:  # its kernels, the step graph's run once per step (steploop.py)
+            hist = _plan_output(plan, {}, scratch, next_id)
+            guard = _kernel_guard(plan.guard, written)
+            loops.append(lower_step_loop(plan.root, hist, buffers, policy, StepLowering(
+                lambda root, out, copy_from, stop, realized, stepped, guard=guard: lower(
+                    root, out, copy_from, stop, realized, guard, stepped, in_loop=True),
+                lambda x: _plan_output(KernelPlan(x, None), {}, scratch, next_id), lambda: next(next_id),
+                lambda: len(kernels))))
+            written[plan.root] = buffers.realized[plan.root] = hist
+            if plan.output in out_by_name:  # the history itself is a graph output: copied out after the loop
+                lower(plan.root, out_by_name[plan.output], hist, lambda n: False, realized, guard)
+            continue
         if plan.output in value_of:
             writers[value_of[plan.output].name] = len(kernels)
         out = _plan_output(plan, {} if plan.output in value_of else out_by_name, scratch, next_id)
-        prov = _provenance(plan.root, realized, graph.provenance)
-        name = _kernel_name(len(kernels), prov)
-        copy_from = written[plan.root] if plan.copy else None
-        mm = None if plan.copy else find_matmul(plan.root, lambda n: n in realized or n.op in (Ops.INPUT, Ops.WEIGHT))
-        if mm is not None and mm.dtype is dtypes.int32:  # the integer GEMM: its epilogue reads C from a scratch
-            c_buf = out
-            if plan.root is not mm:
-                c_buf = Buffer(next(next_id), BufferKind.SCRATCH, dtypes.int32, c_scratch_shape(mm), f"t{len(scratch)}")
-                scratch.append(c_buf)
-            ast, params = lower_int8_gemm_kernel(name, plan.root, mm, out, c_buf, buffers, policy)
-        elif mm is not None:
-            ast, params = lower_gemm_kernel(name, plan.root, mm, out, buffers, policy, dyn,
-                                            getattr(dtypes, PRECISIONS[options.precision]))
-        elif copy_from is None and dyn is None:  # bounded dims: lowering reads dyn's per-node tables
-            ast, params = memo.lower(name, plan.root, out, buffers,
-                                     lambda n, r, o, b: lower_kernel(n, r, o, b, policy))
-        else:
-            ast, params = lower_kernel(name, plan.root, out, buffers, policy, copy_from=copy_from, dyn=dyn)
+        lower(plan.root, out, written[plan.root] if plan.copy else None,
+              lambda n: n in realized or n.op in (Ops.INPUT, Ops.WEIGHT), realized, _kernel_guard(plan.guard, written))
         if not plan.copy:
             written.setdefault(plan.root, out)
             if plan.root in realized:
                 buffers.realized.setdefault(plan.root, out)
-        kind = "copy" if plan.copy else "gemm" if mm is not None else "loop"
-        kernels.append(Kernel(name, ast, params, prov, kind, _kernel_guard(plan.guard, written)))
-        _after_pass(f"lowering kernel {name}", ast, options)
 
     status_slot = len(dyn.dims) if dyn else 0  # the status words follow the dims (svodrt/abi.py)
     for d, _ in values:
         k = kernels[writers[d.name]]
         kernels[writers[d.name]] = dataclasses.replace(k, ast=value_dims.write_dims(k.ast, d, dyn, status_slot))
     if values:
+        if loops:  # hoisting would reorder kernels out of their loops
+            raise DynamicShapeError(f"{len(loops)} recurrent layers compiled as step loops in a model with sizes "
+                                    "decided by run-time values: compile with CompileOptions(step_loops=False)")
         writers = value_dims.hoist(kernels, writers)
         value_dims.check_order(kernels, writers, dyn)
     if dyn and dyn.computed():  # format 1.7: the computed dims, written before any kernel reads them
         kernels.insert(0, Kernel("k_dims", dims_kernel(dyn), [], [], "dims"))
+        loops = [(first + 1, end + 1, trips) for first, end, trips in loops]
     weight_list = list(buffers.weights.values())
     program = Program(inputs, out_bufs, kernels, weight_list, scratch, producer=graph.producer,
                       vocabulary=graph.vocabulary, zipmaps=graph.zipmaps,
-                      edge_outputs=graph.edge_outputs, dims=tuple(dyn.dims.values()) if dyn else ())
-    program.arena_size = plan_arena(kernels, scratch)
+                      edge_outputs=graph.edge_outputs, dims=tuple(dyn.dims.values()) if dyn else (), loops=loops)
+    program.arena_size = plan_arena(kernels, scratch, loops)
     program.weights_size = plan_weights(weight_list)
     return program
 

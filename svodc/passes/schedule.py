@@ -13,7 +13,9 @@ arithmetic, elementwise chains are recomputed in place). A compute node is reali
 - its fused subgraph would grow past the policy's max_fused_ops (keeps kernels and compile time bounded);
 - it is a SCATTER (always a kernel of its own: copy, then serial updates; see lower.py);
 - the frontend asked for it (NodeContext.realize: a recurrent layer's state after each step, which
-  every later step reads; fused, step t would recompute it from the first step on).
+  every later step reads; fused, step t would recompute it from the first step on);
+- it is a STEP_LOOP (its step graph is scheduled on its own: passes/steploop.py; here the loop is a leaf
+  that reads its init and step sources).
 GATHER reads its source at run-time positions, so for the rules above it reuses elements like EXPAND.
 Realizing a movement op realizes its source instead: views of a buffer cost nothing. A PAD that windows
 read is realized (a padded copy) and reads each element of its source once: one such copy is no reuse, so
@@ -37,7 +39,8 @@ from dataclasses import dataclass
 
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import ALU, MATH_UNARY, MOVEMENT, Ops
-from svodc.ir.uop import UOp, toposort
+from svodc.ir.steps import outer_src, outer_toposort
+from svodc.ir.uop import UOp
 from svodc.passes.branches import ALWAYS, Guard, branch_roots, guards, order_for_guards
 from svodc.passes.lower import unrolls_reduce
 from svodc.passes.lower_gemm_int8 import BYTE_TYPES, int8_activation, int8_gemm_shape
@@ -84,6 +87,10 @@ def _reuse_consumers(n: UOp, consumers: dict[UOp, list[UOp]], copies: set[UOp]) 
 _POLYNOMIAL = (MATH_UNARY - {Ops.ROUND, Ops.TRUNC, Ops.FLOOR}) | {Ops.POW}
 
 
+# Nodes that are buffers before any kernel runs (a STEP_IN: a view the step loop binds).
+_SOURCES = frozenset({Ops.INPUT, Ops.WEIGHT, Ops.CONST, Ops.STEP_IN})
+
+
 def _base(n: UOp, copies: set[UOp]) -> UOp:
     while n.op in MOVEMENT and n not in copies:
         n = n.src[0]
@@ -91,7 +98,7 @@ def _base(n: UOp, copies: set[UOp]) -> UOp:
 
 
 def _plan_matmuls(nodes: list[UOp], consumers: dict[UOp, list[UOp]], output_roots: set[UOp],
-                  copies: set[UOp]) -> tuple[set[UOp], set[UOp]]:
+                  copies: set[UOp], leaves: frozenset[UOp]) -> tuple[set[UOp], set[UOp]]:
     """(nodes that must be realized, nodes fused into a GEMM epilogue). An operand's base is the buffer it views:
     a padded copy for windows (`copies`, realized anyway) or the first non-movement node below it."""
     forced: set[UOp] = set()
@@ -106,7 +113,7 @@ def _plan_matmuls(nodes: list[UOp], consumers: dict[UOp, list[UOp]], output_root
             base = _base(x, copies)
             if base.op in (Ops.WEIGHT, Ops.CONST):
                 continue  # packed at compile time
-            if base.op is not Ops.INPUT:
+            if base.op not in (Ops.INPUT, Ops.STEP_IN) and base not in leaves:
                 forced.add(base)
             view = affine_view(x, lambda n, base=base: n is base)
             if view is None or (role == "b" and not int8 and view.strides[-1] != 1 and x.shape[-1] > 1):
@@ -171,20 +178,22 @@ def _windows_into_unrolled(pad: UOp, consumers: dict[UOp, list[UOp]], policy: Op
 
 def plan_kernels(outputs: list[tuple[str, UOp]], policy: OptimizationPolicy = DEFAULT_POLICY,
                  selects: dict[UOp, UOp] | None = None, asked: set[UOp] | None = None,
-                 runtime_sized: Callable[[UOp], bool] | None = None) -> tuple[list[KernelPlan], set[UOp]]:
+                 runtime_sized: Callable[[UOp], bool] | None = None, leaves: frozenset[UOp] = frozenset()
+                 ) -> tuple[list[KernelPlan], set[UOp]]:
     """The kernels in execution order, and the set of realized nodes (kernel roots). selects: the
     run-time branch selects and their flags (passes/branches.py), whose sides get guarded kernels.
     asked: nodes the frontend asked to realize (those that are views or sources need no kernel).
-    runtime_sized(n): n has an axis sized at run time (passes/dynamic.py)."""
+    runtime_sized(n): n has an axis sized at run time (passes/dynamic.py). leaves: nodes already in buffers
+    (a step graph's schedule: what the kernels before its loop realized), read as they are."""
     roots = [o for _, o in outputs]
-    nodes = toposort(roots)
+    nodes = outer_toposort(roots, leaves)
     consumers: dict[UOp, list[UOp]] = defaultdict(list)
     for n in nodes:
-        for s in dict.fromkeys(n.src):
+        for s in dict.fromkeys(() if n in leaves else outer_src(n)):
             consumers[s].append(n)
     output_roots = set(roots)
     copies = _window_copies(nodes, consumers)
-    forced, epilogue = _plan_matmuls(nodes, consumers, output_roots, copies)
+    forced, epilogue = _plan_matmuls(nodes, consumers, output_roots, copies, leaves)
     if selects:
         branch_forced = branch_roots(selects)
         forced |= branch_forced
@@ -199,12 +208,12 @@ def plan_kernels(outputs: list[tuple[str, UOp]], policy: OptimizationPolicy = DE
     fused_cost: dict[UOp, int] = {}  # the same, a math function counted as its polynomial (cheap_to_repeat)
 
     def state(s: UOp) -> tuple[bool, int, int]:
-        if s in realized or s.op in (Ops.INPUT, Ops.WEIGHT, Ops.CONST):
+        if s in realized or s.op in _SOURCES or s in leaves:
             return False, 0, 0
         return has_reduce[s], fused_ops[s], fused_cost[s]
 
     for n in nodes:
-        if n.op in (Ops.INPUT, Ops.WEIGHT, Ops.CONST):
+        if n.op in _SOURCES or n in leaves:
             continue
         if n in copies and not (policy.fuse_window_pads and not (runtime_sized and runtime_sized(n))
                                 and _windows_into_unrolled(n, consumers, policy, realized, copies)):
@@ -212,13 +221,13 @@ def plan_kernels(outputs: list[tuple[str, UOp]], policy: OptimizationPolicy = DE
             # in bounds, so the kernels index it without clamps or selects and vectorize. (Over a run-time
             # extent split.py cannot cut the borders off, so those read a copy too.)
             realized.add(n)
-        srcs = [state(s) for s in n.src]
+        srcs = [state(s) for s in outer_src(n)]
         hr = n.op in (Ops.REDUCE, Ops.MATMUL) or any(h for h, _, _ in srcs)
         own = 1 if n.op in ALU or n.op is Ops.REDUCE else 0
         ops = own + sum(k for _, k, _ in srcs)
         cost = (policy.math_op_cost if n.op in _POLYNOMIAL else own) + sum(c for _, _, c in srcs)
         has_reduce[n], fused_ops[n], fused_cost[n] = hr, ops, cost
-        if n.op is Ops.SCATTER:
+        if n.op in (Ops.SCATTER, Ops.STEP_LOOP):
             realized.add(n)
             continue
         if n in forced:

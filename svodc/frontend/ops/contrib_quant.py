@@ -251,6 +251,8 @@ class QuantizedLayer(Layer):
     each step) to uint8 as DynamicQuantizeLinear does, multiplies exactly in int32 and scales by
     a_scale * w_scale, as onnxruntime's kernel does."""
 
+    step_loop = False  # not yet: its per-step dynamic quantization of h is untried inside a step graph
+
     def __init__(self, ctx: NodeContext, scales: dict[str, tuple[UOp, UOp]]):
         super().__init__(ctx, 4, LSTM_ACTIVATIONS)
         self.scales = scales

@@ -1,8 +1,11 @@
-"""Recurrent layers (RNN, GRU, LSTM), unrolled over the sequence length known at compile time.
+"""Recurrent layers (RNN, GRU, LSTM) over the sequence length known at compile time.
 
 Per direction: the input projection X W^T + biases is one matmul over all time steps; each step
-adds H R^T and applies the cell. Each step's states are realized (NodeContext.realize), so a step
-reads the previous step's stored states and its kernels stay the same size. Sequence lengths (run
+adds H R^T and applies the cell. The steps are a step loop (ops.STEP_LOOP: the cell built once,
+compiled once and run once per step by the entry, passes/steploop.py), or with
+CompileOptions.step_loops off (GPU variants) unrolled: each step's states are then realized
+(NodeContext.realize), so a step reads the previous step's stored states and its kernels stay the
+same size. Sequence lengths (run
 time) mask the state update and zero the output past each batch entry's end; the reverse direction
 runs forward over each sequence reversed within its length (ReverseSequence), then reverses its
 outputs back, as the ONNX reference does.
@@ -18,7 +21,7 @@ from svodc.frontend.context import NodeContext, Unsupported
 from svodc.frontend.registry import onnx_op
 from svodc.ir import tensor as T
 from svodc.ir.dtypes import dtypes
-from svodc.ir.ops import GatherArg, Ops
+from svodc.ir.ops import GatherArg, Ops, StepInArg, StepLoopArg
 from svodc.ir.uop import UOp
 
 Act = Callable[[UOp], UOp]
@@ -73,6 +76,10 @@ def activation(name: str, alpha: float | None, beta: float | None) -> Act:
 class Layer:
     """What every recurrent op shares: inputs in [seq, batch, ...] layout, per-direction weights,
     activations, clipping and sequence lengths."""
+
+    # The steps as a step loop (CompileOptions.step_loops) rather than unrolled; a subclass whose cell the
+    # step loop does not take yet says False.
+    step_loop = True
 
     def __init__(self, ctx: NodeContext, gates: int, defaults: list[str]):
         self.ctx = ctx
@@ -159,6 +166,9 @@ class Layer:
         bias = wb if rb_in_cell else T.alu(Ops.ADD, wb, rb)
         xw = T.alu(Ops.ADD, xw, T.reshape(bias, (1, 1, g)))
         acts = self.acts[d * self.per_dir:(d + 1) * self.per_dir]
+        if self.step_loop and self.ctx.step_loops and not self.ctx.has_bounded_dims:
+            y, states = self._loop(cell, states, xw, T.reshape(rb, (1, g)), rt, acts, d)
+            return (self.reversed_in_length(y) if self.directions[d] == "reverse" else y), states
         ys = []
         for t in range(self.seq):
             xt = T.reshape(T.shrink(xw, [(t, t + 1), (0, self.batch), (0, g)]), xw.shape[1:])
@@ -178,6 +188,34 @@ class Layer:
         if self.directions[d] == "reverse":
             y = self.reversed_in_length(y)
         return y, states
+
+    def _loop(self, cell, states: list[UOp], xw: UOp, rb: UOp, rt: UOp, acts: list[Act], d: int
+              ) -> tuple[UOp, list[UOp]]:
+        """The steps as one STEP_LOOP (ops.StepLoopArg): the cell is built once over STEP_IN leaves (x_t, the
+        step's validity per batch entry, the previous states); Y and the final states are views of the
+        loop's state history [seq + 1, states, batch, h], Y zeroed past each batch entry's length."""
+        n, b, h, s = self.seq, self.batch, self.hidden, len(states)
+        sources = [xw]
+        valid = None
+        if self.lens is not None:  # [seq, batch]: step t is valid for entry b while t < lens[b]
+            t = T.broadcast_to(T.reshape(_iota(n), (n, 1)), (n, b))
+            valid = T.alu(Ops.CMPLT, t, T.broadcast_to(T.reshape(self.lens, (1, b)), (n, b)))
+            sources.append(valid)
+        where = f"{','.join(self.ctx.node.output)}:{d}"
+        xt = UOp(Ops.STEP_IN, xw.dtype, (), StepInArg("step", 0, xw.shape[1:], where))
+        prev = [UOp(Ops.STEP_IN, xw.dtype, (), StepInArg("state", k, (b, h), where)) for k in range(s)]
+        _, new = cell(xt, prev, rt, rb, acts)
+        if valid is not None:
+            valid_t = UOp(Ops.STEP_IN, dtypes.bool, (), StepInArg("step", 1, (b,), where))
+            ok = T.broadcast_to(T.reshape(valid_t, (b, 1)), (b, h))
+            new = [T.alu(Ops.WHERE, ok, v, o) for v, o in zip(new, prev, strict=True)]
+        init = T.concat([T.reshape(v, (1, b, h)) for v in states], 0)
+        hist = UOp(Ops.STEP_LOOP, xw.dtype, (init, *sources, *new), StepLoopArg(n, len(sources)))
+        finals = [T.reshape(T.shrink(hist, [(n, n + 1), (k, k + 1), (0, b), (0, h)]), (b, h)) for k in range(s)]
+        y = T.reshape(T.shrink(hist, [(1, n + 1), (0, 1), (0, b), (0, h)]), (n, b, h))
+        if valid is not None:
+            y = T.alu(Ops.WHERE, T.broadcast_to(T.reshape(valid, (n, b, 1)), y.shape), y, _c(y, 0.0))
+        return y, finals
 
     def outputs(self, ys: list[UOp], finals: list[list[UOp]]) -> list[UOp | None]:
         """Y, then one [dirs, batch, h] output per state, in the op's layout."""
