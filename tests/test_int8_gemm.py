@@ -28,6 +28,7 @@ import svodc
 import svodrt
 from svodc.codegen.llvm_gemm_int8 import int8_path
 from svodc.frontend.importer import import_model
+from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import Ops
 from svodc.options import CompileOptions
 from svodc.passes.pipeline import build_program
@@ -247,3 +248,52 @@ def test_an_epilogue_reads_c_from_a_stack_tile_up_to_its_row_limit():
         gemm, = [s.arg for k in program.kernels for s in k.ast.src if s.op is Ops.GEMM]
         assert gemm.quant.c_tile == (C_TILE if tiled else 0)
         assert any(b.shape[-2:] == (m, 64) for b in program.scratch) != tiled
+
+
+def _requant_conv(m: int, y_type: int, y_zero: int, float32_exact: bool):
+    """x (uint8, 1x11x5x7) -> QLinearConv 1x1 with bias, m filters -> y of y_type: 35 columns (a partial
+    last vector of 8 lanes and a partial lane tile), K = 11 (not a multiple of 4). The output scale is
+    the first of a seeded sequence whose factor float32 rescales exactly (or not: the float64 form)."""
+    from svodc.frontend.ops.rescale_exact import float32_rescale_is_exact
+
+    f = np.float32
+    lo, hi = (0, 255) if y_type == U8 else (-128, 127)
+    xs, ws, r = f(0.02), f(0.004), np.random.default_rng(3)
+    while True:
+        ys = f(r.uniform(0.01, 0.05))
+        if float32_rescale_is_exact(np.array([f(xs * ws) / ys], f), np.array([y_zero]), lo, hi) == float32_exact:
+            break
+    y_np = np.uint8 if y_type == U8 else np.int8
+    g = helper.make_graph(
+        [helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"])], "rq",
+        [helper.make_tensor_value_info("x", U8, [1, 11, 5, 7])], [helper.make_tensor_value_info("y", y_type, None)],
+        [_init("xs", xs), _init("xz", np.uint8(121)), _init("w", R.integers(-64, 65, (m, 11, 1, 1)).astype(np.int8)),
+         _init("ws", ws), _init("wz", np.int8(0)), _init("ys", ys), _init("yz", y_np(y_zero)),
+         _init("b", R.integers(-4000, 4000, m).astype(np.int32))])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    return model, {"x": R.integers(0, 256, (1, 11, 5, 7)).astype(np.uint8)}
+
+
+# 13 rows: a last weight panel of 1 row; C_TILE_ROWS + 3: the whole-product scratch (c_tile 0).
+@pytest.mark.parametrize("m", [13, 1027])
+@pytest.mark.parametrize("y_type, y_zero, float32_exact", [(U8, 0, True), (I8, -5, True), (U8, 77, False)])
+@pytest.mark.parametrize("spec", ["host", "x86_64:x86-64-v2"])
+def test_requantization_runs_on_the_accumulators_in_registers(m, y_type, y_zero, float32_exact, spec):
+    """An integer GEMM's epilogue (bias, the float32 or float64 rescale, zero point, saturation to 8
+    bits) runs on the micro-kernel's accumulators, C never stored (llvm_gemm_int8._vector_epilogue), and
+    gives onnx.reference's integers; x86-64-v2: 4-lane vectors."""
+    from svodc.codegen.llvm_gemm_int8 import _vector_epilogue
+    from svodc.codegen.llvm_ir import KernelEmitter
+    from svodc.policy import policy_for
+
+    model, feeds = _requant_conv(m, y_type, y_zero, float32_exact)
+    options = CompileOptions()
+    target = parse_target(spec)[0]
+    program = build_program(import_model(model, options), options)
+    (kernel, gemm), = [(k, s) for k in program.kernels for s in k.ast.src if s.op is Ops.GEMM]
+    em = KernelEmitter(kernel.name, kernel.ast, target)
+    assert _vector_epilogue(em, gemm, policy_for(target, options.policies).blocking(target)) is not None
+    rescale = {x.dtype for x in gemm.src[4].toposort() if x.op is Ops.ROUND}
+    assert rescale == {dtypes.float32 if float32_exact else dtypes.float64}
+    with svodrt.load(svodc.compile(model, target=spec)) as mod:
+        _equal(mod.run(feeds), ReferenceEvaluator(model).run(None, feeds), spec)

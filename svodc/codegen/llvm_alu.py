@@ -192,18 +192,30 @@ def _floor_divmod(em: KernelEmitter, scope: Scope, n: UOp, v: list[str]) -> str:
     return line(scope, f"select i1 {zero}, {t} 0, {t} {out}")
 
 
-def emit_cast(em: KernelEmitter, scope: Scope, src: DType, dst: DType, x: str) -> str:
-    s, t, line = ltype(src), ltype(dst), em.emit_line
-    if src == dst or (s == t and src.kind == dst.kind):
+def emit_cast(em: KernelEmitter, scope: Scope, src: DType, dst: DType, x: str, lanes: int = 1) -> str:
+    """x: a value of src, or with lanes > 1 a <lanes x src> vector (a GEMM epilogue in registers,
+    llvm_gemm_epilogue.py): the same conversion per lane."""
+    line = em.emit_line
+
+    def ty(dt: DType | str) -> str:
+        t = dt if isinstance(dt, str) else ltype(dt)
+        return t if lanes == 1 else f"<{lanes} x {t}>"
+
+    def k(dt: DType, value: float) -> str:
+        return const(dt, value) if lanes == 1 else f"splat ({ltype(dt)} {const(dt, value)})"
+
+    s, t, b, i32 = ty(src), ty(dst), ty("i1"), ty("i32")
+    h, i16, f32 = ty("half"), ty("i16"), ty("float")
+    if src == dst or (ltype(src) == ltype(dst) and src.kind == dst.kind):
         return x
     if dtypes.float16 in (src, dst):  # float16 <-> float32 left by emulate.py for F16C targets (vcvtph2ps/ps2ph)
         if src is dtypes.float16:
-            return line(scope, f"fpext half {line(scope, f'bitcast i16 {x} to half')} to float")
-        return line(scope, f"bitcast half {line(scope, f'fptrunc float {x} to half')} to i16")
+            return line(scope, f"fpext {h} {line(scope, f'bitcast {i16} {x} to {h}')} to {f32}")
+        return line(scope, f"bitcast {h} {line(scope, f'fptrunc {f32} {x} to {h}')} to {i16}")
     if dst is dtypes.bool:
         if src.is_float:
-            return line(scope, f"fcmp une {s} {x}, {const(src, 0.0)}")
-        return line(scope, f"icmp ne {s} {x}, 0")
+            return line(scope, f"fcmp une {s} {x}, {k(src, 0.0)}")
+        return line(scope, f"icmp ne {s} {x}, {k(src, 0)}")
     if src.is_float and dst.is_float:
         op = "fpext" if src.bits < dst.bits else "fptrunc"
         return line(scope, f"{op} {s} {x} to {t}")
@@ -211,17 +223,23 @@ def emit_cast(em: KernelEmitter, scope: Scope, src: DType, dst: DType, x: str) -
         # fptosi.sat's integers (NaN -> 0, out of range -> the type's min/max) by compares and selects
         # around a plain conversion: LLVM scalarizes vector fptosi.sat to 8/16 bits on x86, and this
         # vectorizes (requantized outputs are mostly uint8 / int8)
-        lo, hi = const(src, float(min_value(dst))), const(src, float(max_value(dst)))
+        lo, hi = k(src, float(min_value(dst))), k(src, float(max_value(dst)))
         low = line(scope, f"fcmp olt {s} {x}, {lo}")
-        a = line(scope, f"select i1 {low}, {s} {lo}, {s} {x}")
+        a = line(scope, f"select {b} {low}, {s} {lo}, {s} {x}")
         high = line(scope, f"fcmp ogt {s} {a}, {hi}")
-        b = line(scope, f"select i1 {high}, {s} {hi}, {s} {a}")
+        c = line(scope, f"select {b} {high}, {s} {hi}, {s} {a}")
         nan = line(scope, f"fcmp uno {s} {x}, {x}")
-        c = line(scope, f"select i1 {nan}, {s} {const(src, 0.0)}, {s} {b}")
-        return line(scope, f"trunc i32 {line(scope, f'fptosi {s} {c} to i32')} to {t}")
+        d = line(scope, f"select {b} {nan}, {s} {k(src, 0.0)}, {s} {c}")
+        i = line(scope, f"fptosi {s} {d} to {i32}")
+        if lanes > 1:  # the same clamp on the integers: x86 selects it with the trunc as saturating packs
+            for op, bound in (("smax", min_value(dst)), ("smin", max_value(dst))):
+                fn = _intrinsic(em, f"llvm.{op}.v{lanes}i32", i32, [i32, i32])
+                i = line(scope, f"call {i32} @{fn}({i32} {i}, {i32} {k(dtypes.int32, bound)})")
+        return line(scope, f"trunc {i32} {i} to {t}")
     if src.is_float:  # saturating: NaN -> 0, out of range -> the type's min/max (never poison)
         kind = "fptosi" if _signed(dst) else "fptoui"
-        name = _intrinsic(em, f"llvm.{kind}.sat.{t}.{_suffix(src)}", t, [s])
+        v = "" if lanes == 1 else f"v{lanes}"
+        name = _intrinsic(em, f"llvm.{kind}.sat.{v}{_suffix(dst)}.{v}{_suffix(src)}", t, [s])
         return line(scope, f"call {t} @{name}({s} {x})")
     if dst.is_float:
         op = "sitofp" if _signed(src) else "uitofp"

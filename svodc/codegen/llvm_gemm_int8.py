@@ -29,8 +29,11 @@ import math
 from typing import TYPE_CHECKING
 
 from svodc.codegen.llvm_gemm import operand_offset
+from svodc.codegen.llvm_gemm_epilogue import VectorEpilogue, emit_vector_epilogue, vector_epilogue
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import GemmArg, Ops, RangeArg, RangeKind
+from svodc.ir.rewrite import graph_rewrite
+from svodc.ir.symbolic import pm_symbolic
 from svodc.ir.uop import UOp
 from svodc.passes.lower_gemm_int8 import Q_PANEL
 from svodc.policy import GemmBlocking
@@ -187,16 +190,23 @@ def _dot(L: list[str], path: str, vw: int, acc: str, a: str, w: str, out: str, s
         L.append(f"  {out} = add {vt} {s}, zeroinitializer")
 
 
-def micro_kernel(path: str, vw: int, nvec: int, stored_signed: bool, intrinsics: set[str]) -> tuple[str, str]:
+def tile_type(vw: int, nvec: int) -> str:
+    """The struct a returning micro-kernel gives back: its Q_PANEL x nvec accumulators, row-major."""
+    return "{ " + ", ".join([f"<{vw} x i32>"] * (Q_PANEL * nvec)) + " }"
+
+
+def micro_kernel(path: str, vw: int, nvec: int, stored_signed: bool, intrinsics: set[str],
+                 returns: bool = False) -> tuple[str, str]:
     """void mk(ptr w, ptr sums, ptr pk, ptr c, i64 k4, i64 c_row, i64 rows, i64 valid, i32 corr): the
     C tile of one weight panel (Q_PANEL rows, the first `rows` stored) and one packed lane tile (nvec
-    vectors, the first `valid` lanes stored), over k4 groups of 4 k."""
+    vectors, the first `valid` lanes stored), over k4 groups of 4 k. returns: the tile is returned
+    (tile_type) instead of stored, for the epilogue in registers (c, c_row, rows and valid unused)."""
     lanes = nvec * vw
     vt, mt = f"<{vw} x i32>", f"<{vw} x i1>"
-    name = f"svod.q8.mk.{path}.{nvec}v{vw}{'s' if stored_signed else 'u'}"
+    name = f"svod.q8.mk.{path}.{nvec}v{vw}{'s' if stored_signed else 'u'}{'r' if returns else ''}"
     intrinsics.add(f"declare void @llvm.masked.store.v{vw}i32.p0({vt}, ptr, i32, {mt})")
-    L = [f"define internal void @{name}(ptr noalias %w, ptr noalias %sums, ptr noalias %pk, ptr noalias %c, "
-         "i64 %k4, i64 %c_row, i64 %rows, i64 %valid, i32 %corr) #0 {", "entry:"]
+    L = [f"define internal {tile_type(vw, nvec) if returns else 'void'} @{name}(ptr noalias %w, ptr noalias %sums, "
+         "ptr noalias %pk, ptr noalias %c, i64 %k4, i64 %c_row, i64 %rows, i64 %valid, i32 %corr) #0 {", "entry:"]
     vv = _splat(L, "vv", "i64", vw, "%valid")
     for j in range(nvec):
         L += [f"  %ln{j} = add nuw <{vw} x i64> {_iota(vw)}, <{', '.join([f'i64 {j * vw}'] * vw)}>",
@@ -235,7 +245,15 @@ def micro_kernel(path: str, vw: int, nvec: int, stored_signed: bool, intrinsics:
         for j in range(nvec):
             _dot(L, path, vw, f"%acc{r}.{j}", f"%a{j}", wb, f"%n{r}.{j}", stored_signed, intrinsics)
     L += ["  %q.next = add nuw i64 %q, 1", "  %more = icmp ult i64 %q.next, %k4",
-          "  br i1 %more, label %loop, label %row0"]
+          f"  br i1 %more, label %loop, label %{'ret' if returns else 'row0'}"]
+    if returns:
+        tt, agg = tile_type(vw, nvec), "undef"
+        L.append("ret:")
+        for i, (r, j) in enumerate((r, j) for r in range(Q_PANEL) for j in range(nvec)):
+            L.append(f"  %t{i} = insertvalue {tt} {agg}, {vt} %n{r}.{j}, {i}")
+            agg = f"%t{i}"
+        L += [f"  ret {tt} {agg}", "}"]
+        return name, "\n".join(L)
     # Rows past `rows` are not stored; full lane tiles take plain stores (masked ones are slow on some
     # x86: microcoded on AMD Zen), the last one masked stores.
     L.insert(L.index("loop:") - 1, f"  %full = icmp eq i64 %valid, {lanes}")
@@ -296,6 +314,7 @@ def emit_int8_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmB
     rows, rows_def = rows_function(mk, lanes)
     em.shared_functions.update({pack: pack_def, mk: mk_def, rows: rows_def})
 
+    vepi = _vector_epilogue(em, node, blocking)
     t_range = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, tiles),), RangeArg(-1, RangeKind.PARALLEL))
     start, stop = em.part_split(str(tiles))
     em.open_loop(t_range, start, stop)
@@ -310,6 +329,16 @@ def emit_int8_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmB
     valid = line(sc, f"select i1 {few}, i64 {left}, i64 {lanes}")
     b_ptr = line(sc, f"getelementptr inbounds i8, ptr {pb}, i64 "
                      f"{operand_offset(em, sc, arg.b, batch, [(n0, arg.b.col_stride)])}", "ptr")
+    buf = em.fresh("packed")
+    em.allocas.append(f"{buf} = alloca i8, i64 {k4 * 4 * lanes}, align 64")
+    sc.lines.append(f"  call void @{pack}(ptr {b_ptr}, ptr {buf}, i64 {arg.k}, i64 {arg.b.row_stride}, "
+                    f"i64 {arg.b.col_stride}, i64 {valid})")
+    if vepi is not None:
+        mk_r, mk_r_def = micro_kernel(path, vw, nvec, stored_signed, em.uses_intrinsics, returns=True)
+        em.shared_functions[mk_r] = mk_r_def
+        _panels_in_registers(em, node, vepi, mk_r, (vw, nvec), buf, k4, corr, batch, n0, few)
+        em.close_loop()
+        return
     if quant.c_tile:  # C in a stack tile (lower_gemm_int8.c_scratch_shape): the epilogue's C is the tile less n0
         assert lanes <= quant.c_tile and len(node.src) > 4
         c_ptr = em.fresh("ctile")
@@ -319,16 +348,64 @@ def emit_int8_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmB
     else:
         c_ptr = line(sc, f"getelementptr inbounds i32, ptr {pc}, i64 "
                          f"{operand_offset(em, sc, arg.c, batch, [(n0, 1)])}", "ptr")
-    buf = em.fresh("packed")
-    em.allocas.append(f"{buf} = alloca i8, i64 {k4 * 4 * lanes}, align 64")
-    sc.lines += [f"  call void @{pack}(ptr {b_ptr}, ptr {buf}, i64 {arg.k}, i64 {arg.b.row_stride}, "
-                 f"i64 {arg.b.col_stride}, i64 {valid})",
-                 f"  call void @{rows}(ptr {pw}, ptr {ps}, ptr {buf}, ptr {c_ptr}, i64 {arg.m}, i64 {k4}, "
-                 f"i64 {arg.c.row_stride}, i64 {valid}, i32 {corr})"]
+    sc.lines.append(f"  call void @{rows}(ptr {pw}, ptr {ps}, ptr {buf}, ptr {c_ptr}, i64 {arg.m}, i64 {k4}, "
+                    f"i64 {arg.c.row_stride}, i64 {valid}, i32 {corr})")
     if len(node.src) > 4:
         _epilogue(em, node, batch, n0, lanes, valid, few)
     em.param_values.pop(node.src[2].arg.index, None)
     em.close_loop()
+
+
+def _vector_epilogue(em: KernelEmitter, node: UOp, blocking: GemmBlocking) -> VectorEpilogue | None:
+    """The epilogue on the accumulators in registers (llvm_gemm_epilogue.py) where it has a vector form
+    and reads C only as its element (m, n) (in the stack tile or, unbatched, the whole-product scratch:
+    lower_gemm_int8.Int8GemmLowerer), else None."""
+    arg: GemmArg = node.arg
+    if len(node.src) <= 4 or not blocking.epilogue_in_registers or (math.prod(arg.batch) > 1 and not arg.quant.c_tile):
+        return None
+    epilogue, *ranges = node.src[4:]
+    c_index = graph_rewrite(ranges[-2] * (arg.quant.c_tile or arg.n) + ranges[-1], pm_symbolic)
+    return vector_epilogue(epilogue, node.src[2], tuple(ranges), em.free, c_index)
+
+
+def _panels_in_registers(em: KernelEmitter, node: UOp, vepi: VectorEpilogue, mk: str, shape: tuple[int, int],
+                         pk: str, k4: int, corr: int, batch: list[str], n0: str, few: str) -> None:
+    """Per weight panel of this lane tile: the micro-kernel's accumulators, then the epilogue on them
+    and its stores (C never stored). Two copies: full lane tiles, and the last one (n % lanes lanes,
+    its last vector masked) where n is not a multiple of the lanes."""
+    arg: GemmArg = node.arg
+    vw, nvec = shape
+    pw, ps = em.value(node.src[0]), em.value(node.src[3])
+    sc, line, tt = em.stack[-1], em.emit_line, tile_type(vw, nvec)
+    edge = arg.n % (nvec * vw)
+    e = em.fresh_label()
+    variants = [("full", nvec * vw)] + ([("edge", edge)] if edge else [])
+    sc.lines.append(f"  br i1 {few}, label %R{e}.edge, label %R{e}.full" if edge else f"  br label %R{e}.full")
+    full_panels, rows_left = divmod(arg.m, Q_PANEL)
+    for tag, lanes in variants:
+        sc.lines.append(f"R{e}.{tag}:")
+        used = -(-lanes // vw)
+        tail = lanes - (used - 1) * vw
+        for looped, rows in ((True, Q_PANEL), (False, rows_left)):
+            if (full_panels if looped else rows_left) == 0:
+                continue
+            if looped:
+                em.open_loop(UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, full_panels),),
+                                 RangeArg(-3, RangeKind.LOOP)), "0", str(full_panels))
+            s = em.stack[-1]
+            panel = s.ivar if looped else str(full_panels)
+            m0 = line(s, f"mul nuw nsw i64 {panel}, {Q_PANEL}")
+            w_off = line(s, f"mul nuw nsw i64 {panel}, {k4 * 4 * Q_PANEL}")
+            wp = line(s, f"getelementptr inbounds i8, ptr {pw}, i64 {w_off}", "ptr")
+            sp = line(s, f"getelementptr inbounds i32, ptr {ps}, i64 {m0}", "ptr")
+            res = line(s, f"call {tt} @{mk}(ptr {wp}, ptr {sp}, ptr {pk}, ptr null, i64 {k4}, i64 0, i64 0, "
+                          f"i64 0, i32 {corr})")
+            acc = [[line(s, f"extractvalue {tt} {res}, {r * nvec + j}") for j in range(used)] for r in range(rows)]
+            emit_vector_epilogue(em, s, vepi, acc, vw, tail, batch, m0, n0)
+            if looped:
+                em.close_loop()
+        sc.lines.append(f"  br label %R{e}.done")
+    sc.lines.append(f"R{e}.done:")
 
 
 def _epilogue(em: KernelEmitter, node: UOp, batch: list[str], n0: str, lanes: int, valid: str, few: str) -> None:

@@ -156,8 +156,11 @@ def requantize(acc: UOp, factor: UOp | None, zp: UOp | None, to: DType, rescale_
     float32 where that is proven to give the same integers (rescale_exact.py)."""
     if rescale_dtype is F64 and factor is not None and _float32_is_exact(acc, factor, zp, to):
         # The cast to `to` saturates; the zero point, an integer, is added to an integral float exactly
-        # wherever the result is not saturated anyway.
+        # wherever the result is not saturated anyway. A zero point of 0 is not added (x + 0.0 differs
+        # from x only at -0.0, whose integer is the same): one op less per element.
         y = un(Ops.ROUND, T.alu(Ops.MUL, acc.cast(F32), factor))
+        if zp is not None and not constant_value(zp).any():
+            zp = None
         return (y if zp is None else T.alu(Ops.ADD, y, zp.cast(F32))).cast(to)
     y = acc.cast(rescale_dtype)
     if factor is not None:
