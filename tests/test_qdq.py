@@ -270,3 +270,17 @@ def test_mobilenet_matches_onnxruntime_in_steps(mobilenet):
     if seven_bit:
         assert optimized <= 10 + 1e-3, f"{optimized:.2f} steps from onnxruntime's optimized session"
     assert literal <= 10 + 1e-3, f"{literal:.2f} steps from onnxruntime's literal session"
+
+
+def test_scale_replaced_by_weights_files_is_no_constant():
+    """An initializer --weights supplies at compile time (`unknown`) holds no value the pass may read."""
+    model = conv().model(["y_dq"])
+    assert Counter(n.op_type for n in fuse_qdq(model.graph, {"y_scale"})[0])["Conv"] == 1
+
+
+def test_scale_from_a_constant_node_fuses():
+    g = conv()
+    value = next(i for i in g.inits if i.name == "y_scale")
+    g.inits.remove(value)
+    g.nodes.insert(0, helper.make_node("Constant", [], ["y_scale"], value=value))
+    assert _ops(g.model(["y_dq"]))["QLinearConv"] == 1
