@@ -41,6 +41,18 @@ def qoperator_mobilenet(folder: Path, image: tuple[int, ...] = IMAGE) -> tuple[P
     reduce_range (7-bit weights), which onnxruntime recommends for x86 CPUs without VNNI: without it
     onnxruntime's u8s8 kernels there sum pairs of products in saturating int16 and return integers off
     by up to ~40 (docs/architecture.md)."""
+    return _static_mobilenet(folder, image, "qoperator", reduce_range=True)
+
+
+def qdq_mobilenet(folder: Path, image: tuple[int, ...] = IMAGE, reduce_range: bool = False
+                  ) -> tuple[Path, dict[str, np.ndarray]]:
+    """mobilenetv2_random quantized by quantize_static's defaults (QDQ format, int8 activations and
+    weights; what most shipped int8 models are), optionally with 7-bit weights; and an input."""
+    return _static_mobilenet(folder, image, "qdq", reduce_range)
+
+
+def _static_mobilenet(folder: Path, image: tuple[int, ...], fmt: str, reduce_range: bool
+                      ) -> tuple[Path, dict[str, np.ndarray]]:
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     quiet_onnxruntime_tools()
@@ -54,9 +66,12 @@ def qoperator_mobilenet(folder: Path, image: tuple[int, ...] = IMAGE) -> tuple[P
         def get_next(self):
             return next(self.it, None)
 
-    src, out = mobilenet_at_image_size(folder, image), folder / "mobilenet_qoperator.onnx"
-    quantize_static(str(src), str(out), Reader(), quant_format=QuantFormat.QOperator, activation_type=QuantType.QUInt8,
-                    weight_type=QuantType.QInt8, reduce_range=True)
+    src, out = mobilenet_at_image_size(folder, image), folder / f"mobilenet_{fmt}.onnx"
+    if fmt == "qoperator":
+        quantize_static(str(src), str(out), Reader(), quant_format=QuantFormat.QOperator,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, reduce_range=reduce_range)
+    else:
+        quantize_static(str(src), str(out), Reader(), reduce_range=reduce_range)
     return out, images[2]
 
 

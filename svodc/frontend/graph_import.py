@@ -88,9 +88,11 @@ class GraphImporter:
         self._ids = itertools.count()
 
     # ------------------------------------------------------------------ graphs
-    def import_graph_nodes(self, graph: onnx.GraphProto, scope: Scope, opsets: dict[str, int]) -> list[UnsupportedNode]:
+    def import_graph_nodes(self, graph: onnx.GraphProto, scope: Scope, opsets: dict[str, int],
+                           nodes: list[onnx.NodeProto] | None = None) -> list[UnsupportedNode]:
+        """nodes: the graph's nodes as a frontend pass rewrote them (default: graph.node)."""
         problems: list[UnsupportedNode] = []
-        for node in dependency_order(graph.node, scope.names()):
+        for node in dependency_order(graph.node if nodes is None else nodes, scope.names()):
             self.import_node(node, scope, opsets, problems)
         return problems
 

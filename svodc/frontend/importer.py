@@ -31,6 +31,8 @@ from svodc.frontend.dims import DimTable, bounded_axes, check_bounded
 from svodc.frontend.dtypes import UnsupportedDType, onnx_to_dtype
 from svodc.frontend.graph_import import POISON, GraphImporter, Scope
 from svodc.frontend.option_check import check_options, check_value_dims_used, describe_inputs, fixes_unknown_dims
+from svodc.frontend.qdq import MS as MS_DOMAIN
+from svodc.frontend.qdq import fuse_qdq
 from svodc.frontend.strings import Vocabulary
 from svodc.frontend.values import EdgeStrings, ZipMapValue
 from svodc.frontend.weights import ExternalData, weight_files
@@ -94,7 +96,8 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
 
     for init in graph.initializer:
         scope.set(init.name, _weight(init, external, vocabulary))
-    for name, (dtype, array) in weight_files(options.weights, graph).items():  # --weights: supply or override
+    supplied = weight_files(options.weights, graph)
+    for name, (dtype, array) in supplied.items():  # --weights: supply or override
         scope.set(name, UOp(Ops.WEIGHT, dtype, (), ConstData(array)))
     for init in graph.sparse_initializer:
         raise UnsupportedModelError([UnsupportedNode(init.values.name, "sparse_initializer", "", opsets.get("", 0),
@@ -125,7 +128,10 @@ def import_model(source: ModelSource, options: CompileOptions | None = None,
     importer = GraphImporter(prov, lambda init: _weight(init, external, vocabulary), vocabulary,
                              bounded_axes(dim_table) if dim_table.dims else None, options.loop_bounds,
                              options.dims, options.step_loops)
-    problems += importer.import_graph_nodes(graph, scope, opsets)
+    nodes, contrib = fuse_qdq(graph, set(supplied))  # QDQ patterns as the quantized ops (frontend/qdq.py)
+    if contrib:
+        opsets.setdefault(MS_DOMAIN, 1)
+    problems += importer.import_graph_nodes(graph, scope, opsets, nodes)
     outputs, zipmaps, edge = [], [], []
     for vi in graph.output:
         v = scope.get(vi.name, None)
