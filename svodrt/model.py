@@ -179,8 +179,8 @@ class Model(Runner):
                 if self._pool is None:
                     from concurrent.futures import ThreadPoolExecutor  # here: its import costs ~3 ms
 
-                    self._pool = ThreadPoolExecutor(n - 1, thread_name_prefix="svodrt")
                     self._getcpu = hasattr(os, "sched_setaffinity") and getattr(ctypes.CDLL(None), "sched_getcpu", None)
+                    self._pool = ThreadPoolExecutor(n - 1, thread_name_prefix="svodrt")
                 taken = {self._getcpu()} if self._getcpu else set()
                 futures += [self._pool.submit(_spread, self._entry, self._getcpu, table, dims, i, n, sync, taken)
                             for i in range(1, n)]
@@ -210,10 +210,11 @@ def _spread(entry, getcpu, table, dims, i: int, n: int, sync, taken: set[int]) -
     the CPU of the thread that woke it, where it waits behind the caller while another CPU idles (issue 13: a
     2-thread GEMM after a 50 ms gap ran at one thread's speed). So a helper on a taken CPU moves to a free one
     of its allowed set and gives the mask back at once (nothing stays pinned)."""
-    if getcpu and getcpu() in taken and (free := (mask := os.sched_getaffinity(0)) - taken):
-        with contextlib.suppress(OSError):  # a cpuset changed meanwhile: run where we are
-            os.sched_setaffinity(0, free)  # moves this thread now, before it returns
-            os.sched_setaffinity(0, mask)
+    if getcpu and getcpu() in taken:
+        with contextlib.suppress(OSError):  # a sandbox that denies these calls, a cpuset changed: run where we are
+            if free := (mask := os.sched_getaffinity(0)) - taken:
+                os.sched_setaffinity(0, free)  # moves this thread now, before it returns
+                os.sched_setaffinity(0, mask)
     taken.add(getcpu() if getcpu else -1)
     entry(table, dims, i, n, sync)
 

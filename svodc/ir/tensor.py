@@ -162,12 +162,6 @@ def matmul(a: UOp, b: UOp) -> UOp:
         a = reshape(a, (1, a.shape[0]))
     if b1:
         b = reshape(b, (b.shape[0], 1))
-    # One B for every batch: the batch is more rows of one GEMM (issue 13). Not for integer products, whose
-    # GEMM (passes/lower_gemm_int8.py) recognizes its 8-bit operands below the zero point's subtraction.
-    if b.ndim == 2 and a.ndim > 2 and a.dtype.is_float:
-        out = matmul(reshape(a, (prod(a.shape[:-1]), a.shape[-1])), b)
-        shape = [*a.shape[:-1], b.shape[1]]
-        return reshape(out, tuple(shape[:-1] if b1 else shape))
     batch = broadcast_shape(a.shape[:-2], b.shape[:-2])
     a = broadcast_to(a, batch + a.shape[-2:])
     b = broadcast_to(b, batch + b.shape[-2:])

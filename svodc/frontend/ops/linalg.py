@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from svodc.frontend.context import NodeContext, Unsupported
@@ -26,6 +28,13 @@ def matmul_op(ctx: NodeContext) -> UOp:
     a, b = ctx.input(0), ctx.input(1)
     if a.dtype != b.dtype:
         raise Unsupported(f"MatMul of {a.dtype.name} x {b.dtype.name} is not supported")
+    if b.ndim == 2 and a.ndim > 2 and a.dtype.is_float and not any(ctx.bounded(a)[:-1]):
+        # One B for every batch: the batch is more rows of one GEMM (issue 13: a PyTorch MHA export's [seq, 1, E]
+        # @ W ran as seq GEMMs of one row). Not over a bounded dim: the merged axis would be dim * factor, which
+        # the GEMM does not take; not for integer products, whose GEMM finds its 8-bit operands under the zero
+        # point's subtraction (ops/quantize.py builds those, not this op).
+        rows = matmul(T.reshape(a, (math.prod(a.shape[:-1]), a.shape[-1])), b)
+        return T.reshape(rows, (*a.shape[:-1], b.shape[1]))
     return matmul(a, b)
 
 
