@@ -100,9 +100,11 @@ def cpu_plan(arg: GemmArg, target: Target, blocking: GemmBlocking) -> CpuGemmPla
         arg.runtime or arg.k * lanes_total * 4 <= blocking.lanes_first_max_operand)
     # k blocks: a vector panel (k x lanes) past twice the blocking's block bytes is cut into equal blocks
     # (a multiple of the unroll each) and the part's tiles run once per block, so the block of each
-    # panel stays in L1 while the row tiles reuse it. Only for a constant k.
+    # panel stays in L1 while the row tiles reuse it. Only for a constant k, and not transposed: its C
+    # tile is stored one lane at a time, n apart, and each k block would store it again (512 -> 2048 1x1
+    # convolution at 7x7, Zen 5: 22 k blocks of 24 ran at 69 GFLOP/s; one pass, with the tile below, 180).
     k_block = 0
-    if arg.k_var is None and not lanes_first and arg.k * lanes * 4 > 2 * blocking.k_block_bytes:
+    if arg.k_var is None and not arg.transposed and not lanes_first and arg.k * lanes * 4 > 2 * blocking.k_block_bytes:
         blocks = ceil_div(arg.k * lanes * 4, blocking.k_block_bytes)
         k_block = ceil_div(ceil_div(arg.k, blocks), blocking.k_unroll) * blocking.k_unroll
     # An unpacked B read in place strides k by a whole row of B (n floats): rows 4 KiB apart share L1
@@ -130,7 +132,10 @@ def _register_tile(arg: GemmArg, rows_total: int, lanes_total: int, vw: int, blo
     """(rows, vectors) of the micro-tile: the most useful accumulators (rows x vectors, less the lanes and
     rows the edge tiles waste) that fit the blocking's registers, then the fewest vector loads per k.
     A tile must not cross a panel of a packed operand: its rows divide the scalar side's panel, its
-    lanes divide or are a multiple of B_PANEL on a packed vector side."""
+    lanes divide or are a multiple of B_PANEL on a packed vector side.
+    Transposed, the key is the useful accumulators per load of a k step (rows broadcasts + nvec vector
+    loads): its scalar side is read in place, and the 1 x 16-vector tile the first key picks for
+    n = 49 loads as much as it multiplies."""
     scalar_panel = None if arg.transposed or not arg.a.packed else a_panel(arg)
     vector_packed = arg.a.packed if arg.transposed else arg.b.packed
     best, best_key = (1, 1), None
@@ -145,6 +150,8 @@ def _register_tile(arg: GemmArg, rows_total: int, lanes_total: int, vw: int, blo
                 continue
             used = rows_total * lanes_total / (ceil_div(rows_total, rows) * rows * ceil_div(lanes_total, lanes) * lanes)
             key = (round(rows * nvec * used, 3), -nvec, rows)
+            if arg.transposed:
+                key = (round(rows * nvec * used / (rows + nvec), 3), rows)
             if best_key is None or key > best_key:
                 best, best_key = (rows, nvec), key
     return best

@@ -100,14 +100,18 @@ def test_run_time_a_packed_in_row_blocks(threads, m, k, n):
     from svodc.codegen.module import parallel_parts
 
     target = host_target()
-    blocking = dataclasses.replace(gemm_blocking(target), scalar_block_bytes=3 * 6 * 32 * 4,
-                                   k_block_bytes=32 * 16 * 4 // 2, lanes_first_max_panel=0)
-    options = CompileOptions(policies={"*": dataclasses.replace(DEFAULT_POLICY, cpu_gemm=blocking)})
     a, b = rand(m, k), rand(k, n)
     model = make_model([helper.make_node("MatMul", ["a", "b"], ["p"]), helper.make_node("Relu", ["p"], ["y"])],
                        {"a": (np.float32, [m, k]), "b": (np.float32, [k, n])}, ["y"])
-    program = build_program(import_model(model), options)
+    program = build_program(import_model(model), CompileOptions())  # the blocking shapes code, not the program
     (kernel,) = [k for k in program.kernels if k.ast.src[0].op is Ops.GEMM]
+    # k blocks of about 32 and packed blocks of 3 row tiles, from the host's own tile (8 or 16 floats a vector;
+    # with 16, m = 41 takes 1-row tiles 240 lanes wide, so only 4 lane tiles reuse a block)
+    tile = cpu_plan(kernel.ast.src[0].arg, target, dataclasses.replace(gemm_blocking(target), lanes_first_max_panel=0))
+    blocking = dataclasses.replace(gemm_blocking(target), scalar_block_bytes=3 * tile.rows * 32 * 4,
+                                   k_block_bytes=32 * tile.lanes * 4 // 2, lanes_first_max_panel=0,
+                                   scalar_pack_min_lane_tiles=2)
+    options = CompileOptions(policies={"*": dataclasses.replace(DEFAULT_POLICY, cpu_gemm=blocking)})
     plan = cpu_plan(kernel.ast.src[0].arg, target, blocking)
     assert 1 < plan.block_row_tiles < plan.row_tiles and plan.row_tiles % plan.block_row_tiles
     assert plan.k_blocks > 1 and plan.lane_tiles > 1 and parallel_parts(kernel, target, blocking) > 2
