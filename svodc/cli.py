@@ -118,11 +118,15 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--precision", type=click.Choice(["fp32", "f16", "bf16"]), default="fp32", show_default=True,
               help="Store GEMM weights as float16/bfloat16 (GPU targets; float32 accumulation); prints the max "
                    "error against fp32.")
+@click.option("--step-loops/--no-step-loops", "step_loops", default=True, show_default=True,
+              help="Compile recurrent layers (RNN, GRU, LSTM) as loops over their steps; off: unrolled, one kernel "
+                   "set per step (needed where sizes come from run-time values).")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success.")
 @click.option("-v", "--verbose", is_flag=True, help="Print each stage as it finishes (default on a terminal).")
 def compile(model: str, output: str | None, target: str, dims: tuple[str, ...], shapes: tuple[str, ...],
             values: tuple[str, ...], loop_bounds: tuple[str, ...], weights: tuple[str, ...], opt_level: int, jobs: int,
-            test_vectors: bool | None, sign_key: str | None, precision: str, quiet: bool, verbose: bool) -> None:
+            test_vectors: bool | None, sign_key: str | None, precision: str, step_loops: bool, quiet: bool,
+            verbose: bool) -> None:
     """Compile MODEL (.onnx) into a .svod bundle."""
     from svodc.api import compile_to_file
     from svodc.options import CompileOptions
@@ -137,7 +141,7 @@ def compile(model: str, output: str | None, target: str, dims: tuple[str, ...], 
     options = CompileOptions(dims=dim_map, input_shapes=shape_map, input_values=value_map, weights=tuple(weights),
                              loop_bounds=bound_map,
                              opt_level=opt_level, jobs=jobs, test_vectors=test_vectors, sign_key=sign_key,
-                             precision=precision)
+                             precision=precision, step_loops=step_loops)
     t0 = time.perf_counter()
     show = not quiet and (verbose or sys.stderr.isatty())
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from svodrt_tools.profile import kernel_times
 from tests.onnx_util import compile_and_run, make_model, reference
@@ -134,3 +134,33 @@ def test_a_step_loop_that_is_a_graph_output_is_copied_out():
     program = build_program(ImportedGraph(inputs, [("y", loop)], Provenance(), "test"), CompileOptions())
     (_, end, trips), = program.loops
     assert trips == 4 and [k.params[0] for k in program.kernels[end:]] == [program.outputs[0]]
+
+
+def test_sizes_from_run_time_values_need_unrolled_layers_and_the_cli_says_how(tmp_path):
+    """A step loop cannot take a size decided by a run-time value (the size's kernel would be hoisted out
+    of its loop): the compile is refused with the option to use, in the API and on the command line, and
+    with the layers unrolled the model runs as onnxruntime does."""
+    import svodc
+    import svodrt
+    from svodc.passes.dynamic import DynamicShapeError
+    from tests.test_cli import run
+
+    rnn, feeds, outputs = _rnn_model("GRU", 3, 5, {}, dirs=1)
+    cut = helper.make_node("Slice", ["x", "starts", "ends"], ["s"])
+    model = make_model([*rnn.graph.node, cut], {**{i.name: (np.float32 if i.name != "lens" else np.int32,
+                                                             [d.dim_value for d in i.type.tensor_type.shape.dim])
+                                                   for i in rnn.graph.input if i.name in feeds},
+                                                "starts": (np.int64, [1]), "ends": (np.int64, [1])},
+                       [*outputs, "s"], {t.name: numpy_helper.to_array(t) for t in rnn.graph.initializer}, opset=14)
+    feeds = {**feeds, "starts": np.array([1], np.int64), "ends": np.array([4], np.int64)}
+    with pytest.raises(DynamicShapeError, match="--no-step-loops"):
+        svodc.compile(model)
+    with svodrt.load(svodc.compile(model, options=svodc.CompileOptions(step_loops=False))) as m:
+        got = m.run(feeds)
+    for name, want in zip([*outputs, "s"], reference(model, feeds), strict=True):
+        np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-5)
+    src = tmp_path / "m.onnx"
+    src.write_bytes(model.SerializeToString())
+    refused = run("svodc", "compile", str(src), "-o", str(tmp_path / "a.svod"))
+    assert refused.returncode != 0 and "--no-step-loops" in refused.stderr
+    assert run("svodc", "compile", str(src), "--no-step-loops", "-o", str(tmp_path / "b.svod")).returncode == 0

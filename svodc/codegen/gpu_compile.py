@@ -61,7 +61,7 @@ def plan_statements(program: Program, check_ir: bool = False) -> list[Statement]
     dims, every kernel takes `dims` after its buffers (Launch.dims)."""
     if program.loops:  # svodc.api compiles GPU bundles with CompileOptions.step_loops off
         raise CodegenError(f"{len(program.loops)} step loops: GPU variants take unrolled recurrent layers only; "
-                           "compile with CompileOptions(step_loops=False)")
+                           "compile with CompileOptions(step_loops=False) (svodc compile --no-step-loops)")
     out = []
     with_dims = bool(program.dims)
     for ki, kernel in enumerate(program.kernels):

@@ -221,7 +221,8 @@ def build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimiz
     if values:
         if loops:  # hoisting would reorder kernels out of their loops
             raise DynamicShapeError(f"{len(loops)} recurrent layers compiled as step loops in a model with sizes "
-                                    "decided by run-time values: compile with CompileOptions(step_loops=False)")
+                                    "decided by run-time values: compile with CompileOptions(step_loops=False) "
+                                    "(svodc compile --no-step-loops)")
         writers = value_dims.hoist(kernels, writers)
         value_dims.check_order(kernels, writers, dyn)
     if dyn and dyn.computed():  # format 1.7: the computed dims, written before any kernel reads them
