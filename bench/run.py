@@ -94,8 +94,11 @@ def _openvino(path: Path, threads: int):
     except ImportError:
         return None
     try:
+        # f32: on a CPU with avx512_bf16 (Zen 4 and 5) OpenVINO otherwise computes in bfloat16, whose outputs
+        # differ from onnxruntime's past the check below (and it would not be the same work)
         compiled = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_NUM_THREADS": threads,
-                                                              "PERFORMANCE_HINT": "LATENCY"})
+                                                              "PERFORMANCE_HINT": "LATENCY",
+                                                              "INFERENCE_PRECISION_HINT": "f32"})
     except Exception as e:  # a model OpenVINO does not take is a blank cell, not a crash
         print(f"  openvino: {type(e).__name__}: {str(e)[:120]}", flush=True)
         return None
