@@ -157,11 +157,15 @@ def bundle_policy(targets: list, options: CompileOptions) -> OptimizationPolicy:
     """The one program part of the variants' optimisation policies (svodc/policy.py). Format 1 holds one
     program (kernel list, buffers, arena, weights) for all variants, so variants whose program parts
     differ cannot share a bundle yet: that is an error naming them. Their GEMM blocking may differ:
-    it only shapes each variant's own code (compile_program)."""
+    it only shapes each variant's own code (compile_program). Where no policy is named for any variant and
+    the targets' own defaults differ (a Winograd gate by FMA width), the first variant's program serves all:
+    the variant listed first is the one the user tuned the bundle for."""
     check_policy_names(options.policies, targets)
     by_policy: dict[OptimizationPolicy, list[str]] = {}
     for t in targets:
         by_policy.setdefault(policy_for(t, options.policies).program_part(), []).append(t.describe())
+    if len(by_policy) > 1 and not options.policies:
+        by_policy = {policy_for(targets[0], {}).program_part(): [t.describe() for t in targets]}
     if len(by_policy) > 1:
         groups = "; ".join(", ".join(names) for names in by_policy.values())
         raise TargetError(f"variants with different optimisation policies ({groups}) need different programs, and "

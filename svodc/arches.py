@@ -68,6 +68,8 @@ _X86_NAMED = {
     "znver3": (*X86_64_LEVELS["x86-64-v3"], "vaes", "vpclmulqdq"),
     "znver4": (*X86_64_LEVELS["x86-64-v4"], "avx512vnni", "avx512ifma", "avx512vbmi", "avx512vbmi2", "avx512bitalg",
                "avx512vpopcntdq", "avx512bf16", "gfni", "vaes", "vpclmulqdq"),
+    "znver5": (*X86_64_LEVELS["x86-64-v4"], "avx512vnni", "avx512ifma", "avx512vbmi", "avx512vbmi2", "avx512bitalg",
+               "avx512vpopcntdq", "avx512bf16", "gfni", "vaes", "vpclmulqdq", "avxvnni"),
 }
 
 # aarch64: Linux mandates FP + Advanced SIMD. Cores by what they implement (Arm TRMs):

@@ -90,6 +90,12 @@ class Target:
         return 128
 
     @property
+    def fma_bits(self) -> int:
+        """The width one FMA unit executes at once: vector_bits, except on Zen 4 (znver4), which runs a
+        512-bit operation as two 256-bit halves (Zen 5 and Intel's AVX-512 cores do not)."""
+        return 256 if self.tune_cpu == "znver4" else self.vector_bits
+
+    @property
     def vector_regs(self) -> int:
         """Vector registers (x86-64 AVX2: 16, AVX-512: 32; NEON/SVE, RVV, z/Arch vector: 32; VSX: 64).
         rv64gc has no vector unit: its 32 FP registers hold fixed vectors as scalars, so 16."""
@@ -118,14 +124,15 @@ class Target:
 # L1 data cache bytes per core by tuned CPU name (Target.tune_cpu), and by architecture for the rest
 # (x86-64 and POWER cores: 32 KiB; Arm Neoverse: 64 KiB; z/Arch: 128 KiB).
 L1D_BYTES = {"x86_64": 32 << 10, "aarch64": 64 << 10, "riscv64": 32 << 10, "ppc64le": 32 << 10, "s390x": 128 << 10,
-             "icelake-server": 48 << 10, "sapphirerapids": 48 << 10, "cortex-a55": 32 << 10, "apple-m1": 128 << 10}
+             "icelake-server": 48 << 10, "sapphirerapids": 48 << 10, "znver5": 48 << 10, "cortex-a55": 32 << 10,
+             "apple-m1": 128 << 10}
 
 # L2 bytes per core likewise (the architectures' sizes are the small end of their common cores).
 L2_BYTES = {"x86_64": 256 << 10, "aarch64": 512 << 10, "riscv64": 256 << 10, "ppc64le": 256 << 10, "s390x": 1 << 20,
             "haswell": 256 << 10, "skylake": 256 << 10, "skylake-avx512": 1 << 20, "cascadelake": 1 << 20,
             "icelake-server": 1280 << 10, "sapphirerapids": 2 << 20, "znver2": 512 << 10, "znver3": 512 << 10,
-            "znver4": 1 << 20, "cortex-a55": 128 << 10, "cortex-a76": 512 << 10, "neoverse-n1": 1 << 20,
-            "neoverse-n2": 1 << 20, "neoverse-v1": 1 << 20}
+            "znver4": 1 << 20, "znver5": 1 << 20, "cortex-a55": 128 << 10, "cortex-a76": 512 << 10,
+            "neoverse-n1": 1 << 20, "neoverse-n2": 1 << 20, "neoverse-v1": 1 << 20}
 
 
 def host_target() -> Target:

@@ -118,3 +118,30 @@ def test_an_expensive_input_of_a_normalization_is_computed_once():
     assert kernels_with_tanh(OptimizationPolicy(math_op_cost=1)) > 1
     feeds = {"x": r.standard_normal((6, 24)).astype(np.float32)}
     np.testing.assert_allclose(compile_and_run(model, feeds)["y"], reference(model, feeds)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_winograd_needs_more_tiles_where_fmas_are_512_bits_and_a_fat_bundle_takes_the_first_variants_program():
+    """Zen 5's and Intel's AVX-512 FMAs run 512 bits at once, Zen 4's two halves: the first two take the
+    stricter Winograd gate. A bundle of variants whose own defaults differ is still one bundle (the first
+    variant's program), where the same difference from named policies is refused (above)."""
+    from svodc.api import bundle_policy
+    from svodc.policy import WINOGRAD_MIN_TILES_FMA512, default_policy
+    from svodc.target import parse_target
+
+    v3, v4, zen4, zen5 = parse_target("x86_64:x86-64-v3,x86-64-v4,znver4,znver5")
+    assert (v3.fma_bits, v4.fma_bits, zen4.fma_bits, zen5.fma_bits) == (256, 512, 256, 512)
+    assert default_policy(v3).winograd_min_tiles == default_policy(zen4).winograd_min_tiles == \
+        DEFAULT_POLICY.winograd_min_tiles < WINOGRAD_MIN_TILES_FMA512
+    assert default_policy(v4).winograd_min_tiles == default_policy(zen5).winograd_min_tiles == WINOGRAD_MIN_TILES_FMA512
+    assert bundle_policy([v3, v4], CompileOptions()) == default_policy(v3).program_part()
+    assert bundle_policy([v4, v3], CompileOptions()) == default_policy(v4).program_part()
+    model, feeds = small_cnn()
+    want = reference(model, feeds)
+    bundle = svodc.compile(model, target="x86_64:x86-64-v3,x86-64-v4")
+    from svodc.target import host_target
+
+    for variant in (0, 1) if "avx512f" in host_target().features else (0,):  # this machine runs
+        with svodrt.load(bundle, variant=variant) as m:
+            got = list(m.run(feeds).values())
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
