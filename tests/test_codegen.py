@@ -221,3 +221,26 @@ def test_identical_kernels_share_one_compiled_body():
     from tests.onnx_util import reference
 
     np.testing.assert_allclose(compile_and_run(model, {"x": x})["y"], reference(model, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_x86_code_vectorizes_without_gathers():
+    """LLVM's loop vectorizer took a depthwise convolution across channels with vgather (slow on AMD Zen
+    and, since the Downfall microcode, on Intel); x86 targets ask it not to (arches.py)."""
+    from svodc.codegen.compile import prepare_kernel
+    from svodc.codegen.module import kernel_modules
+    from svodc.frontend.importer import import_model
+    from svodc.options import CompileOptions
+    from svodc.passes.pipeline import build_program
+    from svodc.policy import gemm_blocking
+
+    c = 64
+    w = np.random.default_rng(0).standard_normal((c, 1, 3, 3)).astype(np.float32)
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                                         pads=[1, 1, 1, 1], group=c)], {"x": (np.float32, [1, c, 14, 14])}, ["y"],
+                       {"w": w})
+    program = build_program(import_model(model), CompileOptions())
+    t = parse_target("x86_64:x86-64-v4")[0]
+    kernels = [prepare_kernel(k, t) for k in program.kernels]
+    asm = "".join(compile_llvm(LLVMJob("dw", ir, t.triple, t.llvm_cpu, t.llvm_features, 2, "small", True))[1]
+                  for _, ir in kernel_modules(kernels, len(program.inputs), t, gemm_blocking(t), 64))
+    assert "vgather" not in asm and "vscatter" not in asm
