@@ -57,7 +57,7 @@ def recorded_options(target: str, options: CompileOptions) -> dict:
     return {"target": target, "opt_level": options.opt_level, "dims": dict(sorted(options.dims.items())),
             "input_shapes": {k: list(v) for k, v in sorted(options.input_shapes.items())},
             "input_values": sorted(options.input_values), "weights": len(options.weights),
-            "test_vectors": options.test_vectors,
+            "test_vectors": options.test_vectors, **({} if options.step_loops else {"step_loops": False}),
             **({"loop_bounds": dict(sorted(options.loop_bounds.items()))} if options.loop_bounds else {})}
 
 
@@ -157,20 +157,19 @@ def bundle_policy(targets: list, options: CompileOptions) -> OptimizationPolicy:
     """The one program part of the variants' optimisation policies (svodc/policy.py). Format 1 holds one
     program (kernel list, buffers, arena, weights) for all variants, so variants whose program parts
     differ cannot share a bundle yet: that is an error naming them. Their GEMM blocking may differ:
-    it only shapes each variant's own code (compile_program). Where no policy is named for any variant and
-    the targets' own defaults differ (a Winograd gate by FMA width), the first variant's program serves all:
-    the variant listed first is the one the user tuned the bundle for."""
+    it only shapes each variant's own code (compile_program). Thresholds the policy leaves to the target
+    (None: the Winograd gate, by FMA width) are the first CPU variant's: the one listed first, which the
+    runtime prefers where it fits (so x86-64-v4,x86-64-v3 takes the 512-bit gate for both)."""
     check_policy_names(options.policies, targets)
     by_policy: dict[OptimizationPolicy, list[str]] = {}
     for t in targets:
         by_policy.setdefault(policy_for(t, options.policies).program_part(), []).append(t.describe())
-    if len(by_policy) > 1 and not options.policies:
-        by_policy = {policy_for(targets[0], {}).program_part(): [t.describe() for t in targets]}
     if len(by_policy) > 1:
         groups = "; ".join(", ".join(names) for names in by_policy.values())
         raise TargetError(f"variants with different optimisation policies ({groups}) need different programs, and "
                           "a bundle holds one program: compile each group into a bundle of its own")
     policy = next(iter(by_policy))
+    policy = policy.resolved(next((t for t in targets if not isinstance(t, GpuTarget)), targets[0]))
     # With a GPU variant: the integer GEMM kernels are CPU code only (integer products stay generic loops), and
     # convolutions stay direct: Winograd's split pieces are one launch each on a GPU (resnet50: 375 launches, not
     # 100) for little or no work saved (docs/architecture.md "Passes").

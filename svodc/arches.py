@@ -130,7 +130,9 @@ ARCHES: dict[str, ArchSpec] = {
         lambda f: "x86-64", tune_cpus=frozenset(_X86_NAMED), aliases=("amd64", "x86-64"),
         # No vectorized gathers or scatters: slow on AMD Zen and, since the Downfall microcode, on Intel.
         # The loop vectorizer otherwise vectorizes a depthwise convolution across channels with gathers
-        # (Zen 5: 576 channels at 14x14, stride 2, 0.067 -> 0.027 ms; mobilenetv2 kernel sum -15 %).
+        # (Zen 5: 576 channels at 14x14, stride 2, 0.067 -> 0.027 ms; mobilenetv2 kernel sum -15 %). It
+        # also turns the transposed GEMM's own masked scatter of C into scalar stores (llvm_gemm.py),
+        # which measured no slower there.
         fixed_llvm_features=("+prefer-no-gather", "+prefer-no-scatter")),
     "aarch64": ArchSpec(
         "aarch64", "aarch64-unknown-linux-gnu", "small", "generic", _A64_CPUS, lambda f: "generic",

@@ -134,8 +134,8 @@ def _register_tile(arg: GemmArg, rows_total: int, lanes_total: int, vw: int, blo
     A tile must not cross a panel of a packed operand: its rows divide the scalar side's panel, its
     lanes divide or are a multiple of B_PANEL on a packed vector side.
     Transposed, the key is the useful accumulators per load of a k step (rows broadcasts + nvec vector
-    loads): its scalar side is read in place, and the 1 x 16-vector tile the first key picks for
-    n = 49 loads as much as it multiplies."""
+    loads): its scalar side is read in place with a stride, and for n = 49 on AVX-512 the first key
+    picks a 2 x 8-vector tile (10 loads per 16 FMAs) where 4 x 4 loads 8."""
     scalar_panel = None if arg.transposed or not arg.a.packed else a_panel(arg)
     vector_packed = arg.a.packed if arg.transposed else arg.b.packed
     best, best_key = (1, 1), None

@@ -7,7 +7,8 @@ target's default.
 
 A policy has two parts. The steps and thresholds shape the program (kernels, buffers, packed weights),
 which a bundle holds once for all its variants: variants whose program parts differ cannot share a
-bundle (svodc/api.py). The CPU GEMM blocking (`GemmBlocking`) only shapes one variant's machine code,
+bundle (svodc/api.py). A threshold left None is the target's own (`resolved`), taken for the whole
+bundle from its first CPU variant. The CPU GEMM blocking (`GemmBlocking`) only shapes one variant's machine code,
 so each variant of a fat bundle gets its own from its target's facts (vector width, register count,
 L1 data cache), and variants that differ only there share the bundle.
 """
@@ -78,6 +79,13 @@ class OptimizationPolicy:
     winograd: bool = True  # 3x3 stride-1 convolutions as Winograd F(2x2, 3x3) where the gate admits (winograd.py)
     # Thresholds:
     gemm_min_macs: int = 4096  # smaller products are cheaper on the generic path
+    # gemm_transpose (passes/lower_gemm.py _vectorize_along_m, measured there): lanes along m must waste at
+    # least transpose_min_gain less of the vector than lanes along n, and K be within transpose_k_range,
+    # except that a gain of transpose_free_gain pays from K = transpose_free_min_k on
+    transpose_min_gain: float = 0.1
+    transpose_k_range: tuple[int, int] = (512, 2048)
+    transpose_free_gain: float = 0.4
+    transpose_free_min_k: int = 64
     max_fused_ops: int = 400  # a fused subgraph past this many ops is realized (bounds kernels, LLVM time)
     cheap_to_repeat: int = 16  # ops per element a reusing consumer may recompute instead of loading
     math_op_cost: int = 16  # ops a math function counts for there (exp, tanh...: a polynomial of about so many)
@@ -89,7 +97,7 @@ class OptimizationPolicy:
     # batched GEMM (under it the five kernels' fixed costs win):
     winograd_min_in_channels: int = 32
     winograd_min_out_channels: int = 24
-    winograd_min_tiles: int = 16
+    winograd_min_tiles: int | None = None  # None: the target's own (winograd_min_tiles_for)
     winograd_min_macs: int = 2_000_000
     # One variant's code only (not the program): None is the target's own, gemm_blocking(target).
     cpu_gemm: GemmBlocking | None = None
@@ -108,6 +116,17 @@ class OptimizationPolicy:
         """The part that shapes the program, which all variants of a bundle share."""
         return dataclasses.replace(self, cpu_gemm=None)
 
+    def resolved(self, target) -> OptimizationPolicy:
+        """This policy with the thresholds it leaves to the target (None) made `target`'s own."""
+        if self.winograd_min_tiles is not None:
+            return self
+        return dataclasses.replace(self, winograd_min_tiles=winograd_min_tiles_for(target))
+
+    @property
+    def winograd_tiles(self) -> int:
+        """winograd_min_tiles, or where a pass runs with a policy no bundle resolved (tests), the 256-bit one."""
+        return WINOGRAD_MIN_TILES if self.winograd_min_tiles is None else self.winograd_min_tiles
+
     def blocking(self, target: Target) -> GemmBlocking:
         """The CPU GEMM blocking of `target`'s code under this policy."""
         return self.cpu_gemm or gemm_blocking(target)
@@ -116,23 +135,26 @@ class OptimizationPolicy:
 DEFAULT_POLICY = OptimizationPolicy()
 
 
-# Winograd's output tiles on a CPU whose FMAs run 512 bits at once (Target.fma_bits): its GEMMs run about
-# twice as fast as on 256 bits while the transforms, passes over memory, do not, so the direct im2col GEMM
+# Winograd's output tiles where the target's FMAs run 256 bits at once, and 512 (Target.fma_bits): at 512 its
+# GEMMs run about twice as fast while the transforms, passes over memory, do not, so the direct im2col GEMM
 # wins up to larger images. Zen 5, F(2x2, 3x3) / direct per layer: 28x28 and 27x27 outputs (196 tiles) 0.72-0.90,
 # 14x14 and 13x13 0.61-1.02, 7x7 0.88-1.22; 40x40 1.41, 56x56 1.26-1.58, 80x80 1.54 (squeezenet, densenet121,
-# resnet50, inception_v2, ppocrv4_det).
+# resnet50, inception_v2, ppocrv4_det). 16 was measured on Zen 3 (AVX2).
+WINOGRAD_MIN_TILES = 16
 WINOGRAD_MIN_TILES_FMA512 = 256
 
 
+def winograd_min_tiles_for(target) -> int:
+    """A target's own Winograd tile threshold (a GPU keeps convolutions direct anyway: svodc/api.py)."""
+    return WINOGRAD_MIN_TILES_FMA512 if isinstance(target, Target) and target.fma_bits >= 512 else WINOGRAD_MIN_TILES
+
+
 def default_policy(target) -> OptimizationPolicy:
-    """A target's own policy (svodc/target.py Target or svodc/gpu_target.py GpuTarget): a CPU target's
-    GEMM blocking is its own (gemm_blocking), and where its FMAs are 512 bits wide Winograd needs more
-    tiles (WINOGRAD_MIN_TILES_FMA512); the rest of the program part is the same for every target."""
+    """A target's own policy (svodc/target.py Target or svodc/gpu_target.py GpuTarget): the program part
+    is the same for every target (its None thresholds are resolved per bundle: OptimizationPolicy.resolved);
+    a CPU target's GEMM blocking is its own (gemm_blocking)."""
     if isinstance(target, Target):
-        policy = dataclasses.replace(DEFAULT_POLICY, cpu_gemm=gemm_blocking(target))
-        if target.fma_bits >= 512:
-            policy = dataclasses.replace(policy, winograd_min_tiles=WINOGRAD_MIN_TILES_FMA512)
-        return policy
+        return dataclasses.replace(DEFAULT_POLICY, cpu_gemm=gemm_blocking(target))
     return DEFAULT_POLICY
 
 

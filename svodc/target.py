@@ -91,8 +91,10 @@ class Target:
 
     @property
     def fma_bits(self) -> int:
-        """The width one FMA unit executes at once: vector_bits, except on Zen 4 (znver4), which runs a
-        512-bit operation as two 256-bit halves (Zen 5 and Intel's AVX-512 cores do not)."""
+        """The width one FMA executes at, as far as the target names the CPU: vector_bits, except on Zen 4
+        (znver4), which runs a 512-bit operation as two 256-bit halves. A generic x86-64-v4 counts as 512
+        (Zen 5 desktop and server, Intel server cores); Zen 4, Zen 5 mobile and Intel client parts running
+        such a variant get 512-bit choices they may not gain from (svodc/policy.py's Winograd gate)."""
         return 256 if self.tune_cpu == "znver4" else self.vector_bits
 
     @property

@@ -120,28 +120,41 @@ def test_an_expensive_input_of_a_normalization_is_computed_once():
     np.testing.assert_allclose(compile_and_run(model, feeds)["y"], reference(model, feeds)[0], rtol=1e-4, atol=1e-5)
 
 
-def test_winograd_needs_more_tiles_where_fmas_are_512_bits_and_a_fat_bundle_takes_the_first_variants_program():
+def test_winograd_needs_more_tiles_where_fmas_are_512_bits_and_a_bundle_takes_its_first_cpu_variants_gate():
     """Zen 5's and Intel's AVX-512 FMAs run 512 bits at once, Zen 4's two halves: the first two take the
-    stricter Winograd gate. A bundle of variants whose own defaults differ is still one bundle (the first
-    variant's program), where the same difference from named policies is refused (above)."""
+    stricter Winograd gate. The gate is a threshold the policy leaves to the target (None), so variants
+    whose own gates differ still share one program, the first CPU variant's; a policy naming it wins."""
+    import dataclasses
+
     from svodc.api import bundle_policy
-    from svodc.policy import WINOGRAD_MIN_TILES_FMA512, default_policy
-    from svodc.target import parse_target
+    from svodc.gpu_target import parse_targets
+    from svodc.policy import WINOGRAD_MIN_TILES, WINOGRAD_MIN_TILES_FMA512, gemm_blocking
+    from svodc.target import host_target, parse_target
+    from tests.test_winograd import _conv_model
 
     v3, v4, zen4, zen5 = parse_target("x86_64:x86-64-v3,x86-64-v4,znver4,znver5")
     assert (v3.fma_bits, v4.fma_bits, zen4.fma_bits, zen5.fma_bits) == (256, 512, 256, 512)
-    assert default_policy(v3).winograd_min_tiles == default_policy(zen4).winograd_min_tiles == \
-        DEFAULT_POLICY.winograd_min_tiles < WINOGRAD_MIN_TILES_FMA512
-    assert default_policy(v4).winograd_min_tiles == default_policy(zen5).winograd_min_tiles == WINOGRAD_MIN_TILES_FMA512
-    assert bundle_policy([v3, v4], CompileOptions()) == default_policy(v3).program_part()
-    assert bundle_policy([v4, v3], CompileOptions()) == default_policy(v4).program_part()
-    model, feeds = small_cnn()
-    want = reference(model, feeds)
-    bundle = svodc.compile(model, target="x86_64:x86-64-v3,x86-64-v4")
-    from svodc.target import host_target
 
-    for variant in (0, 1) if "avx512f" in host_target().features else (0,):  # this machine runs
-        with svodrt.load(bundle, variant=variant) as m:
-            got = list(m.run(feeds).values())
-        for g, w in zip(got, want, strict=True):
-            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+    def gate(targets: str, **policies) -> int:
+        return bundle_policy(parse_targets(targets), CompileOptions(policies=policies)).winograd_min_tiles
+
+    assert gate("x86_64:x86-64-v3,x86-64-v4") == gate("x86_64:znver4") == WINOGRAD_MIN_TILES
+    assert gate("x86_64:x86-64-v4,x86-64-v3") == gate("x86_64:znver5,sm_90") == WINOGRAD_MIN_TILES_FMA512
+    assert gate("x86_64:x86-64-v4", **{"*": DEFAULT_POLICY}) == WINOGRAD_MIN_TILES_FMA512  # built from the default
+    assert gate("x86_64:x86-64-v4", **{"*": dataclasses.replace(DEFAULT_POLICY, winograd_min_tiles=16)}) == 16
+    # a blocking named for one variant, a GPU variant's policy named: still one bundle
+    blocking = dataclasses.replace(DEFAULT_POLICY, cpu_gemm=gemm_blocking(v3))
+    assert gate("x86_64:x86-64-v4,x86-64-v3", **{"x86_64:x86-64-v3": blocking}) == WINOGRAD_MIN_TILES_FMA512
+    assert gate("x86_64:x86-64-v4,sm_90", **{"cuda:sm_90": DEFAULT_POLICY}) == WINOGRAD_MIN_TILES_FMA512
+
+    model, feeds = _conv_model(64, 64, 24, 24, 1)  # 144 output tiles: Winograd under the 256-bit gate only
+    want = reference(model, feeds)[0]
+    kernels = {}
+    for targets in ("x86_64:x86-64-v3,x86-64-v4", "x86_64:x86-64-v4,x86-64-v3"):
+        bundle = svodc.compile(model, target=targets)
+        names = targets.removeprefix("x86_64:").split(",")
+        for variant in (0, 1) if "avx512f" in host_target().features else (names.index("x86-64-v3"),):  # runs here
+            with svodrt.load(bundle, variant=variant) as m:
+                kernels[targets] = len(m.bundle.kernels)
+                np.testing.assert_allclose(m.run(feeds)["y"], want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+    assert kernels["x86_64:x86-64-v3,x86-64-v4"] > kernels["x86_64:x86-64-v4,x86-64-v3"]  # the transforms' kernels

@@ -77,7 +77,8 @@ def micro_kernel(rows: int, nvec: int, vw: int, unroll: int, masked: bool, packe
 
     Specialized only on its shape (rows, vectors) and modes, so kernels share micro-kernels; sizes and
     strides are arguments. masked: the last vector has `tail` valid lanes (masked loads of V unless
-    V is packed and zero-padded; masked stores). scatter: C lanes are c_lane apart (transposed GEMM).
+    V is packed and zero-padded; masked stores). scatter: C lanes are c_lane apart (transposed GEMM;
+    masked gather/scatter, which x86 targets lower to scalar loads and stores: +prefer-no-gather/scatter).
     returns: the tile is returned (tile_type) instead of stored, for the epilogue in registers.
     prefetch_c: the C tile's lines are prefetched for writing first (not with scatter). The k loop is one
     long dependency chain that the out-of-order window cannot see past, so the C loads (accumulate) and

@@ -124,7 +124,7 @@ class GemmLowerer(KernelLowerer):
         # a run-time m, n or k: lanes along n (the run-time tile counts are those of GemmArg's *_var)
         runtime = bool(self.dyn) and any(x is not None for x in (*self.dyn.axes(mm)[-2:], self.dyn.axes(a)[-1]))
         self.transposed = (self.policy.gemm_transpose and not runtime
-                           and _vectorize_along_m(m, n, k, is_constant(a), is_constant(b)))
+                           and _vectorize_along_m(m, n, k, is_constant(a), is_constant(b), self.policy))
         a_param, a_op = self.operand(a, "a")
         b_param, b_op = self.operand(b, "b")
         c_strides, s = [], m * n
@@ -159,21 +159,25 @@ class GemmLowerer(KernelLowerer):
         return tuple(None if a is None else self.dyn.var(a.dim).arg for a in (lead, m_ax, n_ax, k_ax))
 
 
-def _vectorize_along_m(m: int, n: int, k: int, a_const: bool, b_const: bool) -> bool:
+def _vectorize_along_m(m: int, n: int, k: int, a_const: bool, b_const: bool, policy: OptimizationPolicy) -> bool:
     """Run C^T = B^T A^T when lanes along m waste clearly less than lanes along n (n = 49 uses 49 of
     64 lanes; m = 512 uses all) and K pays for what the transposed tile costs: C stored one lane at a
     time n apart (contiguous where n = 1), the epilogue as a second pass over C, and no k blocks (each
-    would store C again), so a whole k x lanes vector panel is re-read per row tile. Measured on
-    Zen 5 (AVX-512), 1x1 convolutions transposed / not: n = 4 and 9 (over 40 % of the lanes wasted)
-    1.2-3x faster from K = 128 on; n = 25 and 49 1.04-1.25x faster at K = 960-2048, about even at
-    K = 512, 0.84-0.9x at K = 128-256, and 0.79x at K = 4608 (3x3 over 512 channels)."""
-    if not a_const or b_const or k < 64:
+    would store C again), so a whole k x lanes vector panel is re-read per row tile. The thresholds are
+    the policy's (transpose_*), from Zen 5 (AVX-512; C stored with vscatter, and measured again with the
+    scalar stores of +prefer-no-scatter, svodc/arches.py: the same choices win), 1x1 convolutions
+    transposed / not: n = 4 and 9 (over 40 % of the lanes wasted) 1.2-3x faster from K = 128 on;
+    n = 25 and 49 1.04-1.25x faster at K = 960-2048, about even at K = 512, 0.84-0.9x at K = 128-256,
+    and 0.79x at K = 4608 (3x3 over 512 channels)."""
+    if not a_const or b_const:
         return False
     waste_n = 1 - n / (-(-n // B_PANEL) * B_PANEL)
     waste_m = 1 - m / (-(-m // B_PANEL) * B_PANEL)
-    if waste_n - waste_m < 0.4:
-        return waste_n - waste_m > 0.1 and 512 <= k <= 2048
-    return True
+    gain = waste_n - waste_m
+    if gain >= policy.transpose_free_gain:
+        return k >= policy.transpose_free_min_k
+    low, high = policy.transpose_k_range
+    return gain > policy.transpose_min_gain and low <= k <= high
 
 
 def _simplify(x: UOp) -> UOp:

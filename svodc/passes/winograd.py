@@ -63,7 +63,7 @@ def applies(n: UOp, policy: OptimizationPolicy) -> bool:
     # C >= parallel_min: the input transform's parallel loop is then over channels alone, and split.py can cut
     # its position axis into 16 loop nests (a parallel loop merged with it would hide the concatenation).
     return (c >= max(policy.winograd_min_in_channels, policy.parallel_min) and o >= policy.winograd_min_out_channels
-            and tiles >= policy.winograd_min_tiles and macs >= max(policy.winograd_min_macs, policy.gemm_min_macs))
+            and tiles >= policy.winograd_tiles and macs >= max(policy.winograd_min_macs, policy.gemm_min_macs))
 
 
 def filter_transform(w: np.ndarray) -> np.ndarray:
