@@ -125,7 +125,13 @@ def emit_vector_epilogue(em: KernelEmitter, sc: Scope, epi: VectorEpilogue, acc:
             scope = em.stack[-1]
             p = line(scope, f"getelementptr inbounds {et}, ptr {em.value(epi.store.src[0])}, "
                             f"i64 {em.value(epi.store.src[1])}", "ptr")
-            if masked:
+            if masked and tail == 1:
+                # One lane: its element stored alone. LLVM (llvmlite 0.50) widened the one-lane masked store of
+                # a saturating u8 truncation to a 4-byte vmovd on AVX-512, writing the next row's first 3
+                # bytes and past the buffer (QLinearConv 64 -> 64 over 33 columns, tests/test_int8_gemm.py).
+                e = line(scope, f"extractelement {vt} {out}, i64 0")
+                scope.lines.append(f"  store {et} {e}, ptr {p}, align {align}")
+            elif masked:
                 scope.lines.append(f"  call void @llvm.masked.store.v{vw}{_suffix(et)}.p0({vt} {out}, ptr {p}, "
                                    f"i32 {align}, {mt} {mask})")
             else:
