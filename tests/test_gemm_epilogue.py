@@ -105,12 +105,14 @@ def test_run_time_a_packed_in_row_blocks(threads, m, k, n):
                        {"a": (np.float32, [m, k]), "b": (np.float32, [k, n])}, ["y"])
     program = build_program(import_model(model), CompileOptions())  # the blocking shapes code, not the program
     (kernel,) = [k for k in program.kernels if k.ast.src[0].op is Ops.GEMM]
-    # k blocks (12-16 of the 70) and packed blocks (6-8 row tiles) sized from the host's own tile (8 or 16
-    # floats a vector; with 16, m = 41 takes 1-row tiles 240 lanes wide, so only 4 lane tiles reuse a block)
-    tile = cpu_plan(kernel.ast.src[0].arg, target, dataclasses.replace(gemm_blocking(target), lanes_first_max_panel=0))
-    blocking = dataclasses.replace(gemm_blocking(target), scalar_block_bytes=3 * tile.rows * 32 * 4,
-                                   k_block_bytes=32 * tile.lanes * 4 // 2, lanes_first_max_panel=0,
-                                   scalar_pack_min_lane_tiles=2)
+    # k blocks of about 16 from the host's own tile (8 or 16 floats a vector), then packed blocks of 4 row
+    # tiles of such a k block (so the last block is shorter), reused by as few as 2 lane tiles
+    arg = kernel.ast.src[0].arg
+    tile = cpu_plan(arg, target, dataclasses.replace(gemm_blocking(target), lanes_first_max_panel=0))
+    blocking = dataclasses.replace(gemm_blocking(target), k_block_bytes=32 * tile.lanes * 4 // 2,
+                                   lanes_first_max_panel=0, scalar_pack_min_lane_tiles=2)
+    k_block = cpu_plan(arg, target, blocking).k_block
+    blocking = dataclasses.replace(blocking, scalar_block_bytes=4 * tile.rows * k_block * 4)
     options = CompileOptions(policies={"*": dataclasses.replace(DEFAULT_POLICY, cpu_gemm=blocking)})
     plan = cpu_plan(kernel.ast.src[0].arg, target, blocking)
     assert 1 < plan.block_row_tiles < plan.row_tiles and plan.row_tiles % plan.block_row_tiles
