@@ -130,18 +130,19 @@ def cpu_plan(arg: GemmArg, target: Target, blocking: GemmBlocking) -> CpuGemmPla
 
 def _register_tile(arg: GemmArg, rows_total: int, lanes_total: int, vw: int, blocking: GemmBlocking
                    ) -> tuple[int, int]:
-    """(rows, vectors) of the micro-tile: the most useful accumulators (rows x vectors, less the lanes and
-    rows the edge tiles waste) that fit the blocking's registers, then the fewest vector loads per k; then,
-    not transposed, the most rows among tiles within ROWS_OVER_LANES of those accumulators.
-    A tile must not cross a panel of a packed operand: its rows divide the scalar side's panel, its
-    lanes divide or are a multiple of B_PANEL on a packed vector side.
-    Transposed, the key is the useful accumulators per load of a k step (rows broadcasts + nvec vector
-    loads): its scalar side is read in place with a stride, and for n = 49 on AVX-512 the first key
-    picks a 2 x 8-vector tile (10 loads per 16 FMAs) where 4 x 4 loads 8."""
+    """(rows, vectors) of the micro-tile, among those that fit the blocking's registers (the accumulators,
+    the vectors loaded per k and one broadcast) and cross no panel of a packed operand (rows divide the
+    scalar side's panel; lanes divide or are a multiple of B_PANEL on a packed vector side):
+    - the most rows among tiles within ROWS_OVER_LANES of the most useful accumulators (rows x vectors,
+      less what edge tiles waste), then the most of those: each vector loaded feeds `rows` FMAs, and a
+      wide panel streams from L2 (m = 41, n = 900 on Zen 5: 1 x 15 vectors -> 8 x 2, 142 -> 223
+      GFLOP/s; 13 x 768 x 2304 196 -> 226; mobilenetv2 -5 %);
+    - transposed, the most useful accumulators per load of a k step (rows broadcasts + nvec vector loads),
+      then rows: its scalar side is read in place with a stride, and for n = 49 on AVX-512 the useful
+      accumulators alone pick 2 x 8 vectors (10 loads per 16 FMAs) where 4 x 4 loads 8."""
     scalar_panel = None if arg.transposed or not arg.a.packed else a_panel(arg)
     vector_packed = arg.a.packed if arg.transposed else arg.b.packed
-    best, best_key = (1, 1), None
-    cands = []
+    tiles = []  # (useful accumulators, rows, vectors)
     for rows in range(1, blocking.max_rows + 1):
         if scalar_panel is not None and scalar_panel % rows:
             continue
@@ -152,20 +153,15 @@ def _register_tile(arg: GemmArg, rows_total: int, lanes_total: int, vw: int, blo
             if rows * nvec + nvec + 1 > blocking.vector_regs:
                 continue
             used = rows_total * lanes_total / (ceil_div(rows_total, rows) * rows * ceil_div(lanes_total, lanes) * lanes)
-            key = (round(rows * nvec * used, 3), -nvec, rows)
-            if arg.transposed:
-                key = (round(rows * nvec * used / (rows + nvec), 3), rows)
-            cands.append((rows * nvec * used, rows, nvec))
-            if best_key is None or key > best_key:
-                best, best_key = (rows, nvec), key
-    if not arg.transposed and cands:
-        # Each vector load of a panel feeds `rows` FMAs, and a wide panel streams from L2: among tiles
-        # within ROWS_OVER_LANES of the most useful accumulators, the most rows (m = 41, n = 900 on Zen 5:
-        # 1 x 15 vectors -> 8 x 2, 142 -> 223 GFLOP/s; 13 x 768 x 2304 196 -> 226; mobilenetv2 -5 %).
-        top = max(c[0] for c in cands)
-        _, rows, nvec = max((c for c in cands if c[0] >= ROWS_OVER_LANES * top), key=lambda c: (c[1], c[0]))
-        best = (rows, nvec)
-    return best
+            tiles.append((rows * nvec * used, rows, nvec))
+    if not tiles:
+        return 1, 1
+    if arg.transposed:
+        _, rows, nvec = max(tiles, key=lambda t: (round(t[0] / (t[1] + t[2]), 3), t[1]))
+    else:
+        top = max(t[0] for t in tiles)
+        _, rows, nvec = max((t for t in tiles if t[0] >= ROWS_OVER_LANES * top), key=lambda t: (t[1], t[0]))
+    return rows, nvec
 
 
 @dataclass(frozen=True)

@@ -167,7 +167,7 @@ def _vectorize_along_m(m: int, n: int, k: int, a_const: bool, b_const: bool, pol
     the policy's (transpose_*), from Zen 5 (AVX-512; C stored with vscatter, and measured again with the
     scalar stores of +prefer-no-scatter, svodc/arches.py: the same choices win), 1x1 convolutions
     transposed / not: n = 4 and 9 (over 40 % of the lanes wasted) 1.2-3x faster from K = 128 on;
-    n = 25 and 49 1.04-1.25x faster at K = 960-2048, about even at K = 512, 0.84-0.9x at K = 128-256,
+    n = 25 and 49 1.04-1.25x faster at K = 960-1536, about even at K = 512 and 2048, 0.84-0.9x at K = 128-256,
     and 0.79x at K = 4608 (3x3 over 512 channels)."""
     if not a_const or b_const:
         return False
