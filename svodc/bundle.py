@@ -20,6 +20,7 @@ import zstandard
 from svodc import __version__
 from svodc.codegen.gpu_compile import GpuImage
 from svodc.codegen.link import CodeImage
+from svodc.codegen.team import TEAM_SYMBOLS
 from svodc.errors import BundleError, TargetError
 from svodc.ir.dtypes import dtypes, to_storage
 from svodc.passes.dynamic import ComputedDim, ValueDim
@@ -38,6 +39,7 @@ from svodrt.format import (
     align_up,
     gpu_binding,
     section_align,
+    team_binding,
     variant_binding,
 )
 from svodrt.trust import signed_message
@@ -190,6 +192,7 @@ def write_bundle_to(out: BinaryIO, program: Program, images: list[tuple[Target, 
             "entry": image.symbols[ENTRY],
             "kernels": [image.symbols[k.name] for k in program.kernels],
             "fixups": list(image.fixups),
+            "team": [image.symbols[name] for name in TEAM_SYMBOLS],  # format 1.10
         })
     # GPU variants number their sections from 0 among the code sections: shift past the weights
     gpu = [_gpu_variant(program, g, sections) for g in gpu_images]
@@ -243,6 +246,8 @@ def write_bundle_to(out: BinaryIO, program: Program, images: list[tuple[Target, 
         manifest["edge_outputs"] = [_edge_entry(name, e, role, program) for name, e, role in program.edge_outputs]
     for v in variants:
         v["binding"] = variant_binding(v, table[v["section"]]["sha256"], manifest)
+        if "team" in v:
+            v["team_binding"] = team_binding(v)
         if "launches" in v:
             v["gpu_binding"] = gpu_binding(v, table[v["cubin"]]["sha256"] if "cubin" in v else None)
     for key, value in (extra or {}).items():

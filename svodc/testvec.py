@@ -56,7 +56,7 @@ for _name, (_bits, _mant, _bias, _kind) in FLOAT_FORMATS.items():
 
 def reference_input(b: Buffer, rng: np.random.Generator, n_strings: int = 0) -> np.ndarray:
     """n_strings: the size of the model's vocabulary. A string input is its ids: the vocabulary's
-    strings and two it lacks (svodrt/strings.py turns the ids into strings for the run)."""
+    strings and two it lacks (svodrt_strings/ids.py turns the ids into strings for the run)."""
     if b.dtype is dtypes.string:
         return rng.integers(0, n_strings + 2, b.shape).astype(np.int32)
     kind = b.dtype.kind

@@ -27,19 +27,21 @@ __version__ = "0.1.0"
 
 def load(source: str | os.PathLike | bytes, threads: int | None = None, host: Host | None = None,
          verify_weights: bool | None = None, variant: int | None = None, device: str = "cpu",
-         graph: bool = True, trust: TrustSpec | None = None) -> Runner:
+         graph: bool = True, trust: TrustSpec | None = None, spin: bool = True) -> Runner:
     """Load a bundle (path or bytes); every structural check and the sha256 of the code that will run are done.
     threads: per inference (default: the host's cores; a model under 0.3 ms on one thread uses one). host: pick the
     variant for this host (e.g. `detect_host().limited_to("x86-64-v2")`). verify_weights: check the weights' sha256
     (default: up to 16 MiB of them unless this file's record says they passed, all under a trust policy; False:
     never). variant: use this variant (index). device: "cpu", "cuda:N" or "hip:N"; graph: launch a GPU model's
     kernels as one captured graph. trust: the Ed25519 public keys (PEM paths or bytes) whose signed bundles alone
-    load (`model.signer` names the signer). docs/architecture.md "Runtime"."""
+    load (`model.signer` names the signer). spin: helpers spin 10 ms for the next call (False: they sleep at once, as
+    onnxruntime's session.intra_op.allow_spinning=0). docs/architecture.md "Runtime"."""
     if device != "cpu":
         from svodrt_gpu import GpuModel
 
         return GpuModel(source, device, verify_weights=verify_weights, variant=variant, graph=graph, trust=trust)
-    return Model(source, threads=threads, host=host, verify_weights=verify_weights, variant=variant, trust=trust)
+    return Model(source, threads=threads, host=host, verify_weights=verify_weights, variant=variant, trust=trust,
+                 spin=spin)
 
 
 __all__ = ["BundleFormatError", "BundleVersionError", "DeviceError", "Host", "InferenceSession", "InputError", "Model",

@@ -44,3 +44,14 @@ SYNC_SIZE = 64
 SYNC_YIELD = 8  # void (*)(void): the host's sched_yield, called by a thread that has spun long enough
 SYNC_NEXT = 16  # uint32: the work queue's next ticket to claim (svodc/codegen/module.py)
 SYNC_DONE = 20  # uint32: tickets finished; kernel i starts when every ticket of kernels < i is done
+
+# The team (format 1.10, docs/bundle-format.md "The team"): a variant's `team` holds the offsets of svod_serve(box,
+# spins), which runs the calls posted to its box (returns how many after `spins` idle looks, at once after the stop
+# call: bufs NULL), and the caller's svod_lead(boxes, helpers, bufs, dims, sync): posts the call to every box, runs
+# thread 0, takes back each call no helper took, waits for the others (bufs NULL: posts the stop call). A box:
+# TEAM_BOX_SIZE zeroed bytes (a cache line on every target) per helper, BUFFER_ALIGN-aligned.
+TEAM_SERVE, TEAM_LEAD = "svod_serve", "svod_lead"
+TEAM_BOX_SIZE = 256  # and TEAM_YIELD below: void (*)(void), the runtime's, written once: serve yields after a while
+TEAM_POSTED, TEAM_TAKEN, TEAM_FINISHED = 0, 4, 8  # uint32 call numbers: posted, last taken, last finished
+TEAM_THREAD, TEAM_NTHREADS = 12, 16  # int32: the entry's thread and nthreads for the call
+TEAM_BUFS, TEAM_DIMS, TEAM_SYNC, TEAM_YIELD = 24, 32, 40, 48  # pointers: the entry's other arguments, and yield

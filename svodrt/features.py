@@ -49,12 +49,7 @@ BYTE_ORDER: dict[str, str] = {
 _V2 = ("sse3", "ssse3", "sse4.1", "sse4.2", "popcnt", "cx16", "sahf")
 _V3 = (*_V2, "avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "lzcnt", "movbe", "xsave")
 _V4 = (*_V3, "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
-X86_64_LEVELS: dict[str, tuple[str, ...]] = {
-    "x86-64": (),
-    "x86-64-v2": _V2,
-    "x86-64-v3": _V3,
-    "x86-64-v4": _V4,
-}
+X86_64_LEVELS: dict[str, tuple[str, ...]] = {"x86-64": (), "x86-64-v2": _V2, "x86-64-v3": _V3, "x86-64-v4": _V4}
 
 
 def feature_names(arch: str) -> list[str]:

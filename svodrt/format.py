@@ -8,8 +8,8 @@ from typing import NamedTuple
 MAGIC = b"SVOD\x00\r\n\x1a"
 FORMAT_MAJOR = 1
 # 1.1 big-endian, 1.2 GPU, 1.3 narrow dtypes, 1.4 strings, 1.5 bounded dims, 1.6 string outputs, 1.7 computed
-# dims, 1.8 string program, 1.9 test vectors in a `tests` section (docs/bundle-format.md)
-FORMAT_MINOR = 9
+# dims, 1.8 string program, 1.9 test vectors in a `tests` section, 1.10 the team functions (docs/bundle-format.md)
+FORMAT_MINOR = 10
 HEADER = struct.Struct("<8sHHIIIQQQQ8s")
 FLAG_MANIFEST_ZSTD = 1
 HEADER_SIZE = HEADER.size  # 64
@@ -86,6 +86,10 @@ def msgpack_sha256(obj: object) -> bytes:
     return hashlib.sha256(msgpack.packb(obj, use_bin_type=True)).digest()
 
 
+def team_binding(variant: Mapping) -> bytes:  # format 1.10's own field: older runtimes' binding is unchanged
+    return msgpack_sha256([bytes(variant["binding"]), list(variant["team"])])
+
+
 # GPU variants (format 1.2). Older runtimes read a GPU variant as a CPU variant of an architecture no
 # host has ("nvptx64", "amdgcn"), so they refuse it by architecture and still run the bundle's CPU variants.
 GPU_KINDS = ("cuda", "hip")
@@ -102,7 +106,7 @@ def gpu_binding(variant: Mapping, cubin_sha256: bytes | None) -> bytes:
 
 # dtype names a bundle may use -> (the numpy dtype an element travels as, bytes per element). Types
 # numpy lacks travel as raw bits (bfloat16 as uint16, float8/float4 as uint8), int4/int2 one value
-# per byte; "string" elements are int32 ids (svodrt/strings.py: run() takes str arrays, never ids).
+# per byte; "string" elements are int32 ids (svodrt_strings/ids.py: run() takes str arrays, never ids).
 DTYPES: dict[str, tuple[str, int]] = {
     "bool": ("bool", 1), "int8": ("int8", 1), "int16": ("int16", 2), "int32": ("int32", 4),
     "int64": ("int64", 8), "uint8": ("uint8", 1), "uint16": ("uint16", 2), "uint32": ("uint32", 4),

@@ -3,7 +3,6 @@ entry (abi.py) on up to `threads` threads; its invariants: docs/architecture.md 
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import time
@@ -23,13 +22,14 @@ from svodrt.runner import Runner, check_dims_status, check_input, real_output  #
 from svodrt.trust import TrustSpec
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future, ThreadPoolExecutor
+    from svodrt.team import Team
 
 ENTRY_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p)
 KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32)
 MAX_THREADS = 1024
 AUTO_PARALLEL_MIN_S = 300e-6  # models faster than this on one thread use one thread
 _LIVE: weakref.WeakSet[Model] = weakref.WeakSet()  # what a forked child must reset (_after_fork)
+_EXIT_HOOK: list[bool] = []  # [True] once _stop_teams is registered
 
 
 def variant_problem(v: Variant, host: Host) -> str | None:
@@ -70,9 +70,12 @@ def select_variant(bundle: Bundle, host: Host, index: int | None = None) -> Vari
 
 class Model(Runner):
     def __init__(self, source: str | os.PathLike | bytes, threads: int | None = None, host: Host | None = None,
-                 verify_weights: bool | None = None, variant: int | None = None, trust: TrustSpec | None = None):
+                 verify_weights: bool | None = None, variant: int | None = None, trust: TrustSpec | None = None,
+                 spin: bool = True):
         self._closed = True  # until loaded: close() and __del__ have nothing to release
-        n = threads if threads is not None else (os.cpu_count() or 1)
+        self._spin = spin
+        n = threads if threads is not None else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else (os.cpu_count() or 1)  # the CPUs this process may use (taskset, a container's cpuset)
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_THREADS:
             raise ValueError(f"threads must be an integer in [1, {MAX_THREADS}], got {threads!r}")
         self.threads = n
@@ -102,10 +105,10 @@ class Model(Runner):
         _LIVE.add(self)
 
     def _reset_threads(self) -> None:
-        """Fresh locks, no helper pool (made at the first parallel call), no arena in use: at load, and
+        """Fresh locks, no helpers (started at the first parallel call), no arena in use: at load, and
         in a forked child, where the parent's helper threads and any lock they held do not exist."""
         import threading  # here, not at `import svodrt`
-        self._pool: ThreadPoolExecutor | None = None
+        self._helpers: Team | None = None  # format 1.10 code: helpers that wait in native code (svodrt/team.py)
         self._team = threading.Lock()
         self._state = threading.Condition()
         self._active = 0
@@ -162,7 +165,7 @@ class Model(Runner):
         return outs
 
     def _enter(self, table, sync, dims=None) -> None:
-        n = self.threads
+        n = self.threads if self.variant.team else 1  # code older than format 1.10 has no team: one thread
         if n > 1 and self._solo_runs < 2:
             # The first two calls run on one thread and are timed; a model faster than
             # AUTO_PARALLEL_MIN_S stays single-threaded (waking helpers would cost more than it saves).
@@ -174,19 +177,11 @@ class Model(Runner):
                 self._parallel = False
             return
         if n > 1 and self._parallel and self._team.acquire(blocking=False):
-            futures: list[Future] = []
             try:
-                if self._pool is None:
-                    from concurrent.futures import ThreadPoolExecutor  # here: its import costs ~3 ms
-
-                    self._getcpu = hasattr(os, "sched_setaffinity") and getattr(ctypes.CDLL(None), "sched_getcpu", None)
-                    self._pool = ThreadPoolExecutor(n - 1, thread_name_prefix="svodrt")
-                taken = {self._getcpu()} if self._getcpu else set()
-                futures += [self._pool.submit(_spread, self._entry, self._getcpu, table, dims, i, n, sync, taken)
-                            for i in range(1, n)]
-                self._entry(table, dims, 0, n, sync)
+                if self._helpers is None:
+                    self._helpers = _start_team(self, n - 1)
+                self._helpers.run(table, dims, sync)
             finally:
-                _join(futures)
                 self._team.release()
         else:
             self._entry(table, dims, 0, 1, sync)
@@ -199,24 +194,9 @@ class Model(Runner):
             self._closed = True
             while self._active:
                 self._state.wait()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-        self._code.close()
+        if self._helpers is None or self._helpers.close():  # else (a collection on a helper) the Team unmaps it
+            self._code.close()
         self._weights = self._arenas = None  # type: ignore[assignment]
-
-
-def _spread(entry, getcpu, table, dims, i: int, n: int, sync, taken: set[int]) -> None:
-    """A helper's part of a call, on a CPU no other thread of the call is on: Linux often wakes a pool thread on
-    the CPU of the thread that woke it, where it waits behind the caller while another CPU idles (issue 13: a
-    2-thread GEMM after a 50 ms gap ran at one thread's speed). So a helper on a taken CPU moves to a free one
-    of its allowed set and gives the mask back at once (nothing stays pinned)."""
-    if getcpu and getcpu() in taken:
-        with contextlib.suppress(OSError):  # a sandbox that denies these calls, a cpuset changed: run where we are
-            if free := (mask := os.sched_getaffinity(0)) - taken:
-                os.sched_setaffinity(0, free)  # moves this thread now, before it returns
-                os.sched_setaffinity(0, mask)
-    taken.add(getcpu() if getcpu else -1)
-    entry(table, dims, i, n, sync)
 
 
 def _address(a: np.ndarray) -> int:  # ~3x cheaper than a.ctypes.data (an object per call), a third of the floor
@@ -226,20 +206,23 @@ def _address(a: np.ndarray) -> int:  # ~3x cheaper than a.ctypes.data (an object
         return a.ctypes.data
 
 
-def _join(futures: list[Future]) -> None:
-    """Wait for every helper, even if a signal handler raises meanwhile (the helpers may still be
-    using the call's arena); then raise the first exception, the handler's or a helper's."""
-    first: BaseException | None = None
-    for f in futures:
-        while True:
-            try:  # cancel: not started yet, so it never enters the code (the caller did all the work)
-                error = None if f.cancel() else f.exception()
-                break
-            except BaseException as e:  # KeyboardInterrupt or a handler's exception: keep waiting
-                first = first or e
-        first = first or error
-    if first is not None:
-        raise first
+def _start_team(m: Model, helpers: int) -> Team:
+    import threading
+
+    from svodrt.team import Team
+
+    if not _EXIT_HOOK:  # threading's exit hooks run before daemon threads are dropped (concurrent.futures' way)
+        threading._register_atexit(_stop_teams)  # type: ignore[attr-defined]
+        _EXIT_HOOK.append(True)
+    return Team(m._code, m.variant.team, helpers, m._spin, m._yield)
+
+
+def _stop_teams() -> None:  # at exit: no helper is left in native code; a later call runs on one thread
+    for m in list(_LIVE):
+        with m._team:
+            m._parallel = False
+            if m._helpers is not None:
+                m._helpers.close()
 
 
 def _after_fork() -> None:

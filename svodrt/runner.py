@@ -14,7 +14,6 @@ from svodrt.abi import DIMS_STATUS_WORDS
 from svodrt.bundle import Bundle, TensorInfo, Variant
 from svodrt.errors import InputError
 from svodrt.format import BITS_OF, DTYPES, STRING
-from svodrt.strings import StringTable
 
 NARROW_INTS = frozenset({"int4", "uint4", "int2", "uint2"})
 
@@ -30,18 +29,13 @@ class Runner:
         self._input_specs = [(t.name, np.dtype(DTYPES[t.dtype][0]), tuple(t.shape)) for t in self.bundle.inputs]
         self._output_specs = [(tuple(t.shape), np.dtype(DTYPES[t.dtype][0])) for t in self.bundle.outputs]
         self._output_names = [t.name for t in self.bundle.outputs]
-        self._string_inputs = [t for t in self.bundle.inputs if t.dtype == STRING]
         self._dim_slots = {d.name: i for i, d in enumerate(self.bundle.dims)}
-        self._strings = StringTable(self.bundle.vocabulary) if self._string_inputs else None
-        # Format 1.6: outputs decoded at the edge (string ids -> str, ZipMap scores -> dicts, edge outputs).
-        self._string_outputs = [t.name for t in self.bundle.outputs if t.dtype == STRING]
-        b = self.bundle
-        self._decode = StringTable(b.vocabulary) if self._string_outputs or b.zipmaps or b.edge_outputs else None
-        self._program = None  # format 1.6/1.8: the string program, run before native code (svodrt_strings)
-        if b.edge_outputs:
-            from svodrt_strings import StringProgram
-            self._program = StringProgram(b.edge_outputs, b.inputs)
-        self._computed = self._program.roles if self._program else {}  # names run() computes
+        b, self._edge = self.bundle, None  # formats 1.4-1.8: strings at the edge (svodrt_strings), only where present
+        if any(t.dtype == STRING for t in (*b.inputs, *b.outputs)) or b.zipmaps or b.edge_outputs:
+            from svodrt_strings.edge import Edge
+
+            self._edge = Edge(b)
+        self._computed = self._edge.computed if self._edge else {}  # names run() computes
 
     @property
     def inputs(self) -> list[TensorInfo]:  # the caller's: not those the string program fills (format 1.8)
@@ -59,7 +53,7 @@ class Runner:
         """The common case in a few comparisons: a dict of exactly the inputs, each an ndarray of the
         declared dtype and shape, C-contiguous and aligned. None means: take the full check."""
         specs = self._input_specs
-        if type(feeds) is not dict or len(feeds) != len(specs) or self._strings is not None or self._computed:
+        if type(feeds) is not dict or len(feeds) != len(specs) or (self._edge and self._edge.checks_inputs):
             return None
         arrays = []
         for name, dtype, shape in specs:
@@ -72,12 +66,8 @@ class Runner:
 
     def _results(self, outs: list[np.ndarray], feeds: MappingT[str, object]) -> dict:
         result: dict = dict(zip(self._output_names, outs, strict=True))
-        if self._decode is not None:
-            for name in self._string_outputs:
-                result[name] = self._decode.decode(result[name], self._string_inputs, feeds)
-            for name, keys in self.bundle.zipmaps:
-                result[name] = [dict(zip(keys, row, strict=True)) for row in result[name].tolist()]
-            result.update((name, feeds[name]) for name, role in self._computed.items() if role in ("output", "both"))
+        if self._edge is not None:
+            self._edge.decode(result, feeds)
         return result
 
     def _prepare(self, feeds: MappingT[str, object]) -> tuple[list[np.ndarray], object]:
@@ -89,7 +79,7 @@ class Runner:
 
     def edge_feeds(self, feeds: MappingT[str, object]) -> MappingT[str, object]:
         """feeds with the string program's results added (the code inputs it fills, the outputs run() returns)."""
-        return feeds if self._program is None else self._program.complete(feeds)
+        return feeds if self._edge is None else self._edge.complete(feeds)
 
     def check_inputs(self, feeds: MappingT[str, object]) -> list[np.ndarray]:
         """Validate a feed dict against the model's inputs; returns the arrays the code will read, in
@@ -106,10 +96,7 @@ class Runner:
         if missing := [t for t in self.bundle.inputs if t.name not in feeds]:
             t = missing[0]
             raise InputError(f"missing input {t.name!r} ({t.dtype}{list(t.shape)}); the model's inputs are {expected}")
-        if self._strings is not None:  # strings become int32 ids, one numbering per call (svodrt/strings.py)
-            for t in self._string_inputs:  # dims first: interning costs a dict lookup per string
-                check_shape(t, feeds[t.name])
-            feeds = {**feeds, **self._strings.intern(self._string_inputs, feeds)}
+        feeds = feeds if self._edge is None else self._edge.intern(feeds)
         return [check_input(t, feeds[t.name]) for t in self.bundle.inputs]
 
     def __enter__(self) -> Runner:

@@ -181,6 +181,7 @@ class Variant(NamedTuple):
     kind: str = "cpu"  # "cpu", or a GPU kind: "cuda", "hip"
     launches: tuple[Launch, ...] = ()
     cubin: Section | None = None
+    team: tuple[int, ...] = ()  # format 1.10: svod_serve, svod_lead (svodrt/abi.py); () in older bundles
 
     def describe(self) -> str:
         return f"{self.arch}:{self.cpu}" if self.kind == "cpu" else f"{self.kind}:{self.cpu}"
@@ -371,7 +372,16 @@ def _variant(m: dict, i: int, sections: list[Section], n_kernels: int) -> Varian
                    "the plan they were compiled for: the manifest is damaged or was edited")
     kind = field(v, "kind", str, where) if "kind" in v else "cpu"
     launches, cubin = _gpu(v, where, sections, n_kernels, m) if kind in fmt.GPU_KINDS else ((), None)
-    return Variant(i, arch, cpu, tuple(feats), sec, entry, tuple(kernels), tuple(fixups), kind, launches, cubin)
+    team = _team(v, where, sec) if "team" in v and kind == "cpu" else ()
+    return Variant(i, arch, cpu, tuple(feats), sec, entry, tuple(kernels), tuple(fixups), kind, launches, cubin, team)
+
+
+def _team(v: dict, where: str, sec: Section) -> tuple[int, ...]:  # format 1.10, bound by `team_binding`
+    if len(team := uints(v, "team", where)) != 2 or any(o >= sec.length for o in team):
+        raise fail(f"{where}.team", f"{team}: expected the offsets of 2 functions in code section {sec.name!r}")
+    if field(v, "team_binding", bytes, where) != fmt.team_binding(v):
+        raise fail(f"{where}.team_binding", "does not match the variant's team offsets: the manifest was edited")
+    return tuple(team)
 
 
 def _gpu(v: dict, where: str, sections: list[Section], n: int, m: dict) -> tuple[tuple[Launch, ...], Section | None]:

@@ -24,8 +24,16 @@ ModelMetadata = namedtuple("ModelMetadata", "producer_name graph_name domain des
 
 
 class SessionOptions:
-    """intra_op_num_threads: threads per run (0: all cores). Other attributes are accepted, without effect."""
+    """intra_op_num_threads: threads per run (0: all cores); config "session.intra_op.allow_spinning" "0": helpers
+    sleep after a run instead of spinning for the next (svodrt/team.py). Other settings are accepted, without effect."""
     intra_op_num_threads = 0
+
+    def __init__(self) -> None:
+        self._config: dict[str, str] = {}
+
+    def add_session_config_entry(self, key: str, value: str) -> None:
+        self._config[key] = value
+
 
 
 def _converter(dtype: str):
@@ -54,7 +62,9 @@ class InferenceSession(Model):
         names = [p[0] if isinstance(p, tuple) else p for p in (providers or PROVIDERS)]
         if "CPUExecutionProvider" not in names:  # onnxruntime falls back to CPU too, and says so
             warnings.warn(f"providers {names} are not available in svodrt; using CPUExecutionProvider", stacklevel=2)
-        super().__init__(path_or_bytes, threads=(sess_options or SessionOptions()).intra_op_num_threads or None)
+        so = sess_options or SessionOptions()
+        spin = getattr(so, "_config", {}).get("session.intra_op.allow_spinning") != "0"
+        super().__init__(path_or_bytes, threads=so.intra_op_num_threads or None, spin=spin)
         self._infos = self.outputs
         self._args = {k: [NodeArg(t.name, _shape(t), f"tensor({_ORT_TYPE.get(t.dtype, t.dtype)})") for t in ts]
                       for ts, k in ((self.inputs, "inputs"), (self._infos, "outputs"))}

@@ -19,7 +19,7 @@ from svodrt.errors import InputError
 from svodrt.format import STRING
 from svodrt.runner import check_input, check_shape
 from svodrt.schema import TensorInfo, fail
-from svodrt.strings import strings_of
+from svodrt_strings.ids import strings_of
 
 EDGE_OPS = {  # op: (its attributes' types, its result's dtype; StringSplit's result 0, the substrings, is strings)
     "StringNormalizer": ({"case": str, "case_sensitive": bool, "stopwords": list}, "string"),

@@ -19,8 +19,8 @@ from svodrt.host import Host, detect_host
 from svodrt.model import select_variant, variant_problem
 from svodrt.runner import Runner
 from svodrt.schema import fail, items
-from svodrt.strings import StringTable
 from svodrt.trust import TrustSpec, check_signature, trusted_keys
+from svodrt_strings.ids import StringTable
 
 BIT_FLOATS = frozenset(BITS_OF.values())
 
@@ -89,7 +89,7 @@ def _values(t: TensorInfo, a: np.ndarray) -> np.ndarray:
 
 def strings_for_ids(vocabulary: tuple[str, ...], ids: np.ndarray) -> np.ndarray:
     """An object array of strings that intern to ids equivalent to `ids` (a test vector's stored
-    input; svodrt/strings.py): the vocabulary's string for an id in it, and for each other id (a
+    input; svodrt_strings/ids.py): the vocabulary's string for an id in it, and for each other id (a
     damaged vector may hold any) a string the vocabulary lacks, one per id."""
     known, unseen = set(vocabulary), {}
 
@@ -167,7 +167,7 @@ def run_test_vector(model: Runner, tv: TestVector) -> list[tuple[str, float, flo
     """(output name, max error, tolerance) per output."""
     b = model.bundle
     feeds = {t.name: _array(t, x) for t, x in zip(b.inputs, tv.inputs, strict=True)}
-    for t in b.inputs:  # string inputs are stored as ids: run() takes strings (svodrt/strings.py)
+    for t in b.inputs:  # string inputs are stored as ids: run() takes strings (svodrt_strings/ids.py)
         if t.dtype == STRING:
             feeds[t.name] = strings_for_ids(b.vocabulary, feeds[t.name])
     got, zipmaps = model.run(feeds), dict(b.zipmaps)

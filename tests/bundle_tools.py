@@ -9,7 +9,7 @@ import struct
 import msgpack
 import zstandard
 
-from svodrt.format import FLAG_MANIFEST_ZSTD, HEADER_SIZE, unpack_header, variant_binding
+from svodrt.format import FLAG_MANIFEST_ZSTD, HEADER_SIZE, team_binding, unpack_header, variant_binding
 
 
 def manifest_of(data: bytes) -> dict:
@@ -27,6 +27,8 @@ def repack(data: bytes, manifest: object, rebind: bool = False, body: bytes | No
     if rebind:
         for v in manifest["variants"]:
             v["binding"] = variant_binding(v, manifest["sections"][v["section"]]["sha256"], manifest)
+            if "team" in v:
+                v["team_binding"] = team_binding(v)
     raw = msgpack.packb(manifest, use_bin_type=True)
     stored = zstandard.ZstdCompressor(level=3).compress(raw)
     body = data[:h.manifest_offset] if body is None else body

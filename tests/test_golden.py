@@ -27,7 +27,8 @@ def test_the_current_format_version_has_goldens_with_its_new_features():
     """Each minor version adds a folder; 1.4's holds a bundle with string inputs (the vocabulary), 1.5's one
     with a bounded dim, 1.6's one with string, ZipMap and edge (StringNormalizer) outputs, 1.7's one with
     computed dims (output sizes the code computes from bounded image dims), 1.8's one with a string program
-    (string ops on a run-time input), 1.9's test vectors in a `tests` section (tests/test_vector_section.py)."""
+    (string ops on a run-time input), 1.9's test vectors in a `tests` section (tests/test_vector_section.py), 1.10's
+    team functions (tests/test_team.py runs them at two threads)."""
     from svodrt.format import FORMAT_MAJOR, FORMAT_MINOR
 
     current = {p.name for p in GOLDENS if p.parent.name == f"v{FORMAT_MAJOR}.{FORMAT_MINOR}"}
@@ -48,6 +49,7 @@ def test_the_current_format_version_has_goldens_with_its_new_features():
     with svodrt.load(ARTIFACTS / "v1.8" / "string_program.svod", threads=1) as m:  # 1.8: svodrt's string program
         assert {e[4] for e in m.bundle.edge_outputs} == {"input", "output"} and [t.name for t in m.inputs] == ["text"]
     assert "tests" in {s.kind for s in parse_bundle((ARTIFACTS / "v1.9" / "small_cnn.svod").read_bytes()).sections}
+    assert parse_bundle((ARTIFACTS / "v1.10" / "small_cnn.svod").read_bytes()).variants[0].team  # 1.10: the team
 
 
 @pytest.mark.parametrize("path", GOLDENS, ids=[f"{p.parent.name}/{p.stem}" for p in GOLDENS])

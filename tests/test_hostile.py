@@ -4,6 +4,7 @@ the issue's: 1 fork, 2 files changing underneath, 3 bundle bombs, 4 trust, 5 pat
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
 import signal
@@ -26,7 +27,7 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts" / "v1.4"
 
 
 def _threaded(path) -> svodrt.Model:
-    """A model whose next run() uses its helper pool (the automatic one-thread choice skipped)."""
+    """A model whose next run() uses its helpers (the automatic one-thread choice skipped)."""
     m = svodrt.load(path, threads=2)
     m._solo_runs = 2  # as if timed: use the helpers
     return m
@@ -49,11 +50,11 @@ def test_1_a_forked_child_runs_a_model_its_parent_ran_multithreaded(small_bundle
     path, feeds = small_bundle
     m = _threaded(path)
     want = m.run(feeds)["y"]
-    assert m._pool is not None  # the attack: helper threads exist, and a child has none of them
+    assert m._helpers is not None  # the attack: helper threads exist, and a child has none of them
     pid = os.fork()
-    if pid == 0:  # the child: run twice (pool rebuilt), report by exit code only
+    if pid == 0:  # the child: run twice (helpers restarted), report by exit code only
         try:
-            ok = all(np.array_equal(m.run(feeds)["y"], want) for _ in range(2)) and m._pool is not None
+            ok = all(np.array_equal(m.run(feeds)["y"], want) for _ in range(2)) and m._helpers is not None
             os._exit(0 if ok else 3)
         except BaseException:
             os._exit(4)
@@ -323,7 +324,7 @@ def test_5_a_corrupt_npz_input_is_one_line(small_bundle, tmp_path, capsys):
 
 
 def test_5_dims_are_checked_before_strings_are_interned(monkeypatch):
-    from svodrt.strings import StringTable
+    from svodrt_strings.ids import StringTable
 
     def refuse(*a, **kw):
         raise AssertionError("interned before the dims were checked")
@@ -359,31 +360,29 @@ def test_7_profile_after_close_raises_model_closed(small_bundle):
         kernel_times(m, feeds)
 
 
-def test_7_run_returns_only_after_every_helper_left_native_code(small_bundle):
-    """A signal handler raises while the calling thread waits for its helpers: run() must still
-    wait for them (they use the call's arena) before it raises."""
+def test_7_run_returns_only_after_every_helper_left_the_call(small_bundle):
+    """A signal handler raises while a call runs: run() raises only once every helper has finished the call or
+    it was taken back (svod_lead posts, runs and joins in one native call: no handler runs in between)."""
+    from svodrt.abi import TEAM_POSTED, TEAM_TAKEN
+
     path, feeds = small_bundle
     m = _threaded(path)
-    inside = []
-    real = m._entry
-
-    def entry(table, dims, thread, n, sync):  # a helper that stays in "native code" a while
-        inside.append(thread)
-        if thread:
-            time.sleep(0.5)
-        real(table, dims, thread, n, sync)
-        inside.remove(thread)
+    m.run(feeds)  # the helpers exist
 
     def interrupt(*_):
         raise KeyboardInterrupt
 
-    m._entry = entry
     old = signal.signal(signal.SIGALRM, interrupt)
     try:
-        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        signal.setitimer(signal.ITIMER_REAL, 0.0005, 0.0005)  # every 0.5 ms: lands during calls and between them
         with pytest.raises(KeyboardInterrupt):
-            m.run(feeds)
-        assert inside == []  # no helper still running on the returned arena
+            for _ in range(10_000):
+                m.run(feeds)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        box = m._helpers._first
+        posted, taken = (ctypes.c_uint32.from_address(box + o).value for o in (TEAM_POSTED, TEAM_TAKEN))
+        assert posted == taken  # no call left for a helper to take after run() returned
+        np.testing.assert_array_equal(m.run(feeds)["y"], m.run(feeds)["y"])  # and the model still runs
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)

@@ -1,4 +1,4 @@
-"""String inputs in the runtime (svodrt/strings.py) and the format (1.4: the `string` dtype and the
+"""String inputs in the runtime (svodrt_strings/ids.py) and the format (1.4: the `string` dtype and the
 manifest's `vocabulary`): interning per call, accepted and refused arrays, the checks on the
 vocabulary, the CLI, and what an older runtime does with such a bundle."""
 
@@ -15,7 +15,7 @@ import pytest
 import svodc
 import svodrt
 from svodrt.bundle import TensorInfo
-from svodrt.strings import StringTable
+from svodrt_strings.ids import StringTable
 from tests.bundle_tools import manifest_of, repack
 from tests.string_models import category_codes
 

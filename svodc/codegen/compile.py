@@ -17,6 +17,7 @@ from svodc.codegen.elf import read_object
 from svodc.codegen.emulate import pm_emulate_for
 from svodc.codegen.link import CodeImage, link
 from svodc.codegen.module import entry_module, guard_flags, kernel_modules, parallel_parts
+from svodc.codegen.team import TEAM_SYMBOLS
 from svodc.codegen.transcendental import pm_transcendental, pm_transcendental_native_round
 from svodc.codegen.worker import WorkerPool, borrow
 from svodc.errors import CodegenError
@@ -135,7 +136,7 @@ def compile_program(program: Program, target: Target, options: CompileOptions,
         for j, (_, asm) in zip(jobs, results, strict=True):
             print(f"===== assembly {j.name} =====\n{asm}", file=sys.stderr)
     objects = [read_object(obj, j.name) for j, (obj, _) in zip(jobs, results, strict=True)]
-    return link(objects, [ENTRY, *(k.name for k in kernels)])
+    return link(objects, [ENTRY, *TEAM_SYMBOLS, *(k.name for k in kernels)])
 
 
 def worker_count(options: CompileOptions) -> int:

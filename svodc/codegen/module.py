@@ -49,13 +49,14 @@ import math
 from svodc.codegen.llvm_gemm_int8 import int8_plan
 from svodc.codegen.llvm_ir import FN_ATTRS, body_name, render_body, render_wrapper
 from svodc.codegen.share import Template, template
+from svodc.codegen.team import team_functions, wait_function
 from svodc.gemm_plan import cpu_plan
 from svodc.ir.ops import GemmArg, Ops, RangeKind
 from svodc.ir.uop import UOp
 from svodc.policy import GemmBlocking
 from svodc.program import BufferKind, Kernel, KernelGuard
 from svodc.target import Target
-from svodrt.abi import ARENA_SLOT, ENTRY, SYNC_DONE, SYNC_NEXT, SYNC_YIELD, input_slot, output_slot
+from svodrt.abi import ARENA_SLOT, ENTRY, SYNC_DONE, SYNC_NEXT, input_slot, output_slot
 
 SPIN_BEFORE_YIELD = 4000
 PARTS_PER_THREAD = 4  # enough parts that a thread slowed by the OS leaves its share to the others
@@ -315,30 +316,6 @@ def entry_module(kernels: list[tuple[str, int]], target: Target, guards: list[Fl
                       f"  %ra{j} = icmp ult i32 %t{j}.next, {loops[j][2]}",
                       f"  br i1 %ra{j}, label %r{j}.head, label %k{i + 1}.start"]
     lines += [f"k{len(kernels)}.start:", "  ret void", "}", ""]
-    lines += f"""define internal void @svod_wait(ptr %donep, i32 %want, ptr %sync) #0 {{
-entry:
-  br label %check
-check:
-  %spins = phi i32 [ 0, %entry ], [ %spins.next, %backoff ]
-  %done = load atomic i32, ptr %donep acquire, align 4
-  %ready = icmp uge i32 %done, %want
-  br i1 %ready, label %out, label %spin
-spin:
-  %spins.next = add i32 %spins, 1
-  %long = icmp ugt i32 %spins, {SPIN_BEFORE_YIELD}
-  br i1 %long, label %yield, label %pause
-pause:
-  {hint}
-  br label %backoff
-yield:
-  %fpp = getelementptr inbounds i8, ptr %sync, i64 {SYNC_YIELD}
-  %fp = load ptr, ptr %fpp, align 8
-  call void %fp()
-  br label %backoff
-backoff:
-  br label %check
-out:
-  ret void
-}}""".splitlines()
-    lines += ["", *_attrs(target), ""]
+    lines += wait_function("svod_wait", "uge", hint, SPIN_BEFORE_YIELD)
+    lines += [*team_functions(hint, SPIN_BEFORE_YIELD), "", *_attrs(target), ""]
     return "\n".join(lines)

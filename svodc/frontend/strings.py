@@ -5,7 +5,7 @@ initializers and constants, LabelEncoder keys, a string `--input-value`) is inte
 into the model's vocabulary: the first string met gets id 0, the next new one id 1, and so on. Import
 order is deterministic, so the vocabulary is too (bundles stay byte-identical). The bundle carries it;
 at run time svodrt gives each input string its vocabulary id, or a new id past the vocabulary that is
-the same for equal strings in one call (svodrt/strings.py).
+the same for equal strings in one call (svodrt_strings/ids.py).
 
 Invariant: a compiled model's outputs depend on string ids only through id equality and through which
 vocabulary entry an id is, never through an id's value past the vocabulary. Two consequences: Equal of

@@ -1,4 +1,5 @@
-"""String inputs (format 1.4): strings reach native code as int32 ids.
+"""String ids at the edge (format 1.4): strings reach native code as int32 ids. svodrt imports this only for a
+bundle with string inputs or outputs, ZipMap or edge outputs (svodrt/runner.py), like the string program.
 
 The compiler interned the model's own strings into the bundle's `vocabulary` and compiled string ops
 into ops on ids. run() gives a vocabulary string its index and any other string a new id past the
