@@ -18,7 +18,10 @@ import numpy as np
 
 SHAPES = [(1024, 1024, 1024), (256, 2304, 196), (512, 4608, 49), (64, 576, 3136), (128, 768, 3072)]
 BLOCK = 5  # timed runs per block, after an untimed one
-BLOCK_GAP_S = 0.05  # a pause before each block: the other engine's spinning threads go to sleep
+# A pause before each block, longer than the other engine's threads spin after a call: OpenBLAS's about 100 ms,
+# ours 10 ms (helper-thread CPU time in the pause after a call, Zen 4 2 vCPU, 2026-12-02). At 50 ms OpenBLAS's
+# spinning thread still held one of the two CPUs during svod's block.
+BLOCK_GAP_S = 0.15
 
 # Reads a run count per line and answers with that many wall times (seconds, one line).
 NUMPY = r"""

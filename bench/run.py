@@ -68,7 +68,9 @@ def _ort_session(path: Path, threads: int):
 # block starts after a pause with an untimed run, so neither engine is timed against the other's
 # leftovers.
 BLOCK = 5
-BLOCK_GAP_S = 0.05  # and a pause first, long enough for the other engine's spinning threads to sleep
+# And a pause first, longer than the other engine's threads spin after a run: onnxruntime's 35-45 ms, ours 10 ms
+# (helper-thread CPU time in the pause after a run, Zen 4 2 vCPU, 2026-12-02); OpenVINO's do not spin.
+BLOCK_GAP_S = 0.08
 
 
 def _timed_block(run, *args) -> list[float]:
