@@ -75,3 +75,17 @@ def test_the_memo_keeps_no_node_alive():
     del a
     gc.collect()
     assert len(memo._done) < alive
+
+
+def test_a_held_memo_finds_a_dropped_expression_again_and_keeps_nothing_once_released():
+    memo = RewriteMemo()
+    with memo.held():
+        memo.update({rng(42, 7) + 5: rng(42, 7) + 5})
+        gc.collect()
+        assert memo.get(rng(42, 7) + 5) is not None  # built anew: the held entry still answers
+        with memo.held():  # nested (another compilation in another thread): the outer hold is kept
+            pass
+        assert memo.get(rng(42, 7) + 5) is not None
+    gc.collect()
+    assert memo.get(rng(42, 7) + 5) is None
+    assert len(memo._done) == 0

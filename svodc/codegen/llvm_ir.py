@@ -128,9 +128,8 @@ class KernelEmitter:
                    f"  br label %{head}{', ' + s.loop_md if s.loop_md else ''}", f"{done}:"]
 
     def target_scope(self, n: UOp) -> Scope:
-        free = self.free[n]
-        depth = max((self.range_pos[r] for r in free), default=0)
-        return self.stack[depth]
+        free = self.free[n]  # (asked for every node at every use: map, not a generator, for the max)
+        return self.stack[max(map(self.range_pos.__getitem__, free)) if free else 0]
 
     def emit_line(self, scope: Scope, rhs: str, hint: str = "v") -> str:
         v = self.fresh(hint)
@@ -176,22 +175,28 @@ class KernelEmitter:
         their users, left to right, from an explicit stack: a chain of 20,000 ops needs no Python
         recursion. A LOOP_REDUCE's body is emitted inside its loops by emit_reduce (nesting as deep
         as the reductions, not the graph)."""
-        from svodc.codegen.llvm_alu import emit_alu
-
         hit = self._direct(n)
         if hit is not None:
             return hit
+        from svodc.codegen.llvm_alu import emit_alu
+
+        # Per edge, one _direct look-up: a node popped ready has no cached value but in its own scope (a
+        # constant, parameter or index was answered when it was first popped), and its sources were
+        # emitted before it (the `or` only guards that).
         stack: list[tuple[UOp, bool]] = [(n, False)]
         while stack:
             node, ready = stack.pop()
+            if ready:
+                scope = self.target_scope(node)
+                if node not in scope.cache:
+                    srcs = [self._direct(s) or self.value(s) for s in node.src]
+                    scope.cache[node] = emit_alu(self, scope, node, srcs)
+                continue
             if self._direct(node) is not None:
                 continue
-            if node.op is Ops.LOOP_REDUCE or ready:
+            if node.op is Ops.LOOP_REDUCE:
                 scope = self.target_scope(node)
-                if node.op is Ops.LOOP_REDUCE:
-                    scope.cache[node] = self.emit_reduce(node, scope)
-                else:
-                    scope.cache[node] = emit_alu(self, scope, node, [self.value(s) for s in node.src])
+                scope.cache[node] = self.emit_reduce(node, scope)
                 continue
             stack.append((node, True))
             stack.extend((s, False) for s in reversed(node.src))

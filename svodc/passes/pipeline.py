@@ -19,6 +19,7 @@ from svodc.ir.pattern import PatternMatcher, UPat
 from svodc.ir.provenance import Provenance
 from svodc.ir.rewrite import debug_level, graph_rewrite
 from svodc.ir.spec import verify
+from svodc.ir.symbolic import pm_symbolic
 from svodc.ir.uop import UOp, pretty
 from svodc.options import PRECISIONS, CompileOptions
 from svodc.passes import value_dims, winograd
@@ -134,6 +135,12 @@ def _provenance(root: UOp, realized: set[UOp], prov: Provenance) -> list[str]:
 def build_program(graph: ImportedGraph, options: CompileOptions, policy: OptimizationPolicy = DEFAULT_POLICY
                   ) -> Program:
     """The program for the variants that share `policy` (svodc/policy.py)."""
+    assert pm_symbolic.memo is not None
+    with pm_symbolic.memo.held():  # kernels rebuild the same index expressions: simplified once per program
+        return _build_program(graph, options, policy)
+
+
+def _build_program(graph: ImportedGraph, options: CompileOptions, policy: OptimizationPolicy) -> Program:
     sized = value_dims.register([o for _, o in graph.outputs], None)
     dyn = DynamicAxes(graph.dims, graph.input_dims, graph.provenance) if graph.dims or sized else None
     if sized:
