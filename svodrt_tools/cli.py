@@ -143,7 +143,10 @@ def cmd_run(args: argparse.Namespace) -> None:
     for name, a in outs.items():
         print(f"{name}: {_summary(a)}")
     per = (t4 - t2) / args.repeat if args.repeat > 1 else t3 - t2
-    where = f"{model.threads} threads, " if args.device == "cpu" else f"{args.device}, "
+    threads = model.threads if args.device != "cpu" or model.variant.team else 1  # format 1.10's team, else one
+    where = f"{threads} threads, " if args.device == "cpu" else f"{args.device}, "
+    if args.device == "cpu" and threads < model.threads:
+        where = f"1 thread: a bundle older than format 1.10 (recompile for {model.threads}), "
     unchecked = "" if model.weights_verified else "; weights not checksummed (svodrt verify, --verify-weights do)"
     print(f"load {1e3 * (t1 - t0):.2f} ms, run {1e3 * per:.2f} ms ({where}{model.variant.describe()}){unchecked}",
           file=sys.stderr)
@@ -202,7 +205,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy|FILE.npz",
                    help="an input array (repeat per input); a bare .npz supplies all arrays by name")
     r.add_argument("-o", "--output", help="write the outputs to this .npz")
-    r.add_argument("--threads", type=int, default=None, help="threads per inference (default: all cores)")
+    r.add_argument("--threads", type=int, default=None, help="threads per inference (default: this process's CPUs)")
     r.add_argument("--repeat", type=int, default=1, help="run this many times and report the mean time")
     r.add_argument("--verify-weights", action="store_true", default=None,
                    help="check the weights' sha256 at this load, whatever their size or record (svodrt verify "
@@ -236,7 +239,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--http-port", type=int, default=8080)
     s.add_argument("--grpc-port", type=int, default=8081)
     s.add_argument("--metrics-port", type=int, default=8082, help="Prometheus /metrics (0: off)")
-    s.add_argument("--threads", type=int, default=None, help="threads per inference (default: all cores)")
+    s.add_argument("--threads", type=int, default=None, help="threads per inference (default: this process's CPUs)")
     s.add_argument("--no-verify", dest="verify", action="store_false",
                    help="skip the checksums and test vectors before the server reports ready")
     s.add_argument("--max-request-mb", type=float, default=64.0, help="largest request body (413 beyond)")

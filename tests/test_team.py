@@ -195,3 +195,16 @@ def test_the_default_thread_count_is_the_cpus_this_process_may_use(small_bundle)
     path, _ = small_bundle
     with svodrt.load(path) as m:
         assert m.threads == (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+
+
+@pytest.mark.parametrize("version", ["v1.9", "v1.10"])
+def test_the_cli_reports_the_threads_a_bundle_runs_on(version, tmp_path):
+    from tests.test_cli import run
+
+    path = ARTIFACTS / version / "small_cnn.svod"
+    with np.load(path.with_name("small_cnn.expected.npz")) as z:
+        np.save(tmp_path / "x.npy", z["input.x"])
+    r = run("svodrt", "run", str(path), "-i", f"x={tmp_path / 'x.npy'}", "--threads", "2")
+    assert r.returncode == 0, r.stderr
+    want = "1 thread: a bundle older than format 1.10 (recompile for 2)" if version == "v1.9" else "(2 threads, "
+    assert want in r.stderr, r.stderr
