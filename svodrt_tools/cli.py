@@ -143,10 +143,10 @@ def cmd_run(args: argparse.Namespace) -> None:
     for name, a in outs.items():
         print(f"{name}: {_summary(a)}")
     per = (t4 - t2) / args.repeat if args.repeat > 1 else t3 - t2
-    threads = model.threads if args.device != "cpu" or model.variant.team else 1  # format 1.10's team, else one
-    where = f"{threads} threads, " if args.device == "cpu" else f"{args.device}, "
-    if args.device == "cpu" and threads < model.threads:
-        where = f"1 thread: a bundle older than format 1.10 (recompile for {model.threads}), "
+    where = f"{args.device}, "
+    if args.device == "cpu":  # code older than format 1.10 has no team: one thread
+        where = f"{model.threads} threads, " if model.variant.team or model.threads == 1 else \
+            f"1 thread: a bundle older than format 1.10 (recompile for {model.threads}), "
     unchecked = "" if model.weights_verified else "; weights not checksummed (svodrt verify, --verify-weights do)"
     print(f"load {1e3 * (t1 - t0):.2f} ms, run {1e3 * per:.2f} ms ({where}{model.variant.describe()}){unchecked}",
           file=sys.stderr)
