@@ -19,7 +19,7 @@ import numpy as np
 SHAPES = [(1024, 1024, 1024), (256, 2304, 196), (512, 4608, 49), (64, 576, 3136), (128, 768, 3072)]
 BLOCK = 5  # timed runs per block, after an untimed one
 # A pause before each block, longer than the other engine's threads spin after a call: OpenBLAS's about 100 ms,
-# ours 10 ms (helper-thread CPU time in the pause after a call, Zen 4 2 vCPU, 2026-12-02). At 50 ms OpenBLAS's
+# ours 12-16 ms (helper-thread CPU time in the pause after a call, Zen 4 2 vCPU, 2026-12-02). At 50 ms OpenBLAS's
 # spinning thread still held one of the two CPUs during svod's block.
 BLOCK_GAP_S = 0.15
 

@@ -68,7 +68,7 @@ def _ort_session(path: Path, threads: int):
 # block starts after a pause with an untimed run, so neither engine is timed against the other's
 # leftovers.
 BLOCK = 5
-# And a pause first, longer than the other engine's threads spin after a run: onnxruntime's 35-45 ms, ours 10 ms
+# And a pause first, longer than the other engine's threads spin after a run: onnxruntime's 35-45 ms, ours 12-16 ms
 # (helper-thread CPU time in the pause after a run, Zen 4 2 vCPU, 2026-12-02); OpenVINO's do not spin.
 BLOCK_GAP_S = 0.08
 

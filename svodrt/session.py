@@ -24,7 +24,7 @@ ModelMetadata = namedtuple("ModelMetadata", "producer_name graph_name domain des
 
 
 class SessionOptions:
-    """intra_op_num_threads: threads per run (0: all cores); config "session.intra_op.allow_spinning" "0": helpers
+    """intra_op_num_threads: threads per run (0: this process's CPUs); "session.intra_op.allow_spinning" "0": helpers
     sleep after a run instead of spinning for the next (svodrt/team.py). Other settings are accepted, without effect."""
     intra_op_num_threads = 0
 
@@ -33,7 +33,6 @@ class SessionOptions:
 
     def add_session_config_entry(self, key: str, value: str) -> None:
         self._config[key] = value
-
 
 
 def _converter(dtype: str):

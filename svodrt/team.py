@@ -30,13 +30,14 @@ class Team:
         self._serve, self._lead = SERVE_FN(code.address + offsets[0]), LEAD_FN(code.address + offsets[1])
         self._memory, self._first = aligned_empty(helpers * TEAM_BOX_SIZE, "helper boxes")
         self._memory.fill(0)
-        for i in range(helpers):
-            ctypes.c_void_p.from_address(self._first + i * TEAM_BOX_SIZE + TEAM_YIELD).value = yield_fn
+        boxes = [self._first + i * TEAM_BOX_SIZE for i in range(helpers)]
+        for box in boxes:
+            ctypes.c_void_p.from_address(box + TEAM_YIELD).value = yield_fn
         self._spin_s, self._cond, self._caller_cpu = SPIN_S * spin, threading.Condition(), -1
         self._sleeping = self._stopping = 0
         self._getcpu = hasattr(os, "sched_setaffinity") and getattr(ctypes.CDLL(None), "sched_getcpu", None)
-        self._threads = [threading.Thread(target=self._loop, args=(self._first + i * TEAM_BOX_SIZE,), daemon=True,
-                                          name=f"svodrt-{i + 1}") for i in range(helpers)]
+        self._threads = [threading.Thread(target=self._loop, args=(box,), daemon=True, name=f"svodrt-{i + 1}")
+                         for i, box in enumerate(boxes)]
         for t in self._threads:
             t.start()
 
@@ -69,8 +70,8 @@ class Team:
                     last = time.monotonic()
                 elif (t1 := time.monotonic()) - last >= self._spin_s:
                     break
-                elif t1 > t0:
-                    spins = max(100, min(1 << 30, int(spins * CHUNK_S / (t1 - t0))))
+                elif t1 > t0:  # at most doubling: past 4,000 idle looks each look yields, and costs far more
+                    spins = max(100, min(2 * spins, int(spins * CHUNK_S / (t1 - t0))))
             with self._cond:  # then sleep until run() or close() wakes it
                 self._sleeping += 1
                 if not self._stopping and posted.value == taken.value:
