@@ -54,6 +54,7 @@ class CpuGemmPlan:
     k_total: int = 0  # k (a constant where k_block is set)
     copy_panel: bool = False  # the vector side's panel is copied contiguous once per lane tile (see cpu_plan)
     block_row_tiles: int = 0  # row tiles per packed block of the scalar side (0: read in place; see cpu_plan)
+    copy_all: bool = False  # every lane tile's panel copied at a part's first tile (per k block; lanes first)
 
     @property
     def k_blocks(self) -> int:
@@ -99,12 +100,27 @@ def cpu_plan(arg: GemmArg, target: Target, blocking: GemmBlocking) -> CpuGemmPla
     # bounded dims the vector side is never copied, and the panel's size alone decides.
     lanes_first = arg.k * lanes * 4 <= blocking.lanes_first_max_panel and (
         arg.runtime or arg.k * lanes_total * 4 <= blocking.lanes_first_max_operand)
+    # A larger unpacked vector side that fits the copy bound goes lanes-first too, copied whole: each part
+    # copies every lane tile's panel contiguous once (per k block), then each row tile of the scalar side
+    # (constant weights: often MBs, from L3) is read once and reused from L1 by every lane tile, while the
+    # copy is re-read from L2. Row tiles innermost instead re-read the whole scalar side once per lane
+    # tile (2048 x 512 weights over a 7x7 image, AVX2 Zen 3, 4 x 3 tiles: 7 passes over 4 MiB, 36-48 GFLOP/s;
+    # copied whole, 55-57). Not with a batch (each index would need its own copy).
+    copy_all = False
+    k_block_all = 0
+    if (blocking.copy_all_bytes and not lanes_first and rows_total > 2 and not arg.transposed and not arg.runtime
+            and not arg.b.packed and math.prod(arg.batch) == 1 and ceil_div(rows_total, rows) >= 4):
+        padded = ceil_div(lanes_total, lanes) * lanes * 4
+        blocks = ceil_div(arg.k * padded, blocking.copy_all_bytes)
+        if blocks == 1 or ceil_div(arg.k, blocks) >= blocking.copy_all_min_k_block:
+            lanes_first = copy_all = True
+            k_block_all = 0 if blocks == 1 else ceil_div(ceil_div(arg.k, blocks), blocking.k_unroll) * blocking.k_unroll
     # k blocks: a vector panel (k x lanes) past twice the blocking's block bytes is cut into equal blocks
     # (a multiple of the unroll each) and the part's tiles run once per block, so the block of each
     # panel stays in L1 while the row tiles reuse it. Only for a constant k, and not transposed: its C
     # tile is stored one lane at a time, n apart, and each k block would store it again (512 -> 2048 1x1
     # convolution at 7x7, Zen 5: 22 k blocks of 24 ran at 69 GFLOP/s; one pass, with the tile below, 180).
-    k_block = 0
+    k_block = k_block_all if copy_all else 0
     if arg.k_var is None and not arg.transposed and not lanes_first and arg.k * lanes * 4 > 2 * blocking.k_block_bytes:
         blocks = ceil_div(arg.k * lanes * 4, blocking.k_block_bytes)
         k_block = ceil_div(ceil_div(arg.k, blocks), blocking.k_unroll) * blocking.k_unroll
@@ -112,20 +128,23 @@ def cpu_plan(arg: GemmArg, target: Target, blocking: GemmBlocking) -> CpuGemmPla
     # sets, so a k x lanes panel does not stay in L1 however small. Where row tiles reuse it, the tile
     # loop copies each (k block of a) panel to a contiguous buffer first.
     # A run-time scalar side read in place is `rows` streams (A's rows: 4 KiB apart for k = 1024, one
-    # L1 set again) that every lane tile re-reads from L3 once A is past L2. Where enough lane tiles
+    # L1 set again; transposed, B's columns: `rows` floats per k, each k from another line, so the tile's
+    # lines alone fill L1) that every lane tile re-reads from L3 once A is past L2. Where enough lane tiles
     # reuse it (the pack costs about one lane tile's FMAs), the tile loop goes over blocks of row tiles
     # (row tiles innermost, then lane tiles, then blocks) and packs each block's (k block of) rows
     # contiguous, k-major per row tile, once per part: one stream per tile, the block in L2 while the
     # lane tiles sweep it. (Rows copied dense, k-contiguous, measured slower than reading A in place.)
-    regular = rows_total > 2 and not arg.transposed and not arg.runtime and not lanes_first
+    regular = rows_total > 2 and not arg.runtime and not lanes_first
+    scalar_packed = arg.b.packed if arg.transposed else arg.a.packed
     block_row_tiles = 0
-    if regular and not arg.a.packed and ceil_div(lanes_total, lanes) >= blocking.scalar_pack_min_lane_tiles:
+    if regular and not scalar_packed and ceil_div(lanes_total, lanes) >= blocking.scalar_pack_min_lane_tiles:
         per_tile = rows * (k_block or arg.k) * 4
         block_row_tiles = min(ceil_div(rows_total, rows), max(1, blocking.scalar_block_bytes // per_tile))
     reuse = block_row_tiles or ceil_div(rows_total, rows)  # row tiles that read one copied vector panel
-    copy_panel = regular and not arg.b.packed and reuse >= 4 and arg.b.row_stride != lanes
+    copy_panel = copy_all or (regular and not arg.transposed and not arg.b.packed and reuse >= 4
+                              and arg.b.row_stride != lanes)
     return CpuGemmPlan(rows, lanes, vw, rows_total, lanes_total, arg.batch, lanes_first, k_block, arg.k, copy_panel,
-                       block_row_tiles)
+                       block_row_tiles, copy_all)
 
 
 def _register_tile(arg: GemmArg, rows_total: int, lanes_total: int, vw: int, blocking: GemmBlocking
@@ -136,7 +155,10 @@ def _register_tile(arg: GemmArg, rows_total: int, lanes_total: int, vw: int, blo
     - the most rows among tiles within ROWS_OVER_LANES of the most useful accumulators (rows x vectors,
       less what edge tiles waste), then the most of those: each vector loaded feeds `rows` FMAs, and a
       wide panel streams from L2 (m = 41, n = 900 on Zen 5: 1 x 15 vectors -> 8 x 2, 142 -> 223
-      GFLOP/s; 13 x 768 x 2304 196 -> 226; mobilenetv2 -5 %);
+      GFLOP/s; 13 x 768 x 2304 196 -> 226; mobilenetv2 -5 %), among those whose k step loads (rows
+      broadcasts, vectors) no more than it multiplies where there are such: loads and FMAs both issue about
+      two a cycle, and 8 x 1 on AVX2 (9 loads per 8 FMAs, every accumulator needed to cover the FMA latency)
+      ran Winograd's 16 x 256 x 256 x 49 and 16 x 512 x 512 x 16 GEMMs 12-18 % slower than 4 x 3 / 4 x 2 (Zen 3);
     - transposed, the most useful accumulators per load of a k step (rows broadcasts + nvec vector loads),
       then rows: its scalar side is read in place with a stride, and for n = 49 on AVX-512 the useful
       accumulators alone pick 2 x 8 vectors (10 loads per 16 FMAs) where 4 x 4 loads 8."""
@@ -160,7 +182,9 @@ def _register_tile(arg: GemmArg, rows_total: int, lanes_total: int, vw: int, blo
         _, rows, nvec = max(tiles, key=lambda t: (round(t[0] / (t[1] + t[2]), 3), t[1]))
     else:
         top = max(t[0] for t in tiles)
-        _, rows, nvec = max((t for t in tiles if t[0] >= ROWS_OVER_LANES * top), key=lambda t: (t[1], t[0]))
+        near = [t for t in tiles if t[0] >= ROWS_OVER_LANES * top]
+        balanced = [t for t in near if t[1] + t[2] <= t[1] * t[2]]
+        _, rows, nvec = max(balanced or near, key=lambda t: (t[1], t[0]))
     return rows, nvec
 
 

@@ -108,9 +108,9 @@ def test_run_time_a_packed_in_row_blocks(threads, m, k, n):
     # k blocks of about 16 from the host's own tile (8 or 16 floats a vector), then packed blocks of 4 row
     # tiles of such a k block (so the last block is shorter), reused by as few as 2 lane tiles
     arg = kernel.ast.src[0].arg
-    tile = cpu_plan(arg, target, dataclasses.replace(gemm_blocking(target), lanes_first_max_panel=0))
-    blocking = dataclasses.replace(gemm_blocking(target), k_block_bytes=32 * tile.lanes * 4 // 2,
-                                   lanes_first_max_panel=0, scalar_pack_min_lane_tiles=2)
+    no_lanes_first = dataclasses.replace(gemm_blocking(target), lanes_first_max_panel=0, copy_all_bytes=0)
+    tile = cpu_plan(arg, target, no_lanes_first)
+    blocking = dataclasses.replace(no_lanes_first, k_block_bytes=32 * tile.lanes * 4 // 2, scalar_pack_min_lane_tiles=2)
     k_block = cpu_plan(arg, target, blocking).k_block
     blocking = dataclasses.replace(blocking, scalar_block_bytes=4 * tile.rows * k_block * 4)
     options = CompileOptions(policies={"*": dataclasses.replace(DEFAULT_POLICY, cpu_gemm=blocking)})
@@ -121,3 +121,67 @@ def test_run_time_a_packed_in_row_blocks(threads, m, k, n):
         rt._solo_runs = 2  # as if timed: two threads claim the parts (the automatic one-thread choice skipped)
         got = rt.run({"a": a, "b": b})["y"]
     np.testing.assert_allclose(got, np.maximum(a.astype(np.float64) @ b, 0), rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+def _constant_weight_gemm(m: int, k: int, n: int):
+    """W @ x + bias, relu: a constant A (packed at compile time) and a run-time B, like a 1x1 convolution."""
+    w, bias = rand(m, k), rand(m, 1)
+    model = make_model([helper.make_node("MatMul", ["w", "x"], ["p"]), helper.make_node("Add", ["p", "bias"], ["q"]),
+                        helper.make_node("Relu", ["q"], ["y"])], {"x": (np.float32, [k, n])}, ["y"],
+                       {"w": w, "bias": bias})
+    (kernel,) = [kn for kn in build_program(import_model(model), CompileOptions()).kernels
+                 if kn.ast.src[0].op is Ops.GEMM]
+    return model, kernel, w, bias
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_vector_side_copied_whole_in_k_blocks(threads):
+    """copy_all: each part copies every lane tile's panel (the last one partial) once per k block, then
+    sweeps the lane tiles of each row tile; k blocks of a forced small size so C is accumulated over several."""
+    import svodc
+    import svodrt
+    from svodc.codegen.module import parallel_parts
+
+    target = host_target()
+    m, k, n = 1024, 160, 45
+    model, kernel, w, bias = _constant_weight_gemm(m, k, n)
+    arg = kernel.ast.src[0].arg
+    if arg.transposed:
+        pytest.skip("this host's vector width transposes the product; the whole copy is for lanes along n")
+    tile = cpu_plan(arg, target, gemm_blocking(target))
+    padded = -(-n // tile.lanes) * tile.lanes
+    blocking = dataclasses.replace(gemm_blocking(target), lanes_first_max_panel=0, copy_all_bytes=k * padded * 4 // 3,
+                                   copy_all_min_k_block=8)
+    plan = cpu_plan(arg, target, blocking)
+    assert plan.copy_all and plan.lanes_first and plan.k_blocks > 1 and plan.lanes_tail != plan.lanes
+    assert parallel_parts(kernel, target, blocking) > 2
+    options = CompileOptions(policies={"*": dataclasses.replace(DEFAULT_POLICY, cpu_gemm=blocking)})
+    x = rand(k, n)
+    with svodrt.load(svodc.compile(model, options=options), threads=threads) as rt:
+        rt._solo_runs = 2
+        got = rt.run({"x": x})["y"]
+    np.testing.assert_allclose(got, np.maximum(w.astype(np.float64) @ x + bias, 0), rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_transposed_scalar_side_packed_in_row_blocks(threads):
+    """Lanes along m (n = 49 wastes lanes): the run-time B, the scalar side, is packed per block of row tiles
+    (its k stride is a row of B), blocks smaller than n so there are several, the last one short."""
+    import svodc
+    import svodrt
+
+    target = host_target()
+    m, k, n = 256, 512, 49
+    model, kernel, w, bias = _constant_weight_gemm(m, k, n)
+    arg = kernel.ast.src[0].arg
+    assert arg.transposed
+    tile = cpu_plan(arg, target, gemm_blocking(target))
+    blocking = dataclasses.replace(gemm_blocking(target), scalar_block_bytes=3 * tile.rows * k * 4)
+    plan = cpu_plan(arg, target, blocking)
+    assert plan.block_row_tiles == 3 and plan.row_tiles % 3
+    options = CompileOptions(policies={"*": dataclasses.replace(DEFAULT_POLICY, cpu_gemm=blocking)})
+    x = rand(k, n)
+    with svodrt.load(svodc.compile(model, options=options), threads=threads) as rt:
+        rt._solo_runs = 2
+        got = rt.run({"x": x})["y"]
+    np.testing.assert_allclose(got, np.maximum(w.astype(np.float64) @ x + bias, 0), rtol=1e-4, atol=1e-4 * np.sqrt(k))

@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from svodc.codegen.llvm_gemm_copy import blocked_tile, copy_panel, pack_block
+from svodc.codegen.llvm_gemm_copy import blocked_tile, copy_all_panels, copy_panel, pack_block
 from svodc.codegen.llvm_gemm_epilogue import emit_vector_epilogue, vector_epilogue
 from svodc.gemm_plan import B_PANEL, a_panel, cpu_plan
 from svodc.ir.dtypes import dtypes
@@ -364,15 +364,18 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
     r0 = line(sc, f"mul nuw nsw i64 {rt}, {rows}")
     l0 = line(sc, f"mul nuw nsw i64 {lt}, {lanes}")
     m0, n0 = (l0, r0) if arg.transposed else (r0, l0)
+    if plan.block_row_tiles:  # the block's first row (m, or n transposed): the pack's source
+        block_m0 = line(sc, f"mul nuw nsw i64 {line(sc, f'sub nuw nsw i64 {rt}, {rin}')}, {rows}")
     if arg.a.packed:
         a_off = _packed_offset(em, sc, arg.a, batch, m0, a_panel(arg), arg.k)
-    elif plan.block_row_tiles:  # the block's first row: the pack's source
-        block_m0 = line(sc, f"mul nuw nsw i64 {line(sc, f'sub nuw nsw i64 {rt}, {rin}')}, {rows}")
+    elif plan.block_row_tiles:
         a_off = operand_offset(em, sc, arg.a, batch, [(block_m0, arg.a.row_stride)])
     else:
         a_off = operand_offset(em, sc, arg.a, batch, [(m0, arg.a.row_stride)])
     if arg.b.packed:
         b_off = _packed_offset(em, sc, arg.b, batch, n0, B_PANEL, arg.k)
+    elif plan.block_row_tiles and arg.transposed:
+        b_off = operand_offset(em, sc, arg.b, batch, [(block_m0, arg.b.col_stride)])
     else:
         b_off = operand_offset(em, sc, arg.b, batch, [(n0, arg.b.col_stride)])
     c_off = operand_offset(em, sc, arg.c, batch, [(m0, arg.c.row_stride), (n0, 1)])
@@ -387,7 +390,21 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
         s_ptr = pack_block(em, sc, plan, s_src.k_stride, s_src.row_stride, s_ptr, first_in_block, block_m0,
                            rin, k_size)
     last_l = line(sc, f"icmp eq i64 {lt}, {last_lane_tile}") if lanes_tail != lanes or arg.n_var else "false"
-    if plan.copy_panel:  # the first tile of a lane tile in this part copies the panel, the rest read the copy
+    if plan.copy_all:  # the part's first tile (of each k block) copies every panel, each tile reads its own
+        nvec = lanes // vw
+        copy = f"svod.copy.{nvec}v{vw}"
+        em.shared_functions[copy] = copy_panel(nvec, vw, em.uses_intrinsics)
+        em.shared_functions[f"svod.copyall.{nvec}v{vw}"] = copy_all_panels(nvec, vw)
+        buf = em.fresh("panels")
+        em.allocas.append(f"{buf} = alloca float, i64 {(plan.k_block or arg.k) * lt_n * lanes}, align 64")
+        src = line(sc, f"getelementptr inbounds float, ptr {v_ptr}, i64 {line(sc, f'sub nsw i64 0, {l0}')}")
+        p = em.fresh_label()
+        sc.lines += [f"  br i1 {line(sc, f'icmp eq i64 {t}, {start}')}, label %P{p}.copy, label %P{p}.go",
+                     f"P{p}.copy:",
+                     f"  call void @svod.copyall.{nvec}v{vw}(ptr {src}, ptr {buf}, i64 {k_size}, "
+                     f"i64 {v_src.k_stride}, i64 {plan.lanes_total})", f"  br label %P{p}.go", f"P{p}.go:"]
+        v_ptr = line(sc, f"getelementptr inbounds float, ptr {buf}, i64 {line(sc, f'mul nsw i64 {l0}, {k_size}')}")
+    elif plan.copy_panel:  # the first tile of a lane tile in this part copies the panel, the rest read the copy
         copy = f"svod.copy.{lanes // vw}v{vw}{'p' if blocking.prefetch_next_panel else ''}"
         em.shared_functions[copy] = copy_panel(lanes // vw, vw, em.uses_intrinsics, blocking.prefetch_next_panel)
         buf = em.fresh("panel")

@@ -50,6 +50,25 @@ def copy_panel(nvec: int, vw: int, intrinsics: set[str], prefetch: bool = False)
     return "\n".join(L)
 
 
+def copy_all_panels(nvec: int, vw: int) -> str:
+    """void copy_all(ptr src, ptr dst, i64 k, i64 src_k, i64 lanes_total): every lane tile's panel of the
+    vector side (nvec * vw lanes each, the last one `lanes_total` mod that, zero-filled) copied by
+    svod.copy (copy_panel, without prefetch) to dst, panel after panel, k * nvec * vw floats each."""
+    lanes = nvec * vw
+    copy = f"@svod.copy.{nvec}v{vw}"
+    return "\n".join([
+        f"define internal void @svod.copyall.{nvec}v{vw}(ptr noalias %src, ptr noalias %dst, i64 %kn, i64 %src_k, "
+        "i64 %lanes_total) #0 {", "entry:", "  br label %loop", "loop:",
+        "  %l0 = phi i64 [ 0, %entry ], [ %l0.next, %loop ]",
+        "  %left = sub nsw i64 %lanes_total, %l0", f"  %short = icmp ult i64 %left, {lanes}",
+        f"  %valid = select i1 %short, i64 %left, i64 {lanes}",
+        "  %sp = getelementptr inbounds float, ptr %src, i64 %l0", "  %do = mul nsw i64 %l0, %kn",
+        "  %dp = getelementptr inbounds float, ptr %dst, i64 %do",
+        f"  call void {copy}(ptr %sp, ptr %dp, i64 %kn, i64 %src_k, i64 %valid)",
+        f"  %l0.next = add nuw nsw i64 %l0, {lanes}", "  %more = icmp ult i64 %l0.next, %lanes_total",
+        "  br i1 %more, label %loop, label %done", "done:", "  ret void", "}"])
+
+
 def pack_rows(rows: int) -> str:
     """void pack(ptr src, ptr dst, i64 nrows, i64 k, i64 src_k, i64 src_row, i64 tile_stride): row r of
     src (elements src_k apart along k, rows src_row apart) to dst[r // rows][k][r % rows], row tiles
