@@ -134,12 +134,24 @@ def _constant_weight_gemm(m: int, k: int, n: int):
     return model, kernel, w, bias
 
 
+def _check_constant_weight_gemm(model, blocking, threads: int, w, bias, n: int) -> None:
+    """Compile with `blocking`, run on `threads` threads (both claiming parts), compare with float64."""
+    import svodc
+    import svodrt
+
+    options = CompileOptions(policies={"*": dataclasses.replace(DEFAULT_POLICY, cpu_gemm=blocking)})
+    k = w.shape[1]
+    x = rand(k, n)
+    with svodrt.load(svodc.compile(model, options=options), threads=threads) as rt:
+        rt._solo_runs = 2  # as if timed: two threads claim the parts (the automatic one-thread choice skipped)
+        got = rt.run({"x": x})["y"]
+    np.testing.assert_allclose(got, np.maximum(w.astype(np.float64) @ x + bias, 0), rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_vector_side_copied_whole_in_k_blocks(threads):
     """copy_all: each part copies every lane tile's panel (the last one partial) once per k block, then
     sweeps the lane tiles of each row tile; k blocks of a forced small size so C is accumulated over several."""
-    import svodc
-    import svodrt
     from svodc.codegen.module import parallel_parts
 
     target = host_target()
@@ -155,20 +167,13 @@ def test_vector_side_copied_whole_in_k_blocks(threads):
     plan = cpu_plan(arg, target, blocking)
     assert plan.copy_all and plan.lanes_first and plan.k_blocks > 1 and plan.lanes_tail != plan.lanes
     assert parallel_parts(kernel, target, blocking) > 2
-    options = CompileOptions(policies={"*": dataclasses.replace(DEFAULT_POLICY, cpu_gemm=blocking)})
-    x = rand(k, n)
-    with svodrt.load(svodc.compile(model, options=options), threads=threads) as rt:
-        rt._solo_runs = 2
-        got = rt.run({"x": x})["y"]
-    np.testing.assert_allclose(got, np.maximum(w.astype(np.float64) @ x + bias, 0), rtol=1e-4, atol=1e-4 * np.sqrt(k))
+    _check_constant_weight_gemm(model, blocking, threads, w, bias, n)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_transposed_scalar_side_packed_in_row_blocks(threads):
     """Lanes along m (n = 49 wastes lanes): the run-time B, the scalar side, is packed per block of row tiles
     (its k stride is a row of B), blocks smaller than n so there are several, the last one short."""
-    import svodc
-    import svodrt
 
     target = host_target()
     m, k, n = 256, 512, 49
@@ -179,9 +184,4 @@ def test_transposed_scalar_side_packed_in_row_blocks(threads):
     blocking = dataclasses.replace(gemm_blocking(target), scalar_block_bytes=3 * tile.rows * k * 4)
     plan = cpu_plan(arg, target, blocking)
     assert plan.block_row_tiles == 3 and plan.row_tiles % 3
-    options = CompileOptions(policies={"*": dataclasses.replace(DEFAULT_POLICY, cpu_gemm=blocking)})
-    x = rand(k, n)
-    with svodrt.load(svodc.compile(model, options=options), threads=threads) as rt:
-        rt._solo_runs = 2
-        got = rt.run({"x": x})["y"]
-    np.testing.assert_allclose(got, np.maximum(w.astype(np.float64) @ x + bias, 0), rtol=1e-4, atol=1e-4 * np.sqrt(k))
+    _check_constant_weight_gemm(model, blocking, threads, w, bias, n)
