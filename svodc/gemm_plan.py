@@ -137,7 +137,9 @@ def cpu_plan(arg: GemmArg, target: Target, blocking: GemmBlocking) -> CpuGemmPla
     regular = rows_total > 2 and not arg.runtime and not lanes_first
     scalar_packed = arg.b.packed if arg.transposed else arg.a.packed
     block_row_tiles = 0
-    if regular and not scalar_packed and ceil_div(lanes_total, lanes) >= blocking.scalar_pack_min_lane_tiles:
+    min_reuse = (blocking.scalar_pack_min_lane_tiles_transposed if arg.transposed
+                 else blocking.scalar_pack_min_lane_tiles)
+    if regular and not scalar_packed and ceil_div(lanes_total, lanes) >= min_reuse:
         per_tile = rows * (k_block or arg.k) * 4
         block_row_tiles = min(ceil_div(rows_total, rows), max(1, blocking.scalar_block_bytes // per_tile))
     reuse = block_row_tiles or ceil_div(rows_total, rows)  # row tiles that read one copied vector panel
