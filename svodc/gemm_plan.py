@@ -11,8 +11,10 @@ Read by lowering (passes/lower_gemm.py packs constant operands in panels), the C
   side), from the variant's GEMM blocking (svodc/policy.py: its registers) and the target's vector
   width; the tiles of all batch indices form one parallel loop, in the order `lanes_first` says:
   lane tiles innermost when a k x lanes vector panel is small next to L1d (a tile is then mostly its
-  C stores, so sweeping the lanes of a row block writes C as `rows` contiguous streams); a run-time
-  A that lane tiles reuse is packed per block of row tiles, and the loop then goes over the blocks.
+  C stores, so sweeping the lanes of a row block writes C as `rows` contiguous streams), or when the
+  whole unpacked vector side is small enough to copy once per part (`copy_all`); a run-time scalar
+  side that lane tiles reuse (A, or B transposed) is packed per block of row tiles, and the loop then
+  goes over the blocks.
 - GPU tiles: BM x BN of C per block, TK along k per shared-memory step.
 """
 
@@ -22,6 +24,7 @@ import math
 from dataclasses import dataclass
 
 from svodc.ir.ops import GemmArg
+from svodc.policy import COPY_ALL_STACK_BYTES as STACK_BUFFER_BYTES
 from svodc.policy import GemmBlocking
 from svodc.target import Target
 
@@ -52,7 +55,7 @@ class CpuGemmPlan:
     lanes_first: bool  # lane tiles innermost in the tile loop (else row tiles, reusing a vector panel)
     k_block: int = 0  # k per block when the tile loop runs once per k block (0: one pass over all of k)
     k_total: int = 0  # k (a constant where k_block is set)
-    copy_panel: bool = False  # the vector side's panel is copied contiguous once per lane tile (see cpu_plan)
+    copy_panel: bool = False  # the vector side's panel copied contiguous once per lane tile, or all at once (copy_all)
     block_row_tiles: int = 0  # row tiles per packed block of the scalar side (0: read in place; see cpu_plan)
     copy_all: bool = False  # every lane tile's panel copied at a part's first tile (per k block; lanes first)
 
@@ -114,7 +117,9 @@ def cpu_plan(arg: GemmArg, target: Target, blocking: GemmBlocking) -> CpuGemmPla
         blocks = ceil_div(arg.k * padded, blocking.copy_all_bytes)
         if blocks == 1 or ceil_div(arg.k, blocks) >= blocking.copy_all_min_k_block:
             lanes_first = copy_all = True
-            k_block_all = 0 if blocks == 1 else ceil_div(ceil_div(arg.k, blocks), blocking.k_unroll) * blocking.k_unroll
+            # rounded down to the unroll, so a block's copy stays within copy_all_bytes (one more block at most)
+            k_block_all = 0 if blocks == 1 else max(blocking.k_unroll,
+                                                    ceil_div(arg.k, blocks) // blocking.k_unroll * blocking.k_unroll)
     # k blocks: a vector panel (k x lanes) past twice the blocking's block bytes is cut into equal blocks
     # (a multiple of the unroll each) and the part's tiles run once per block, so the block of each
     # panel stays in L1 while the row tiles reuse it. Only for a constant k, and not transposed: its C
@@ -139,8 +144,10 @@ def cpu_plan(arg: GemmArg, target: Target, blocking: GemmBlocking) -> CpuGemmPla
     block_row_tiles = 0
     min_reuse = (blocking.scalar_pack_min_lane_tiles_transposed if arg.transposed
                  else blocking.scalar_pack_min_lane_tiles)
-    if regular and not scalar_packed and ceil_div(lanes_total, lanes) >= min_reuse:
-        per_tile = rows * (k_block or arg.k) * 4
+    per_tile = rows * (k_block or arg.k) * 4
+    # transposed, k is never blocked: a pack of one row tile's whole k must fit the stack bound
+    fits = not arg.transposed or per_tile <= STACK_BUFFER_BYTES
+    if regular and not scalar_packed and fits and ceil_div(lanes_total, lanes) >= min_reuse:
         block_row_tiles = min(ceil_div(rows_total, rows), max(1, blocking.scalar_block_bytes // per_tile))
     reuse = block_row_tiles or ceil_div(rows_total, rows)  # row tiles that read one copied vector panel
     copy_panel = copy_all or (regular and not arg.transposed and not arg.b.packed and reuse >= 4
@@ -162,8 +169,8 @@ def _register_tile(arg: GemmArg, rows_total: int, lanes_total: int, vw: int, blo
       two a cycle, and 8 x 1 on AVX2 (9 loads per 8 FMAs, every accumulator needed to cover the FMA latency)
       ran Winograd's 16 x 256 x 256 x 49 and 16 x 512 x 512 x 16 GEMMs 12-18 % slower than 4 x 3 / 4 x 2 (Zen 3);
     - transposed, the most useful accumulators per load of a k step (rows broadcasts + nvec vector loads),
-      then rows: its scalar side is read in place with a stride, and for n = 49 on AVX-512 the useful
-      accumulators alone pick 2 x 8 vectors (10 loads per 16 FMAs) where 4 x 4 loads 8."""
+      then rows: each broadcast is a load (from the packed block, or in place with a stride), and for n = 49
+      on AVX-512 the useful accumulators alone pick 2 x 8 vectors (10 loads per 16 FMAs) where 4 x 4 loads 8."""
     scalar_panel = None if arg.transposed or not arg.a.packed else a_panel(arg)
     vector_packed = arg.a.packed if arg.transposed else arg.b.packed
     tiles = []  # (useful accumulators, rows, vectors)

@@ -47,8 +47,8 @@ class GemmBlocking:
     prefetch_c: bool = True  # a micro-kernel prefetches its C tile before its k loop (not with lane tiles innermost)
 
 
-# The whole-vector-side copy lives on the calling thread's stack, like the int8 GEMM's packed lane tile
-# (docs/architecture.md): at most this much of it.
+# The whole-vector-side copy, and a transposed GEMM's packed scalar block, live on the calling thread's
+# stack, like the int8 GEMM's packed lane tile (docs/architecture.md): at most about this much of it.
 COPY_ALL_STACK_BYTES = 256 * 1024
 
 
@@ -67,10 +67,10 @@ def gemm_blocking(target: Target) -> GemmBlocking:
     half of L2 (`Target.l2_bytes`; at least four times L1d): it stays in L2, next to the vector panels and
     C tiles passing through, while the lane tiles sweep it (1024^3 on one Zen 3 core, 512 KiB L2: 128 ->
     256 KiB blocks, 9 -> 5 of them, ~5 % faster); a pack costs about one lane tile's FMAs, so it is done
-    where 16 lane tiles (~6 %) reuse it. An unpacked vector side of up to half of L2 (and 256 KiB: it is on
-    the thread's stack) is copied whole per part, lane tiles innermost (gemm_plan.py copy_all). The software
-    prefetches (prefetch_c, prefetch_next_panel) are on for every target: llvm.prefetch is a hint, dropped where
-    a target has no prefetch instruction."""
+    where 16 lane tiles (~6 %) reuse it (transposed, from 2: scalar_pack_min_lane_tiles_transposed). An unpacked
+    vector side of up to half of L2 (and 256 KiB: it is on the thread's stack) is copied whole per part, lane
+    tiles innermost (gemm_plan.py copy_all). The software prefetches (prefetch_c, prefetch_next_panel) are on
+    for every target: llvm.prefetch is a hint, dropped where a target has no prefetch instruction."""
     regs = target.vector_regs
     return GemmBlocking(accumulators=min(16, regs - 4), vector_regs=regs, max_rows=8, k_unroll=4,
                         lanes_first_max_panel=target.l1d_bytes // 4, lanes_first_max_operand=target.l2_bytes // 2,

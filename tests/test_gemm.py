@@ -155,7 +155,9 @@ def test_conv_transpose_with_kernel_equal_to_strides_is_one_matrix_product(shape
 @pytest.mark.parametrize("blocking", [dict(accumulators=12, max_rows=8, k_unroll=3),
                                       dict(accumulators=4, max_rows=3, k_unroll=1, k_block_bytes=200),
                                       dict(accumulators=16, vector_regs=32, max_rows=8, k_unroll=4),
-                                      dict(k_unroll=2, lanes_first_max_panel=0, k_block_bytes=1000)])
+                                      dict(k_unroll=2, lanes_first_max_panel=0, k_block_bytes=1000, copy_all_bytes=0),
+                                      dict(k_unroll=2, lanes_first_max_panel=0, copy_all_bytes=2000,
+                                           copy_all_min_k_block=4)])
 @pytest.mark.parametrize("constant", ["a", "b", "none"])
 def test_other_blockings_keep_the_product(blocking, constant):
     import dataclasses

@@ -14,8 +14,9 @@ tile to C, or returns it to the epilogue in registers (llvm_gemm_epilogue.py), w
 Otherwise the epilogue (the kernel's STORE over m and n) rewrites the stored tile in place while it
 is still in cache. A long K is cut into k blocks (gemm_plan.py): the part's tiles run once per block,
 adding to C after the first, the epilogue after the last. An unpacked B that several row tiles
-reuse is copied contiguous per lane tile (and k block) to a stack buffer first; a
-run-time A that many lane tiles reuse is packed per block of row tiles (both: llvm_gemm_copy.py).
+reuse is copied contiguous per lane tile (and k block) to a stack buffer first, or, where it is small,
+all of it once per part (copy_all, lane tiles innermost); a run-time scalar side (A, or B transposed)
+that lane tiles reuse is packed per block of row tiles (all: llvm_gemm_copy.py).
 
 Sizes are compile-time constants, except a bounded dim (passes/dynamic.py) sizing the outermost batch
 axis, m, n or k, read from the entry's `dims`: the tile loop then covers the run-time tiles, the last
@@ -350,7 +351,7 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
     sc = em.stack[-1]
     t = sc.ivar
     line = em.emit_line
-    # Tile order (gemm_plan.py): lane tiles innermost when the vector panels are small, else row tiles,
+    # Tile order (gemm_plan.py): lane tiles innermost when the vector panels are small or copied whole, else row tiles,
     # reusing each vector panel (k x lanes) across the row blocks while it is in L1/L2. The tile counts
     # are run-time values for a bounded m or n.
     if plan.block_row_tiles:
