@@ -24,8 +24,7 @@ import math
 from dataclasses import dataclass
 
 from svodc.ir.ops import GemmArg
-from svodc.policy import COPY_ALL_STACK_BYTES as STACK_BUFFER_BYTES
-from svodc.policy import GemmBlocking
+from svodc.policy import STACK_BUFFER_BYTES, GemmBlocking
 from svodc.target import Target
 
 A_PANEL = 8  # rows of A per panel: packed A is [ceil(M/8)][K][8]
@@ -125,7 +124,7 @@ def cpu_plan(arg: GemmArg, target: Target, blocking: GemmBlocking) -> CpuGemmPla
     # panel stays in L1 while the row tiles reuse it. Only for a constant k, and not transposed: its C
     # tile is stored one lane at a time, n apart, and each k block would store it again (512 -> 2048 1x1
     # convolution at 7x7, Zen 5: 22 k blocks of 24 ran at 69 GFLOP/s; one pass, with the tile below, 180).
-    k_block = k_block_all if copy_all else 0
+    k_block = k_block_all
     if arg.k_var is None and not arg.transposed and not lanes_first and arg.k * lanes * 4 > 2 * blocking.k_block_bytes:
         blocks = ceil_div(arg.k * lanes * 4, blocking.k_block_bytes)
         k_block = ceil_div(ceil_div(arg.k, blocks), blocking.k_unroll) * blocking.k_unroll
@@ -145,10 +144,13 @@ def cpu_plan(arg: GemmArg, target: Target, blocking: GemmBlocking) -> CpuGemmPla
     min_reuse = (blocking.scalar_pack_min_lane_tiles_transposed if arg.transposed
                  else blocking.scalar_pack_min_lane_tiles)
     per_tile = rows * (k_block or arg.k) * 4
-    # transposed, k is never blocked: a pack of one row tile's whole k must fit the stack bound
-    fits = not arg.transposed or per_tile <= STACK_BUFFER_BYTES
+    # transposed, k is never blocked: the packed block (whole k) stays within the stack bound
+    block_bytes = blocking.scalar_block_bytes
+    if arg.transposed:
+        block_bytes = min(block_bytes, STACK_BUFFER_BYTES)
+    fits = per_tile <= block_bytes or not arg.transposed
     if regular and not scalar_packed and fits and ceil_div(lanes_total, lanes) >= min_reuse:
-        block_row_tiles = min(ceil_div(rows_total, rows), max(1, blocking.scalar_block_bytes // per_tile))
+        block_row_tiles = min(ceil_div(rows_total, rows), max(1, block_bytes // per_tile))
     reuse = block_row_tiles or ceil_div(rows_total, rows)  # row tiles that read one copied vector panel
     copy_panel = copy_all or (regular and not arg.transposed and not arg.b.packed and reuse >= 4
                               and arg.b.row_stride != lanes)
@@ -167,7 +169,7 @@ def _register_tile(arg: GemmArg, rows_total: int, lanes_total: int, vw: int, blo
       GFLOP/s; 13 x 768 x 2304 196 -> 226; mobilenetv2 -5 %), among those whose k step loads (rows
       broadcasts, vectors) no more than it multiplies where there are such: loads and FMAs both issue about
       two a cycle, and 8 x 1 on AVX2 (9 loads per 8 FMAs, every accumulator needed to cover the FMA latency)
-      ran Winograd's 16 x 256 x 256 x 49 and 16 x 512 x 512 x 16 GEMMs 12-18 % slower than 4 x 3 / 4 x 2 (Zen 3);
+      ran Winograd's 16 x 256 x 256 x 49 and 16 x 512 x 512 x 16 layers 13-23 % slower than 4 x 3 / 4 x 2 (Zen 3);
     - transposed, the most useful accumulators per load of a k step (rows broadcasts + nvec vector loads),
       then rows: each broadcast is a load (from the packed block, or in place with a stride), and for n = 49
       on AVX-512 the useful accumulators alone pick 2 x 8 vectors (10 loads per 16 FMAs) where 4 x 4 loads 8."""

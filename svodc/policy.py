@@ -49,7 +49,7 @@ class GemmBlocking:
 
 # The whole-vector-side copy, and a transposed GEMM's packed scalar block, live on the calling thread's
 # stack, like the int8 GEMM's packed lane tile (docs/architecture.md): at most about this much of it.
-COPY_ALL_STACK_BYTES = 256 * 1024
+STACK_BUFFER_BYTES = 256 * 1024
 
 
 def gemm_blocking(target: Target) -> GemmBlocking:
@@ -77,7 +77,7 @@ def gemm_blocking(target: Target) -> GemmBlocking:
                         k_block_bytes=target.l1d_bytes // 2,
                         scalar_block_bytes=max(target.l1d_bytes * 4, target.l2_bytes // 2),
                         scalar_pack_min_lane_tiles=16, epilogue_in_registers=True,
-                        copy_all_bytes=min(target.l2_bytes // 2, COPY_ALL_STACK_BYTES))
+                        copy_all_bytes=min(target.l2_bytes // 2, STACK_BUFFER_BYTES))
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from svodc.codegen.llvm_gemm_copy import blocked_tile, copy_all_panels, copy_panel, pack_block
+from svodc.codegen.llvm_gemm_copy import blocked_tile, call_when, copy_all_panels, copy_name, copy_panel, pack_block
 from svodc.codegen.llvm_gemm_epilogue import emit_vector_epilogue, vector_epilogue
 from svodc.gemm_plan import B_PANEL, a_panel, cpu_plan
 from svodc.ir.dtypes import dtypes
@@ -393,29 +393,23 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
     last_l = line(sc, f"icmp eq i64 {lt}, {last_lane_tile}") if lanes_tail != lanes or arg.n_var else "false"
     if plan.copy_all:  # the part's first tile (of each k block) copies every panel, each tile reads its own
         nvec = lanes // vw
-        copy = f"svod.copy.{nvec}v{vw}"
-        em.shared_functions[copy] = copy_panel(nvec, vw, em.uses_intrinsics)
+        em.shared_functions[copy_name(nvec, vw)] = copy_panel(nvec, vw, em.uses_intrinsics)
         em.shared_functions[f"svod.copyall.{nvec}v{vw}"] = copy_all_panels(nvec, vw)
         buf = em.fresh("panels")
         em.allocas.append(f"{buf} = alloca float, i64 {(plan.k_block or arg.k) * lt_n * lanes}, align 64")
         src = line(sc, f"getelementptr inbounds float, ptr {v_ptr}, i64 {line(sc, f'sub nsw i64 0, {l0}')}")
-        p = em.fresh_label()
-        sc.lines += [f"  br i1 {line(sc, f'icmp eq i64 {t}, {start}')}, label %P{p}.copy, label %P{p}.go",
-                     f"P{p}.copy:",
-                     f"  call void @svod.copyall.{nvec}v{vw}(ptr {src}, ptr {buf}, i64 {k_size}, "
-                     f"i64 {v_src.k_stride}, i64 {plan.lanes_total})", f"  br label %P{p}.go", f"P{p}.go:"]
+        call_when(em, sc, line(sc, f"icmp eq i64 {t}, {start}"), f"call void @svod.copyall.{nvec}v{vw}(ptr {src}, "
+                  f"ptr {buf}, i64 {k_size}, i64 {v_src.k_stride}, i64 {plan.lanes_total})")
         v_ptr = line(sc, f"getelementptr inbounds float, ptr {buf}, i64 {line(sc, f'mul nsw i64 {l0}, {k_size}')}")
     elif plan.copy_panel:  # the first tile of a lane tile in this part copies the panel, the rest read the copy
-        copy = f"svod.copy.{lanes // vw}v{vw}{'p' if blocking.prefetch_next_panel else ''}"
+        copy = copy_name(lanes // vw, vw, blocking.prefetch_next_panel)
         em.shared_functions[copy] = copy_panel(lanes // vw, vw, em.uses_intrinsics, blocking.prefetch_next_panel)
         buf = em.fresh("panel")
         em.allocas.append(f"{buf} = alloca float, i64 {(plan.k_block or arg.k) * lanes}, align 64")
         first = line(sc, f"or i1 {line(sc, f'icmp eq i64 {rin}, 0')}, {line(sc, f'icmp eq i64 {t}, {start}')}")
         valid = line(sc, f"select i1 {last_l}, i64 {lanes_tail}, i64 {lanes}")
-        p = em.fresh_label()
-        sc.lines += [f"  br i1 {first}, label %P{p}.copy, label %P{p}.go", f"P{p}.copy:",
-                     f"  call void @{copy}(ptr {v_ptr}, ptr {buf}, i64 {k_size}, i64 {v_src.k_stride}, i64 {valid})",
-                     f"  br label %P{p}.go", f"P{p}.go:"]
+        call_when(em, sc, first, f"call void @{copy}(ptr {v_ptr}, ptr {buf}, i64 {k_size}, i64 {v_src.k_stride}, "
+                                 f"i64 {valid})")
         v_ptr = buf
     call_args = f"ptr {s_ptr}, ptr {v_ptr}, ptr {c_ptr}"
     k = em.fresh_label()

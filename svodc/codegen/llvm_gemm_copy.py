@@ -12,6 +12,18 @@ if TYPE_CHECKING:
     from svodc.codegen.llvm_ir import KernelEmitter, Scope
 
 
+def copy_name(nvec: int, vw: int, prefetch: bool = False) -> str:
+    """The name of copy_panel's function for these lanes (and prefetch)."""
+    return f"svod.copy.{nvec}v{vw}{'p' if prefetch else ''}"
+
+
+def call_when(em: KernelEmitter, sc: Scope, cond: str, call: str) -> None:
+    """A void `call` instruction run only where `cond` (an i1) holds; the code after it runs either way."""
+    p = em.fresh_label()
+    sc.lines += [f"  br i1 {cond}, label %P{p}.do, label %P{p}.go", f"P{p}.do:", f"  {call}", f"  br label %P{p}.go",
+                 f"P{p}.go:"]
+
+
 def copy_panel(nvec: int, vw: int, intrinsics: set[str], prefetch: bool = False) -> str:
     """void copy(ptr src, ptr dst, i64 k, i64 src_k, i64 valid): dst[k][nvec * vw] = the first `valid`
     lanes of rows src + k * src_k, zero past them (so the micro-kernel's masked tail reads zeros).
@@ -26,7 +38,7 @@ def copy_panel(nvec: int, vw: int, intrinsics: set[str], prefetch: bool = False)
     intrinsics.add(f"declare {vt} @llvm.masked.load.v{vw}f32.p0(ptr, i32, {mt}, {vt})")
     if prefetch:
         intrinsics.add("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
-    L = [f"define internal void @svod.copy.{nvec}v{vw}{'p' if prefetch else ''}(ptr noalias %src, ptr noalias %dst, "
+    L = [f"define internal void @{copy_name(nvec, vw, prefetch)}(ptr noalias %src, ptr noalias %dst, "
          "i64 %kn, i64 %src_k, i64 %valid) #0 {", "entry:",
          f"  %vi = insertelement <{vw} x i64> poison, i64 %valid, i64 0",
          f"  %vv = shufflevector <{vw} x i64> %vi, <{vw} x i64> poison, <{vw} x i32> zeroinitializer"]
@@ -55,7 +67,7 @@ def copy_all_panels(nvec: int, vw: int) -> str:
     vector side (nvec * vw lanes each, the last one `lanes_total` mod that, zero-filled) copied by
     svod.copy (copy_panel, without prefetch) to dst, panel after panel, k * nvec * vw floats each."""
     lanes = nvec * vw
-    copy = f"@svod.copy.{nvec}v{vw}"
+    copy = f"@{copy_name(nvec, vw)}"
     return "\n".join([
         f"define internal void @svod.copyall.{nvec}v{vw}(ptr noalias %src, ptr noalias %dst, i64 %kn, i64 %src_k, "
         "i64 %lanes_total) #0 {", "entry:", "  br label %loop", "loop:",
@@ -151,9 +163,7 @@ def pack_block(em: KernelEmitter, sc: Scope, plan: CpuGemmPlan, src_k: int, src_
     nrows = line(sc, f"sub nsw i64 {plan.rows_total}, {block_m0}")
     nrows = line(sc, f"select i1 {line(sc, f'icmp ult i64 {nrows}, {plan.block_row_tiles * rows}')}, "
                      f"i64 {nrows}, i64 {plan.block_row_tiles * rows}")
-    p = em.fresh_label()
-    sc.lines += [f"  br i1 {first}, label %S{p}.pack, label %S{p}.go", f"S{p}.pack:",
-                 f"  call void @{name}(ptr {src_ptr}, ptr {buf}, i64 {nrows}, i64 {k_size}, i64 {src_k}, "
-                 f"i64 {src_row}, i64 {rows * kc})", f"  br label %S{p}.go", f"S{p}.go:"]
+    call_when(em, sc, first, f"call void @{name}(ptr {src_ptr}, ptr {buf}, i64 {nrows}, i64 {k_size}, i64 {src_k}, "
+                             f"i64 {src_row}, i64 {rows * kc})")
     return line(sc, f"getelementptr inbounds float, ptr {buf}, i64 {line(sc, f'mul nuw nsw i64 {rin}, {rows * kc}')}",
                 "ptr")
