@@ -196,7 +196,7 @@ class Model(Runner):
                 self._state.wait()
         if self._helpers is None or self._helpers.close():  # else (a collection on a helper) the Team unmaps it
             self._code.close()
-        self._weights = self._arenas = None  # type: ignore[assignment]
+        self._weights = self._arenas = self._helpers = None  # type: ignore[assignment]  # exit stops no Team twice
 
 
 def _address(a: np.ndarray) -> int:  # ~3x cheaper than a.ctypes.data (an object per call), a third of the floor

@@ -165,9 +165,12 @@ def test_the_manifest_of_a_new_bundle_names_the_team(small_bundle):
     m.close()
 
 
-def test_a_process_that_exits_without_closing_a_parallel_model_exits_cleanly(small_bundle):
+@pytest.mark.parametrize("closed", [False, True])
+def test_a_process_that_exits_with_a_parallel_model_exits_cleanly(small_bundle, closed):
     """threading's exit hook stops the helpers before the interpreter drops daemon threads: none is left
-    spinning in code that shutdown unmaps (a crash or a hang at exit otherwise)."""
+    spinning in code that shutdown unmaps (a crash or a hang at exit otherwise). A model closed before
+    the exit but still referenced has no Team left: the hook must not call its unmapped code again (it
+    did: a segmentation fault at every such exit, Zen 1)."""
     import subprocess
     import sys
 
@@ -181,6 +184,9 @@ feeds = small_cnn()[1]
 for _ in range(5):
     m.run(feeds)
 assert [t for t in threading.enumerate() if t.name.startswith("svodrt-")]
+if {closed}:
+    m.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("svodrt-")]
 print("ran")
 """
     root = Path(__file__).resolve().parent.parent
