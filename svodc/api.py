@@ -156,10 +156,10 @@ def _compile_parts(model: ModelSource, target: str, options: CompileOptions | No
 def bundle_policy(targets: list, options: CompileOptions) -> OptimizationPolicy:
     """The one program part of the variants' optimisation policies (svodc/policy.py). Format 1 holds one
     program (kernel list, buffers, arena, weights) for all variants, so variants whose program parts
-    differ cannot share a bundle yet: that is an error naming them. Their GEMM blocking may differ:
-    it only shapes each variant's own code (compile_program). Thresholds the policy leaves to the target
-    (None: the Winograd gate, by FMA width) are the first CPU variant's: the one listed first, which the
-    runtime prefers where it fits (so x86-64-v4,x86-64-v3 takes the 512-bit gate for both)."""
+    differ cannot share a bundle yet: that is an error naming them. Their GEMM blocking and vectorizer
+    threshold may differ: they only shape each variant's own code (compile_program). Thresholds the policy
+    leaves to the target (None: the Winograd gate, by FMA width) are the first CPU variant's: the one listed
+    first, which the runtime prefers where it fits (so x86-64-v4,x86-64-v3 takes the 512-bit gate for both)."""
     check_policy_names(options.policies, targets)
     by_policy: dict[OptimizationPolicy, list[str]] = {}
     for t in targets:

@@ -64,6 +64,7 @@ _X86_NAMED = {
     "sapphirerapids": (*X86_64_LEVELS["x86-64-v4"], "avx512vnni", "avx512ifma", "avx512vbmi", "avx512vbmi2",
                        "avx512bitalg", "avx512vpopcntdq", "gfni", "vaes", "vpclmulqdq", "avx512bf16",
                        "avx512fp16", "avxvnni"),
+    "znver1": X86_64_LEVELS["x86-64-v3"],
     "znver2": X86_64_LEVELS["x86-64-v3"],
     "znver3": (*X86_64_LEVELS["x86-64-v3"], "vaes", "vpclmulqdq"),
     "znver4": (*X86_64_LEVELS["x86-64-v4"], "avx512vnni", "avx512ifma", "avx512vbmi", "avx512vbmi2", "avx512bitalg",

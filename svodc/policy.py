@@ -7,10 +7,11 @@ target's default.
 
 A policy has two parts. The steps and thresholds shape the program (kernels, buffers, packed weights),
 which a bundle holds once for all its variants: variants whose program parts differ cannot share a
-bundle (svodc/api.py). A threshold left None is the target's own (`resolved`), taken for the whole
-bundle from its first CPU variant. The CPU GEMM blocking (`GemmBlocking`) only shapes one variant's machine code,
-so each variant of a fat bundle gets its own from its target's facts (vector width, register count,
-L1 data cache), and variants that differ only there share the bundle.
+bundle (svodc/api.py). A program threshold left None is the target's own (`resolved`), taken for the whole
+bundle from its first CPU variant. The CPU GEMM blocking (`GemmBlocking`) and the vectorizer's tiny-loop
+threshold (`vector_min_trip_count`) only shape one variant's machine code, so each variant of a fat bundle
+gets its own from its target's facts (vector width, register count, caches, masked memory operations), and
+variants that differ only there share the bundle.
 """
 
 from __future__ import annotations
@@ -114,6 +115,9 @@ class OptimizationPolicy:
     winograd_min_macs: int = 2_000_000
     # One variant's code only (not the program): None is the target's own, gemm_blocking(target).
     cpu_gemm: GemmBlocking | None = None
+    # ... and, CPU variants only, the inner-loop trip count under which LLVM's vectorizer counts a loop as tiny
+    # (then masked tails or scalar; codegen/compile.py LLVMJob): None is the target's own, vector_min_trip_count_for.
+    vector_min_trip_count: int | None = None
 
     STEPS: ClassVar[tuple[str, ...]] = ("conv_to_matmul", "gemm", "gemm_transpose", "merge_inner_loops", "int8_gemm",
                                         "fuse_window_pads", "winograd")
@@ -127,7 +131,7 @@ class OptimizationPolicy:
 
     def program_part(self) -> OptimizationPolicy:
         """The part that shapes the program, which all variants of a bundle share."""
-        return dataclasses.replace(self, cpu_gemm=None)
+        return dataclasses.replace(self, cpu_gemm=None, vector_min_trip_count=None)  # (both one variant's code)
 
     def resolved(self, target) -> OptimizationPolicy:
         """This policy with the thresholds it leaves to the target (None) made `target`'s own."""
@@ -143,6 +147,14 @@ class OptimizationPolicy:
     def blocking(self, target: Target) -> GemmBlocking:
         """The CPU GEMM blocking of `target`'s code under this policy."""
         return self.cpu_gemm or gemm_blocking(target)
+
+    def vector_min_trip_count_of(self, target: Target) -> int:
+        """The vectorizer's tiny-loop threshold for `target`'s code under this policy. Checked here: LLVM
+        ignores an invalid value (it keeps the worker's previous one, so the code would depend on the job order)."""
+        n = vector_min_trip_count_for(target) if self.vector_min_trip_count is None else self.vector_min_trip_count
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < 1 << 31:
+            raise ValueError(f"vector_min_trip_count must be an integer in [0, 2^31), got {n!r}")
+        return n
 
 
 DEFAULT_POLICY = OptimizationPolicy()
@@ -160,6 +172,24 @@ WINOGRAD_MIN_TILES_FMA512 = 256
 def winograd_min_tiles_for(target) -> int:
     """A target's own Winograd tile threshold (a GPU keeps convolutions direct anyway: svodc/api.py)."""
     return WINOGRAD_MIN_TILES_FMA512 if isinstance(target, Target) and target.fma_bits >= 512 else WINOGRAD_MIN_TILES
+
+
+# LLVM's loop vectorizer counts an inner loop of fewer constant iterations than its -vectorizer-min-trip-count
+# (16) as tiny: it folds the tail into masked loads and stores, or leaves the loop scalar (by its cost model).
+# From the threshold on, a loop gets vectors and a scalar remainder (7 iterations: 4 lanes and 3 scalar), so
+# every 7- and 14-wide output row (depthwise convolutions and pooling at 7x7 and 14x14) was masked or scalar.
+# AVX and AVX2 mask with vmaskmovps, whose stores are microcoded on AMD Zen: their targets take 4. AVX-512
+# masks are cheap (LLVM's 16); SSE-only x86, NEON and the rest keep 16 too (not measured there, though
+# their short loops stay scalar under it). Measured on Zen 1 (docs/architecture.md "Optimisation policy"); Intel AVX2
+# cores were not measured.
+LLVM_MIN_TRIP_COUNT = 16
+VECTOR_MIN_TRIP_COUNT_AVX = 4
+
+
+def vector_min_trip_count_for(target: Target) -> int:
+    """A CPU target's own vector_min_trip_count."""
+    avx_masks = target.arch == "x86_64" and "avx" in target.features and "avx512f" not in target.features
+    return VECTOR_MIN_TRIP_COUNT_AVX if avx_masks else LLVM_MIN_TRIP_COUNT
 
 
 def default_policy(target) -> OptimizationPolicy:

@@ -4,6 +4,7 @@ that never traps, and the linker's refusals."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from svodc.codegen.compile import LLVMJob, compile_llvm
 from svodc.codegen.elf import read_object
 from svodc.codegen.link import link
 from svodc.errors import LinkError
-from svodc.policy import gemm_blocking
+from svodc.policy import LLVM_MIN_TRIP_COUNT, gemm_blocking
 from svodc.target import parse_target
 from tests.onnx_util import compile_and_run, make_model
 
@@ -223,24 +224,50 @@ def test_identical_kernels_share_one_compiled_body():
     np.testing.assert_allclose(compile_and_run(model, {"x": x})["y"], reference(model, {"x": x})[0], rtol=1e-4, atol=1e-4)
 
 
-def test_x86_code_vectorizes_without_gathers():
-    """LLVM's loop vectorizer took a depthwise convolution across channels with vgather (slow on AMD Zen
-    and, since the Downfall microcode, on Intel); x86 targets ask it not to (arches.py)."""
+def _depthwise(c: int, size: int, stride: int, relu: bool = False):
+    """A depthwise 3x3 convolution (relu: with a bias and a Relu behind it, mobilenet's pattern)."""
+    r = np.random.default_rng(0)
+    inits = {"w": r.standard_normal((c, 1, 3, 3)).astype(np.float32), "b": r.standard_normal(c).astype(np.float32)}
+    conv = helper.make_node("Conv", ["x", "w", "b"] if relu else ["x", "w"], ["c" if relu else "y"], kernel_shape=[3, 3],
+                            strides=[stride, stride], pads=[1, 1, 1, 1], group=c)
+    nodes = [conv, helper.make_node("Relu", ["c"], ["y"])] if relu else [conv]
+    return make_model(nodes, {"x": (np.float32, [1, c, size, size])}, ["y"], inits if relu else {"w": inits["w"]})
+
+
+def _kernels_asm(model, spec: str, vector_min_trip_count: int = LLVM_MIN_TRIP_COUNT) -> str:
+    """The assembly of the model's kernels for one CPU target, compiled in this process."""
     from svodc.codegen.compile import prepare_kernel
     from svodc.codegen.module import kernel_modules
     from svodc.frontend.importer import import_model
     from svodc.options import CompileOptions
     from svodc.passes.pipeline import build_program
-    from svodc.policy import gemm_blocking
 
-    c = 64
-    w = np.random.default_rng(0).standard_normal((c, 1, 3, 3)).astype(np.float32)
-    model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
-                                         pads=[1, 1, 1, 1], group=c)], {"x": (np.float32, [1, c, 14, 14])}, ["y"],
-                       {"w": w})
     program = build_program(import_model(model), CompileOptions())
-    t = parse_target("x86_64:x86-64-v4")[0]
+    t = parse_target(spec)[0]
     kernels = [prepare_kernel(k, t) for k in program.kernels]
-    asm = "".join(compile_llvm(LLVMJob("dw", ir, t.triple, t.llvm_cpu, t.llvm_features, 2, "small", True))[1]
-                  for _, ir in kernel_modules(kernels, len(program.inputs), t, gemm_blocking(t), 64))
+    return "".join(compile_llvm(LLVMJob("k", ir, t.triple, t.llvm_cpu, t.llvm_features, 2, "small", True,
+                                        vector_min_trip_count=vector_min_trip_count))[1]
+                   for _, ir in kernel_modules(kernels, len(program.inputs), t, gemm_blocking(t), 64))
+
+
+def test_x86_code_vectorizes_without_gathers():
+    """LLVM's loop vectorizer took a depthwise convolution across channels with vgather (slow on AMD Zen
+    and, since the Downfall microcode, on Intel); x86 targets ask it not to (arches.py)."""
+    asm = _kernels_asm(_depthwise(64, 14, 2), "x86_64:x86-64-v4")
     assert "vgather" not in asm and "vscatter" not in asm
+
+
+def test_short_loops_on_avx2_take_a_scalar_remainder_not_masked_tails():
+    """A 7-wide output row is shorter than LLVM's tiny-loop threshold (16), under which LLVM folds the row's
+    tail into vmaskmovps loads and stores (their stores microcoded on AMD Zen) or leaves the row scalar. At 4
+    (AVX2 targets: svodc/policy.py) the row takes 4 lanes and a scalar remainder. The option is set per job:
+    the same process gives each value's code in any order."""
+    model = _depthwise(32, 7, 1, relu=True)
+
+    def fmas(asm: str, kind: str) -> int:  # FMAs and multiplies: "ps" on xmm (4 lanes), "ss" (scalar)
+        return len(re.findall(rf"^\s+v(?:fmadd\w*|mul){kind}\s" + ("[^\n]*%xmm" if kind == "ps" else ""), asm, re.M))
+
+    tiny, four, again = (_kernels_asm(model, "x86_64:x86-64-v3", n) for n in (LLVM_MIN_TRIP_COUNT, 4, LLVM_MIN_TRIP_COUNT))
+    assert tiny == again != four
+    assert "vmaskmovps" not in four and fmas(four, "ps") >= 9 and fmas(four, "ss") >= 9
+    assert "vmaskmovps" in tiny or fmas(tiny, "ps") == 0  # masked, or no 4-lane vectors: LLVM's cost model decides

@@ -95,6 +95,41 @@ def test_variants_with_their_own_gemm_blocking_share_a_bundle():
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 
 
+def test_the_vectorizer_threshold_is_the_targets_own_shapes_only_its_code_and_is_checked():
+    """AVX/AVX2 x86 targets take 4 (vmaskmovps is slow), the rest LLVM's 16; a policy's own value wins, an
+    invalid one is an error (LLVM would ignore it). Like the GEMM blocking it shapes one variant's code:
+    variants whose values differ share one bundle, and each variant's code follows its own value."""
+    import dataclasses
+
+    from svodc.policy import LLVM_MIN_TRIP_COUNT, vector_min_trip_count_for
+    from svodc.target import parse_target
+    from tests.test_codegen import _depthwise
+
+    v2, v3, v4, a64 = parse_target("x86_64:x86-64-v2,x86-64-v3,x86-64-v4,aarch64:generic")
+    assert [vector_min_trip_count_for(t) for t in (v2, v3, v4, a64)] == [16, 4, 16, 16] and LLVM_MIN_TRIP_COUNT == 16
+    assert dataclasses.replace(DEFAULT_POLICY, vector_min_trip_count=9).vector_min_trip_count_of(v3) == 9
+    for bad in (-1, 1 << 40, 4.5, True):
+        with pytest.raises(ValueError, match="vector_min_trip_count"):
+            dataclasses.replace(DEFAULT_POLICY, vector_min_trip_count=bad).vector_min_trip_count_of(v3)
+
+    model = _depthwise(32, 7, 1, relu=True)
+    feeds = {"x": np.random.default_rng(1).standard_normal((1, 32, 7, 7)).astype(np.float32)}
+    want = reference(model, feeds)[0]
+
+    def bundle(target: str, **policies) -> bytes:
+        return svodc.compile(model, target=target, options=CompileOptions(policies=policies))
+
+    tiny = dataclasses.replace(DEFAULT_POLICY, vector_min_trip_count=LLVM_MIN_TRIP_COUNT)
+    own, sixteen = bundle("x86_64:x86-64-v3"), bundle("x86_64:x86-64-v3", **{"*": tiny})
+    assert own == bundle("x86_64:x86-64-v3", **{"*": dataclasses.replace(DEFAULT_POLICY, vector_min_trip_count=4)})
+    assert own != sixteen  # compile_program takes the variant's value
+    fat = bundle("x86_64:x86-64-v3,x86-64", **{"x86_64:x86-64": tiny})  # one program, two values
+    for b, variants in ((own, (0,)), (sixteen, (0,)), (fat, (0, 1))):
+        for variant in variants:
+            with svodrt.load(b, variant=variant) as m:
+                np.testing.assert_allclose(m.run(feeds)["y"], want, rtol=1e-4, atol=1e-4)
+
+
 def test_an_expensive_input_of_a_normalization_is_computed_once():
     """tanh(x) feeds a REDUCE (the mean) and the subtraction after it: realized once instead of recomputed
     by each kernel after the reduction, unless the policy counts a math function as one cheap op."""

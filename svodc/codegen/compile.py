@@ -25,7 +25,7 @@ from svodc.ir.rewrite import debug_level, graph_rewrite
 from svodc.ir.spec import verify
 from svodc.ir.symbolic import pm_symbolic
 from svodc.options import CompileOptions
-from svodc.policy import policy_for
+from svodc.policy import LLVM_MIN_TRIP_COUNT, policy_for
 from svodc.program import Kernel, Program
 from svodc.target import Target
 from svodrt.abi import ENTRY
@@ -46,6 +46,10 @@ class LLVMJob:
     set_datalayout: bool = False
     emit: str = "object"
     abiname: str = ""  # riscv64: "lp64d" (svodc/arches.py)
+    # LLVM's vectorizer counts an inner loop of fewer constant iterations as tiny (masked tails or scalar;
+    # svodc/policy.py); 16 is LLVM's own default. Set in the worker for every job (an LLVM option outlives the
+    # job that set it), so each job's code depends on its own value only.
+    vector_min_trip_count: int = LLVM_MIN_TRIP_COUNT
 
 
 def _llvm_init():
@@ -59,6 +63,7 @@ def _llvm_init():
 def compile_llvm(job: LLVMJob) -> tuple[bytes, str]:
     """Run in a worker: parse, optimize, emit an ELF object (and assembly text when asked)."""
     llvm = _llvm_init()
+    llvm.set_option("svodc", f"-vectorizer-min-trip-count={job.vector_min_trip_count}")
     tm = llvm.Target.from_triple(job.triple).create_target_machine(
         cpu=job.cpu, features=job.features, opt=job.opt_level, reloc="pic", codemodel=job.codemodel,
         abiname=job.abiname)
@@ -113,7 +118,8 @@ def compile_program(program: Program, target: Target, options: CompileOptions,
     """The program's code image for one CPU target, with the GEMM blocking of its policy (svodc/policy.py).
     jobs_done(done, total): after each LLVM module. LLVM runs on `workers` (the caller's pool; without
     one, a pool of options.jobs workers for this call)."""
-    blocking = policy_for(target, options.policies).blocking(target)
+    policy = policy_for(target, options.policies)
+    blocking, trip = policy.blocking(target), policy.vector_min_trip_count_of(target)
     kernels = [prepare_kernel(k, target, options.check_ir) for k in program.kernels]
     nin = len(program.inputs)
     dbg = debug_level()
@@ -121,12 +127,12 @@ def compile_program(program: Program, target: Target, options: CompileOptions,
     for chunk, ir in kernel_modules(kernels, nin, target, blocking, KERNELS_PER_MODULE):
         jobs.append(LLVMJob(f"kernels[{', '.join(k.name for k in chunk[:4])}{'...' if len(chunk) > 4 else ''}]",
                             ir, target.triple, target.llvm_cpu, target.llvm_features, options.opt_level,
-                            target.codemodel, dbg >= 4, abiname=target.abiname))
+                            target.codemodel, dbg >= 4, abiname=target.abiname, vector_min_trip_count=trip))
     entry = entry_module([(k.name, parallel_parts(k, target, blocking)) for k in kernels], target,
                          [guard_flags(k.guard, nin) for k in kernels], program.loops)
     jobs.append(LLVMJob("entry", entry, target.triple, target.llvm_cpu,
                         target.llvm_features, ENTRY_OPT_LEVEL, target.codemodel, dbg >= 4,
-                        abiname=target.abiname))
+                        abiname=target.abiname, vector_min_trip_count=trip))
     if dbg >= 3:
         for j in jobs:
             print(f"===== LLVM IR {j.name} =====\n{j.ir}", file=sys.stderr)
