@@ -9,6 +9,7 @@ import contextlib
 import os
 import stat
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -27,7 +28,8 @@ __all__ = ["Bundle", "KernelInfo", "Program", "Section", "Source", "TensorInfo",
 MANIFEST_EXPANSION, MANIFEST_FLOOR = 64, 4 << 20  # raw manifest <= 64 x stored + 4 MiB
 OBJECTS_PER_BYTE, OBJECTS_FLOOR = 1, 1 << 16  # real bundles: < 0.1 msgpack objects per file byte
 MAX_MAP = fmt.MAX_ITEMS  # keys in any manifest map (node_ops has one per ONNX node); the object budget bounds the sum
-RECORD_AGE_NS = 2_000_000_000  # a WeightsRecord is written only for a file unchanged this long when opened (FAT: 2 s)
+RECORD_AGE_NS = 2_000_000_000  # a Record is written only for a file unchanged this long when opened (FAT: 2 s)
+RECORD_SUFFIX = {"weights": "", "plan": ".plan"}  # "v1" in a record: bump it when this runtime checks more
 
 
 class Source:
@@ -37,7 +39,7 @@ class Source:
         self.fd, self.name = fd, name
         self._data = memoryview(data) if data is not None else None
         self.opened_ns = time.time_ns()  # before the stat: a write after it gets a later timestamp
-        self.stat = os.fstat(fd) if fd is not None else None  # a file's, when opened: WeightsRecord names it
+        self.stat = os.fstat(fd) if fd is not None else None  # a file's, when opened: a Record names it
         self.size = len(self._data) if self._data is not None else self.stat.st_size  # type: ignore[union-attr]
 
     @classmethod
@@ -125,10 +127,13 @@ def unpack_bounded(raw: bytes | memoryview, file_size: int) -> object:
             raise ValueError(f"more msgpack objects than a {file_size}-byte bundle may hold")
         return x
 
+    # Each object takes a byte at least and is counted at most twice (an item of its container, a container
+    # itself): within the budget the hooks cannot fire, and (a Python call per container) cost 30 % of the unpack.
+    hooks = {} if 2 * len(raw) <= budget[0] else {"list_hook": count, "object_hook": count}
     try:  # unpackb reads `raw` in place (an Unpacker copies it first) and refuses bytes after the map
         return msgpack.unpackb(raw, raw=False, strict_map_key=True, max_str_len=4 * fmt.MAX_STRING,
                                max_bin_len=len(raw), max_array_len=fmt.MAX_ITEMS, max_map_len=MAX_MAP, max_ext_len=0,
-                               list_hook=count, object_hook=count)
+                               **hooks)
     except msgpack.ExtraData as e:
         raise ValueError(f"{len(e.extra)} bytes follow the manifest's map") from None
 
@@ -202,22 +207,23 @@ def identity(st: os.stat_result) -> tuple[int, ...]:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns  # any write to the file moves ctime
 
 
-class WeightsRecord(NamedTuple):
-    """That a file's weights passed their sha256: a file in the user's cache named by the file's device and inode,
-    holding the rest of its identity and the digests checked (docs/architecture.md "What is checksummed when")."""
+class Record(NamedTuple):
+    """That a check ("plan": the manifest's, "weights": their sha256) passed on a file: a file in the user's cache named
+    by the file's device, inode and the check, holding the rest of its identity and the digests checked
+    (docs/architecture.md "What is checksummed when")."""
 
     path: str
     content: bytes
     quiet_ns: int  # how long before it was opened the file had last changed
 
     @classmethod
-    def of(cls, src: Source, b: Bundle) -> WeightsRecord | None:
+    def of(cls, src: Source, h: fmt.Header, check: str, digest: bytes = b"") -> Record | None:
         if (st := src.stat) is None:  # bytes: no file to name
             return None
         cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        key = " ".join(map(str, identity(st)[2:])) + f" {b.weights.sha256.hex()} {b.header.manifest_digest.hex()}"
-        return cls(os.path.join(cache, "svodrt", "verified", f"{st.st_dev:x}-{st.st_ino:x}"),
-                   f"svodrt weights v1 {key}\n".encode(), src.opened_ns - max(st.st_mtime_ns, st.st_ctime_ns))
+        key = " ".join(map(str, identity(st)[2:])) + f" {digest.hex()} {h.manifest_digest.hex()}"
+        return cls(os.path.join(cache, "svodrt", "verified", f"{st.st_dev:x}-{st.st_ino:x}{RECORD_SUFFIX[check]}"),
+                   f"svodrt {check} v1 {key}\n".encode(), src.opened_ns - max(st.st_mtime_ns, st.st_ctime_ns))
 
     def exists(self) -> bool:
         with contextlib.suppress(OSError), open(self.path, "rb") as f:
@@ -236,10 +242,12 @@ class WeightsRecord(NamedTuple):
                 os.replace(tmp, self.path)
 
 
-def parse_bundle(data: bytes | memoryview | Source) -> Bundle:
-    """Every structural check. Section checksums are left to the caller (check_section)."""
+def parse_bundle(data: bytes | memoryview | Source, recorded: Callable[[fmt.Header], bool] | None = None) -> Bundle:
+    """Every structural check; recorded(header): a record says this file's plan passed them (svodrt/schema.py
+    parse_plan defers those). Section checksums are left to the caller (check_section)."""
     src = as_source(data)
     h = read_header(src)
+    deferred = recorded is not None and recorded(h)
     m = read_manifest(src, h)
     try:
         fmt = sc.field(m, "format", list, "manifest")
@@ -253,7 +261,7 @@ def parse_bundle(data: bytes | memoryview | Source) -> Bundle:
         weights = [s for s in sections if s.kind == "weights"]
         if len(weights) != 1:
             raise _fail(f"manifest sections: expected one weights section, found {len(weights)}")
-        bundle = sc.parse_plan(m, h, sections, weights[0])
+        bundle = sc.parse_plan(m, h, sections, weights[0], deferred)
         for i, v in enumerate(bundle.variants):
             if BYTE_ORDER.get(v.arch, byte_order) != byte_order:
                 raise _fail(f"manifest variants[{i}] is for {v.arch}, whose data is {BYTE_ORDER[v.arch]}-endian, "
@@ -285,19 +293,25 @@ class Program:
                  trust: TrustSpec | None = None, variant: int | None = None):
         is_bytes = isinstance(source, (bytes, bytearray, memoryview))
         self.source = Source(bytes(source)) if is_bytes else Source.open(source)
+        ordinary = verify_weights is None and trust is None  # else every check runs, whatever a record says
+
+        def recorded(h: fmt.Header) -> bool:  # a record of this file version's plan checks
+            return ordinary and (r := Record.of(self.source, h, "plan")) is not None and r.exists()
         try:
-            self.bundle: Bundle = parse_bundle(self.source)
+            self.bundle: Bundle = parse_bundle(self.source, recorded)
             self.signer = check_signature(self.bundle.manifest, None if trust is None else trusted_keys(trust))
             if variant is not None and not 0 <= variant < (n := len(self.bundle.variants)):
                 raise ValueError(f"variant {variant} does not exist (the bundle has {n})")
             # Weights up to fmt.WEIGHTS_CHECK_LIMIT are checked at a file's first load (damage is an error, not a
             # wrong answer) and then trusted by its record; any by svodrt verify, when asked, or under a trust policy.
             small = self.bundle.weights.length <= fmt.WEIGHTS_CHECK_LIMIT
-            self.record = WeightsRecord.of(self.source, self.bundle)
-            recorded = verify_weights is None and trust is None and self.record is not None and self.record.exists()
-            self.check_weights = trust is not None or (small and not recorded if verify_weights is None
+            self.record = Record.of(self.source, self.bundle.header, "weights", self.bundle.weights.sha256)
+            trusted = ordinary and self.record is not None and self.record.exists()
+            self.check_weights = trust is not None or (small and not trusted if verify_weights is None
                                                        else bool(verify_weights))
-            self.weights_verified = self.check_weights or recorded
+            self.weights_verified = self.check_weights or trusted
+            if not self.bundle.deferred and (plan := Record.of(self.source, self.bundle.header, "plan")):
+                plan.write()  # it passed: later loads of this file version defer the plan's checks
         except BaseException:
             self.close()
             raise

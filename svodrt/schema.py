@@ -1,6 +1,7 @@
 """The manifest's schema (docs/bundle-format.md "Manifest", "Verification" 3 and 5): typed readers raising
 BundleFormatError with the field's path (`variants[1].fixups[3]`; a bool is no integer), records, the plan's checks."""
 
+import functools
 import itertools
 import math
 import operator
@@ -9,7 +10,7 @@ from typing import Any, NamedTuple
 from svodrt import format as fmt
 from svodrt.errors import BundleFormatError
 from svodrt.features import FEATURES, to_bits
-from svodrt.format import DTYPES, MAX_BYTES, MAX_ITEMS, MAX_NAME, MAX_RANK, MAX_STRING
+from svodrt.format import DTYPES, MAX_BYTES, MAX_ITEMS, MAX_NAME, MAX_RANK
 
 
 def fail(where: str, msg: str) -> BundleFormatError:
@@ -143,21 +144,6 @@ def tensor(d: Any, where: str, dims: dict[str, Dim] | None = None) -> TensorInfo
     return TensorInfo(t_name, dtype, shape, sym)
 
 
-def vocabulary(m: Any) -> tuple[str, ...]:
-    """The manifest's `vocabulary` (format 1.4, docs/bundle-format.md "Strings"); its order is the ids' meaning."""
-    v = items(m, "vocabulary", "manifest")
-    seen: set[str] = set()
-    for i, s in enumerate(v):
-        if not isinstance(s, str):
-            raise fail(f"vocabulary[{i}]", f"has type {type(s).__name__}, expected str")
-        if len(s) > MAX_STRING:
-            raise fail(f"vocabulary[{i}]", f"has {len(s)} characters, over the limit {MAX_STRING}")
-        if s in seen:
-            raise fail(f"vocabulary[{i}]", f"{s[:40]!r} repeats an earlier string")
-        seen.add(s)
-    return tuple(v)
-
-
 class Launch(NamedTuple):
     """One GPU kernel launch: the kernel (in the plan) whose buffers are its arguments, the symbol in
     the code object, grid and block sizes."""
@@ -193,43 +179,18 @@ class KernelInfo(NamedTuple):
     provenance: tuple[str, ...]
 
 
-def zipmaps(m: Any, outputs: list[TensorInfo]) -> tuple[tuple[str, tuple], ...]:
-    """The manifest's `zipmaps` (format 1.6): [output name, keys] per float32 [N, len(keys)] output that
-    run() returns as a list of {key: score} dicts (ai.onnx.ml ZipMap); keys all str or all int."""
-    if "zipmaps" not in m:
-        return ()
-    by_name, out = {t.name: t for t in outputs}, []
-    for i, z in enumerate(items(m, "zipmaps", "manifest")):
-        if not isinstance(z, list) or len(z) != 2 or not isinstance(z[1], list):
-            raise fail(f"zipmaps[{i}]", "must be [output name, keys]")
-        t = by_name.get(z[0]) if isinstance(z[0], str) else None
-        if t is None or t.dtype != "float32" or len(t.shape) != 2 or t.shape[1] != len(z[1]):
-            raise fail(f"zipmaps[{i}]", f"names no float32 [N, {len(z[1])}] output")
-        if not (all(type(k) is str for k in z[1]) or all(type(k) is int for k in z[1])):
-            raise fail(f"zipmaps[{i}][1]", "keys must be all str or all int")
-        out.append((z[0], tuple(z[1])))
-    return tuple(out)
+def _edge(m: dict, key: str, parser: str, *args) -> tuple:
+    """Formats 1.4-1.8's strings at the edge (`vocabulary`, `zipmaps`, `edge_outputs`): svodrt_strings parses them."""
+    import svodrt_strings
+    return getattr(svodrt_strings, parser)(items(m, key, "manifest"), *args)
 
 
-def edge_outputs(m: Any, inputs: list[TensorInfo], outputs: list[TensorInfo]) -> tuple[tuple, ...]:
-    """The manifest's `edge_outputs` (1.6, 1.8): the string program, parsed by svodrt_strings when there is one."""
-    if "edge_outputs" not in m:
-        return ()
-    from svodrt_strings import parse_steps
-    return parse_steps(items(m, "edge_outputs", "manifest"), inputs, outputs)
-
-
-class Bundle(NamedTuple):
-    """A verified bundle: the execution plan, read here, and where it came from (svodrt/bundle.py)."""
-
+class _Fields(NamedTuple):
     inputs: list[TensorInfo]
     outputs: list[TensorInfo]
-    kernels: list[KernelInfo]
     variants: list[Variant]
     arena_size: int
     weights_size: int
-    # buffer id -> (kind, position): ("input"|"output", slot) or ("weight"|"scratch", byte offset)
-    placement: dict[int, tuple[str, int]]
     # Format 1.4: what string ids below len(vocabulary) stand for; () when no input or output is a string.
     vocabulary: tuple[str, ...]
     dims: tuple[Dim, ...]  # format 1.5: the bounded dims in the entry's `dims` order; () in a static bundle
@@ -239,6 +200,21 @@ class Bundle(NamedTuple):
     manifest: dict
     sections: list[Section]
     weights: Section
+    deferred: bool  # the plan's buffers and kernels not checked yet: a record of an earlier load's checks stood for it
+
+
+class Bundle(_Fields):
+    """A verified bundle: the execution plan, read here, and where it came from (svodrt/bundle.py). Its buffers and
+    kernels are read and checked at load, or where a record stood for that (`deferred`) when first used: a CPU
+    variant's code needs neither, the GPU executor and the tools do."""
+
+    @functools.cached_property
+    def _plan(self) -> tuple[list[KernelInfo], dict[int, tuple[str, int]]]:
+        return checked_plan(self.manifest, self.arena_size, self.weights_size)
+
+    kernels = property(lambda self: self._plan[0], doc="list[KernelInfo]: the plan's kernels, in order")
+    placement = property(lambda self: self._plan[1], doc='buffer id -> ("input"|"output", slot), ("weight"|"scratch", '
+                         'byte offset)')
 
 
 class _Buffer(NamedTuple):
@@ -339,7 +315,7 @@ def check_arena_liveness(kernels: list[KernelInfo], buffers: dict[int, _Buffer])
         owner.insert(i, b)
 
 
-def _variant(m: dict, i: int, sections: list[Section], n_kernels: int) -> Variant:
+def _variant(m: dict, i: int, sections: list[Section], n_kernels: int, deferred: bool) -> Variant:
     v = m["variants"][i]
     where = f"variants[{i}]"
     si = uint(v, "section", where, len(sections))
@@ -351,8 +327,7 @@ def _variant(m: dict, i: int, sections: list[Section], n_kernels: int) -> Varian
     if not all(isinstance(f, str) and f for f in feats) or len(set(feats)) != len(feats):
         raise fail(f"{where}.features", "must be a list of distinct feature names")
     bits = uint(v, "feature_bits", where, (1 << 64) - 1)
-    if arch in FEATURES and all(f in {x.name for x in FEATURES[arch]} for f in feats) \
-            and bits != to_bits(arch, feats):
+    if arch in FEATURES and set(feats) <= {x.name for x in FEATURES[arch]} and bits != to_bits(arch, feats):
         raise fail(f"{where}.feature_bits", f"{bits:#x} disagrees with features {feats}")
     entry = uint(v, "entry", where)
     kernels = uints(v, "kernels", where)
@@ -366,20 +341,19 @@ def _variant(m: dict, i: int, sections: list[Section], n_kernels: int) -> Varian
         raise fail(f"{where}.fixups", "must be sorted and at least 8 bytes apart")
     if len(kernels) != n_kernels:
         raise fail(f"{where}.kernels", f"has {len(kernels)} offsets for {n_kernels} kernels")
-    binding = field(v, "binding", bytes, where)
-    if binding != fmt.variant_binding(v, sec.sha256, m):
+    if not deferred and field(v, "binding", bytes, where) != fmt.variant_binding(v, sec.sha256, m):
         raise fail(f"{where}.binding", f"does not match {arch}:{cpu}'s code, entry points, features and "
                    "the plan they were compiled for: the manifest is damaged or was edited")
     kind = field(v, "kind", str, where) if "kind" in v else "cpu"
     launches, cubin = _gpu(v, where, sections, n_kernels, m) if kind in fmt.GPU_KINDS else ((), None)
-    team = _team(v, where, sec) if "team" in v and kind == "cpu" else ()
+    team = _team(v, where, sec, deferred) if "team" in v and kind == "cpu" else ()
     return Variant(i, arch, cpu, tuple(feats), sec, entry, tuple(kernels), tuple(fixups), kind, launches, cubin, team)
 
 
-def _team(v: dict, where: str, sec: Section) -> tuple[int, ...]:  # format 1.10, bound by `team_binding`
+def _team(v: dict, where: str, sec: Section, deferred: bool) -> tuple[int, ...]:  # format 1.10, bound by `team_binding`
     if len(team := uints(v, "team", where)) != 2 or any(o >= sec.length for o in team):
         raise fail(f"{where}.team", f"{team}: expected the offsets of 2 functions in code section {sec.name!r}")
-    if field(v, "team_binding", bytes, where) != fmt.team_binding(v):
+    if not deferred and field(v, "team_binding", bytes, where) != fmt.team_binding(v):
         raise fail(f"{where}.team_binding", "does not match the variant's team offsets: the manifest was edited")
     return tuple(team)
 
@@ -408,10 +382,9 @@ def _gpu(v: dict, where: str, sections: list[Section], n: int, m: dict) -> tuple
     return tuple(launches), cubin
 
 
-def parse_plan(m: dict, h: fmt.Header, sections: list[Section], weights: Section) -> Bundle:
+def parse_plan(m: dict, h: fmt.Header, sections: list[Section], weights: Section, deferred: bool = False) -> Bundle:
     dims = dim_table(m)
-    inputs, in_ids = _io(m, "inputs", dims)
-    outputs, out_ids = _io(m, "outputs", dims)
+    inputs, outputs = _io(m, "inputs", dims)[0], _io(m, "outputs", dims)[0]
     sized = {d.name for t in inputs for _, d, _ in t.dims}
     if {n for n, d in dims.items() if not d.computed} - sized:
         raise fail("dims", "a dim sizes no input: no call could give its value")
@@ -419,15 +392,26 @@ def parse_plan(m: dict, h: fmt.Header, sections: list[Section], weights: Section
     weights_size = uint(m, "weights_size", "manifest", fmt.MAX_BYTES)
     if weights.length < weights_size:
         raise fail("weights_size", f"{weights_size} is more than the weights section holds ({weights.length})")
-    buffers = _buffers(m, in_ids, out_ids, arena, weights_size)
-    kernels = _kernels(m, buffers)
-    check_arena_liveness(kernels, buffers)
-    placement = {b.id: (b.kind, b.offset) for b in buffers.values()}
+    plan = None if deferred else checked_plan(m, arena, weights_size)
     # Read before the variants: their bindings cover it.
-    vocab = vocabulary(m) if any(t.dtype == fmt.STRING for t in inputs + outputs) else ()
-    variants = [_variant(m, i, sections, len(kernels)) for i in range(len(items(m, "variants", "manifest")))]
+    vocab = _edge(m, "vocabulary", "parse_vocabulary") if any(t.dtype == fmt.STRING for t in inputs + outputs) else ()
+    n_kernels = len(items(m, "kernels", "manifest"))
+    variants = [_variant(m, i, sections, n_kernels, deferred) for i in range(len(items(m, "variants", "manifest")))]
     if not variants:
         raise fail("variants", "the bundle has no code variant")
-    return Bundle(inputs, outputs, kernels, variants, arena, weights_size, placement,
-                  vocab, tuple(dims.values()), zipmaps(m, outputs), edge_outputs(m, inputs, outputs), h, m, sections,
-                  weights)
+    zipmaps = _edge(m, "zipmaps", "parse_zipmaps", outputs) if "zipmaps" in m else ()
+    steps = _edge(m, "edge_outputs", "parse_steps", inputs, outputs) if "edge_outputs" in m else ()
+    bundle = Bundle(inputs, outputs, variants, arena, weights_size, vocab, tuple(dims.values()), zipmaps, steps, h, m,
+                    sections, weights, deferred)
+    if plan is not None:
+        bundle.__dict__["_plan"] = plan  # the cached_property's value
+    return bundle
+
+
+def checked_plan(m: dict, arena: int, weights_size: int) -> tuple[list[KernelInfo], dict[int, tuple[str, int]]]:
+    """The plan's buffers and kernels, checked: (kernels, buffer id -> placement)."""
+    dims = dim_table(m)
+    buffers = _buffers(m, _io(m, "inputs", dims)[1], _io(m, "outputs", dims)[1], arena, weights_size)
+    kernels = _kernels(m, buffers)
+    check_arena_liveness(kernels, buffers)
+    return kernels, {b.id: (b.kind, b.offset) for b in buffers.values()}

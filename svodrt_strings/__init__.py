@@ -5,6 +5,7 @@ svodrt imports it only for a bundle that has strings (`edge.py`, for svodrt's Ru
 reverse at module level, and only stdlib and numpy besides. svodc folds constant string ops with the same
 `edge_value`, so folding and run time agree."""
 
+from svodrt_strings.manifest import parse_vocabulary, parse_zipmaps
 from svodrt_strings.program import EDGE_OPS, StringProgram, edge_value, normalize, parse_steps
 
-__all__ = ["EDGE_OPS", "StringProgram", "edge_value", "normalize", "parse_steps"]
+__all__ = ["EDGE_OPS", "StringProgram", "edge_value", "normalize", "parse_steps", "parse_vocabulary", "parse_zipmaps"]

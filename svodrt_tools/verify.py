@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from svodrt import load
-from svodrt.bundle import Bundle, Source, TensorInfo, WeightsRecord, check_section, parse_bundle, unpack_bounded
+from svodrt.bundle import Bundle, Record, Source, TensorInfo, check_section, parse_bundle, unpack_bounded
 from svodrt.errors import BundleFormatError, SvodError
 from svodrt.format import BITS_OF, DTYPES, FLOAT_FORMATS, MAX_TEST_VECTORS, STRING
 from svodrt.host import Host, detect_host
@@ -262,7 +262,7 @@ def verify(source: str | os.PathLike | bytes, host: Host | None = None, threads:
         try:
             check_section(data, s)
             report.add("ok", f"section {s.name!r}: {s.length} bytes at offset {s.offset}, sha256 matches")
-            if s == bundle.weights and opened is not None and (record := WeightsRecord.of(opened, bundle)):
+            if s == bundle.weights and opened is not None and (record := Record.of(opened, h, "weights", s.sha256)):
                 record.write()  # later loads of this file version trust its weights (docs/architecture.md)
         except SvodError as e:
             report.add("FAIL", str(e))

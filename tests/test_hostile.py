@@ -146,6 +146,31 @@ def test_3_a_bundle_with_a_quarter_million_kernels_is_refused_cheaply(small_bund
     assert peak < 100 << 20
 
 
+@pytest.mark.parametrize("raw", [b"\x99" + b"\x90" * 9, b"\x91" * 8 + b"\x90", b"\x81\xa1k" * 4 + b"\x90", b"\x92\x90\x80", None],
+                         ids=["empty-lists", "nested-lists", "nested-maps", "mixed", "a-real-manifest"])
+def test_3_the_hooks_count_at_most_two_objects_per_manifest_byte(small_bundle, raw):
+    """Why unpack_bounded leaves its counting hooks out when 2 * len(raw) is within the budget: they count each
+    container's items and the container itself, and every object takes at least one byte, so they could not fire."""
+    import msgpack
+
+    from svodrt.bundle import read_header
+
+    if raw is None:
+        data = path_bytes(small_bundle)
+        h = read_header(data)
+        import zstandard
+
+        raw = zstandard.ZstdDecompressor().decompress(data[h.manifest_offset: h.manifest_offset + h.manifest_size])
+    counted = [0]
+
+    def count(x):
+        counted[0] += len(x) + 1
+        return x
+
+    msgpack.unpackb(raw, list_hook=count, object_hook=count, strict_map_key=False)
+    assert 0 < counted[0] <= 2 * len(raw)
+
+
 def test_3_an_arena_larger_than_the_host_is_a_clear_error_at_load(small_bundle):
     data = path_bytes(small_bundle)
     m = manifest_of(data)

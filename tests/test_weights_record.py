@@ -1,7 +1,8 @@
 """Issue 13: a file's weights are checksummed at its first load and then trusted through a record of that very
-file version (svodrt/bundle.py WeightsRecord; docs/architecture.md "What is checksummed when"). A damaged weight
+file version (svodrt/bundle.py Record; docs/architecture.md "What is checksummed when"). A damaged weight
 is still an error at load, never a wrong answer: damage written to the file changes its identity, so the record no
-longer matches and the weights are checked again."""
+longer matches and the weights are checked again. The plan's checks (its buffers and kernels, the bindings) are
+recorded the same way: a later load of that file version defers them to their first use."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import pytest
 import svodrt
 import svodrt.bundle
 import svodrt.format
-from svodrt.bundle import Program, Source, WeightsRecord, parse_bundle
+from svodrt.bundle import Program, Record, Source, parse_bundle
 from svodrt_tools.verify import verify
+from tests.bundle_tools import manifest_of, repack
 
 
 @pytest.fixture
@@ -101,7 +103,8 @@ def test_a_record_of_another_version_of_the_file_is_ignored(bundle_file):
     svodrt.load(path).close()
     src = Source.open(path)
     src.close()
-    record = WeightsRecord.of(src, parse_bundle(path.read_bytes()))
+    b = parse_bundle(path.read_bytes())
+    record = Record.of(src, b.header, "weights", b.weights.sha256)
     assert record is not None and record.exists()
     size = os.stat(path).st_size
     with open(record.path, "wb") as f:  # the same device and inode, another size
@@ -146,3 +149,60 @@ def test_an_unwritable_cache_costs_only_the_record(bundle_file, monkeypatch, tmp
     with svodrt.load(path) as m:
         assert m.weights_verified and m.run(feeds)["y"].shape
     assert _checks(path) == (True, True)
+
+
+def _deferred(path, **kw) -> bool:
+    """Whether this load deferred the plan's checks (a record of them stood for them)."""
+    program = Program(path, **kw)
+    try:
+        return program.bundle.deferred
+    finally:
+        program.close()
+
+
+def test_the_first_load_checks_the_plan_and_later_loads_defer_it_to_its_first_use(bundle_file):
+    path, feeds = bundle_file
+    first = Program(path)
+    assert not first.bundle.deferred
+    kernels, placement = first.bundle.kernels, first.bundle.placement
+    first.close()
+    later = Program(path)
+    try:
+        assert later.bundle.deferred and "_plan" not in vars(later.bundle)  # nothing of the plan read yet
+        assert later.bundle.kernels == kernels and later.bundle.placement == placement  # read and checked now
+    finally:
+        later.close()
+    with svodrt.load(path) as m:
+        assert m.bundle.deferred and m.run(feeds)["y"].shape
+
+
+def test_a_plan_record_of_another_version_of_the_file_or_under_a_policy_is_ignored(bundle_file):
+    path, _ = bundle_file
+    svodrt.load(path).close()
+    assert _deferred(path) and not _deferred(path, verify_weights=True) and not _deferred(path.read_bytes())
+    os.utime(path, ns=(1, 1))  # another version of the file: its identity moved
+    assert not _deferred(path)
+
+
+def test_a_deferred_plan_is_still_checked_when_it_is_used(bundle_file):
+    """A record that lies (a manifest edited and made consistent, its record forged) defers nothing away: the
+    plan's checks run at its first use and fail there, naming the field."""
+    path, _ = bundle_file
+    m = manifest_of(path.read_bytes())
+    m["buffers"][0]["offset"] = m["arena_size"] + m["weights_size"]  # outside either area
+    path.write_bytes(repack(path.read_bytes(), m, rebind=True))
+    with pytest.raises(svodrt.BundleFormatError, match=r"buffers\[0\].*lies outside"):
+        svodrt.load(path)
+    src = Source.open(path)
+    src.close()
+    forged = Record.of(src, parse_bundle(path.read_bytes(), lambda h: True).header, "plan")
+    os.makedirs(os.path.dirname(forged.path), exist_ok=True)
+    with open(forged.path, "wb") as f:
+        f.write(forged.content)
+    program = Program(path)
+    try:
+        assert program.bundle.deferred
+        with pytest.raises(svodrt.BundleFormatError, match=r"buffers\[0\].*lies outside"):
+            program.bundle.kernels  # noqa: B018
+    finally:
+        program.close()
