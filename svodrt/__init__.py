@@ -28,7 +28,7 @@ __version__ = "0.1.0"
 def load(source: str | os.PathLike | bytes, threads: int | None = None, host: Host | None = None,
          verify_weights: bool | None = None, variant: int | None = None, device: str = "cpu",
          graph: bool = True, trust: TrustSpec | None = None, spin: bool = True) -> Runner:
-    """Load a bundle (path or bytes); every structural check and the sha256 of the code that will run are done.
+    """Load a bundle (path or bytes), checked as docs/architecture.md "What is checksummed when" says (code: always).
     threads: per inference (default: this process's CPUs; a model under 0.3 ms on one thread uses one). host: pick the
     variant for this host (e.g. `detect_host().limited_to("x86-64-v2")`). verify_weights: check the weights' sha256
     (default: up to 16 MiB of them unless this file's record says they passed, all under a trust policy; False:

@@ -29,7 +29,7 @@ MANIFEST_EXPANSION, MANIFEST_FLOOR = 64, 4 << 20  # raw manifest <= 64 x stored 
 OBJECTS_PER_BYTE, OBJECTS_FLOOR = 1, 1 << 16  # real bundles: < 0.1 msgpack objects per file byte
 MAX_MAP = fmt.MAX_ITEMS  # keys in any manifest map (node_ops has one per ONNX node); the object budget bounds the sum
 RECORD_AGE_NS = 2_000_000_000  # a Record is written only for a file unchanged this long when opened (FAT: 2 s)
-RECORD_SUFFIX = {"weights": "", "plan": ".plan"}  # "v1" in a record: bump it when this runtime checks more
+RECORDS = {"weights": ("", "v1"), "plan": (".plan", "v1")}  # name suffix, version: new when what it checks changes
 
 
 class Source:
@@ -217,13 +217,14 @@ class Record(NamedTuple):
     quiet_ns: int  # how long before it was opened the file had last changed
 
     @classmethod
-    def of(cls, src: Source, h: fmt.Header, check: str, digest: bytes = b"") -> Record | None:
-        if (st := src.stat) is None:  # bytes: no file to name
-            return None
+    def of(cls, src: Source, h: fmt.Header, check: str, digest: bytes = b"") -> Record:
+        if (st := src.stat) is None:  # bytes: no file to name, a record that never exists and is never written
+            return cls("", b"", 0)
         cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        key = " ".join(map(str, identity(st)[2:])) + f" {digest.hex()} {h.manifest_digest.hex()}"
-        return cls(os.path.join(cache, "svodrt", "verified", f"{st.st_dev:x}-{st.st_ino:x}{RECORD_SUFFIX[check]}"),
-                   f"svodrt {check} v1 {key}\n".encode(), src.opened_ns - max(st.st_mtime_ns, st.st_ctime_ns))
+        key, (suffix, version) = " ".join(map(str, identity(st)[2:])) + f" {digest.hex()} {h.manifest_digest.hex()}", \
+            RECORDS[check]
+        return cls(os.path.join(cache, "svodrt", "verified", f"{st.st_dev:x}-{st.st_ino:x}{suffix}"),
+                   f"svodrt {check} {version} {key}\n".encode(), src.opened_ns - max(st.st_mtime_ns, st.st_ctime_ns))
 
     def exists(self) -> bool:
         with contextlib.suppress(OSError), open(self.path, "rb") as f:
@@ -235,7 +236,7 @@ class Record(NamedTuple):
         read or hashed) then gets a later timestamp than the recorded one, which a change within the same timestamp
         granule might not. A cache: where it cannot be written, the next load checks the sha256 again."""
         with contextlib.suppress(OSError):
-            if self.quiet_ns >= RECORD_AGE_NS:
+            if self.path and self.quiet_ns >= RECORD_AGE_NS:
                 os.makedirs(os.path.dirname(self.path), exist_ok=True)
                 with open(tmp := f"{self.path}.{os.getpid()}", "wb") as f:
                     f.write(self.content)
@@ -293,10 +294,10 @@ class Program:
                  trust: TrustSpec | None = None, variant: int | None = None):
         is_bytes = isinstance(source, (bytes, bytearray, memoryview))
         self.source = Source(bytes(source)) if is_bytes else Source.open(source)
-        ordinary = verify_weights is None and trust is None  # else every check runs, whatever a record says
+        ordinary = verify_weights is None and trust is None  # else the weights' record is not consulted
 
-        def recorded(h: fmt.Header) -> bool:  # a record of this file version's plan checks
-            return ordinary and (r := Record.of(self.source, h, "plan")) is not None and r.exists()
+        def recorded(h: fmt.Header) -> bool:  # a record of this file version's plan checks, unless asked to verify
+            return trust is None and not verify_weights and Record.of(self.source, h, "plan").exists()
         try:
             self.bundle: Bundle = parse_bundle(self.source, recorded)
             self.signer = check_signature(self.bundle.manifest, None if trust is None else trusted_keys(trust))
@@ -306,12 +307,12 @@ class Program:
             # wrong answer) and then trusted by its record; any by svodrt verify, when asked, or under a trust policy.
             small = self.bundle.weights.length <= fmt.WEIGHTS_CHECK_LIMIT
             self.record = Record.of(self.source, self.bundle.header, "weights", self.bundle.weights.sha256)
-            trusted = ordinary and self.record is not None and self.record.exists()
+            trusted = ordinary and self.record.exists()
             self.check_weights = trust is not None or (small and not trusted if verify_weights is None
                                                        else bool(verify_weights))
             self.weights_verified = self.check_weights or trusted
-            if not self.bundle.deferred and (plan := Record.of(self.source, self.bundle.header, "plan")):
-                plan.write()  # it passed: later loads of this file version defer the plan's checks
+            if not self.bundle.deferred:  # it passed: later loads of this file version defer the plan's checks
+                Record.of(self.source, self.bundle.header, "plan").write()
         except BaseException:
             self.close()
             raise
@@ -330,8 +331,7 @@ class Program:
         self.source.readinto(w.offset, view)
         if self.check_weights:
             check_section(self.source, w, view)
-            if self.record is not None:
-                self.record.write()
+            self.record.write()
         elif self.weights_verified and identity(os.fstat(self.source.fd)) != identity(self.source.stat):
             # the record named the file as opened; what was read since may be another version's bytes
             raise _fail(f"{self.source.name} was rewritten while it was read: load it again")

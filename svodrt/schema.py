@@ -210,11 +210,13 @@ class Bundle(_Fields):
 
     @functools.cached_property
     def _plan(self) -> tuple[list[KernelInfo], dict[int, tuple[str, int]]]:
-        return checked_plan(self.manifest, self.arena_size, self.weights_size)
+        try:
+            return checked_plan(self.manifest, self.arena_size, self.weights_size)
+        except BundleFormatError as e:  # as at load (svodrt/bundle.py parse_bundle)
+            raise BundleFormatError(f"{e} (manifest at offset {self.header.manifest_offset})") from None
 
     kernels = property(lambda self: self._plan[0], doc="list[KernelInfo]: the plan's kernels, in order")
-    placement = property(lambda self: self._plan[1], doc='buffer id -> ("input"|"output", slot), ("weight"|"scratch", '
-                         'byte offset)')
+    placement = property(lambda self: self._plan[1], doc='id -> ("input"|"output", slot), ("weight"|"scratch", offset)')
 
 
 class _Buffer(NamedTuple):
@@ -315,7 +317,7 @@ def check_arena_liveness(kernels: list[KernelInfo], buffers: dict[int, _Buffer])
         owner.insert(i, b)
 
 
-def _variant(m: dict, i: int, sections: list[Section], n_kernels: int, deferred: bool) -> Variant:
+def _variant(m: dict, i: int, sections: list[Section], n_kernels: int) -> Variant:
     v = m["variants"][i]
     where = f"variants[{i}]"
     si = uint(v, "section", where, len(sections))
@@ -341,19 +343,19 @@ def _variant(m: dict, i: int, sections: list[Section], n_kernels: int, deferred:
         raise fail(f"{where}.fixups", "must be sorted and at least 8 bytes apart")
     if len(kernels) != n_kernels:
         raise fail(f"{where}.kernels", f"has {len(kernels)} offsets for {n_kernels} kernels")
-    if not deferred and field(v, "binding", bytes, where) != fmt.variant_binding(v, sec.sha256, m):
+    if field(v, "binding", bytes, where) != fmt.variant_binding(v, sec.sha256, m):  # the code's tie to the plan: always
         raise fail(f"{where}.binding", f"does not match {arch}:{cpu}'s code, entry points, features and "
                    "the plan they were compiled for: the manifest is damaged or was edited")
     kind = field(v, "kind", str, where) if "kind" in v else "cpu"
     launches, cubin = _gpu(v, where, sections, n_kernels, m) if kind in fmt.GPU_KINDS else ((), None)
-    team = _team(v, where, sec, deferred) if "team" in v and kind == "cpu" else ()
+    team = _team(v, where, sec) if "team" in v and kind == "cpu" else ()
     return Variant(i, arch, cpu, tuple(feats), sec, entry, tuple(kernels), tuple(fixups), kind, launches, cubin, team)
 
 
-def _team(v: dict, where: str, sec: Section, deferred: bool) -> tuple[int, ...]:  # format 1.10, bound by `team_binding`
+def _team(v: dict, where: str, sec: Section) -> tuple[int, ...]:  # format 1.10, bound by `team_binding`
     if len(team := uints(v, "team", where)) != 2 or any(o >= sec.length for o in team):
         raise fail(f"{where}.team", f"{team}: expected the offsets of 2 functions in code section {sec.name!r}")
-    if not deferred and field(v, "team_binding", bytes, where) != fmt.team_binding(v):
+    if field(v, "team_binding", bytes, where) != fmt.team_binding(v):
         raise fail(f"{where}.team_binding", "does not match the variant's team offsets: the manifest was edited")
     return tuple(team)
 
@@ -396,7 +398,7 @@ def parse_plan(m: dict, h: fmt.Header, sections: list[Section], weights: Section
     # Read before the variants: their bindings cover it.
     vocab = _edge(m, "vocabulary", "parse_vocabulary") if any(t.dtype == fmt.STRING for t in inputs + outputs) else ()
     n_kernels = len(items(m, "kernels", "manifest"))
-    variants = [_variant(m, i, sections, n_kernels, deferred) for i in range(len(items(m, "variants", "manifest")))]
+    variants = [_variant(m, i, sections, n_kernels) for i in range(len(items(m, "variants", "manifest")))]
     if not variants:
         raise fail("variants", "the bundle has no code variant")
     zipmaps = _edge(m, "zipmaps", "parse_zipmaps", outputs) if "zipmaps" in m else ()

@@ -258,12 +258,14 @@ def verify(source: str | os.PathLike | bytes, host: Host | None = None, threads:
     h = bundle.header
     report.add("ok", f"structure: format {h.major}.{h.minor}, {len(data)} bytes, {len(bundle.sections)} sections, "
                      f"{len(bundle.variants)} variants, {len(bundle.kernels)} kernels")
+    if opened is not None:
+        Record.of(opened, h, "plan").write()  # every check of the plan ran: later loads defer them
     for s in bundle.sections:
         try:
             check_section(data, s)
             report.add("ok", f"section {s.name!r}: {s.length} bytes at offset {s.offset}, sha256 matches")
-            if s == bundle.weights and opened is not None and (record := Record.of(opened, h, "weights", s.sha256)):
-                record.write()  # later loads of this file version trust its weights (docs/architecture.md)
+            if s == bundle.weights and opened is not None:  # later loads of this file version trust its weights
+                Record.of(opened, h, "weights", s.sha256).write()  # (docs/architecture.md "What is checksummed when")
         except SvodError as e:
             report.add("FAIL", str(e))
     _check_signer(bundle, trust, report)

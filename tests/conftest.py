@@ -9,7 +9,7 @@ from tests.onnx_util import small_cnn
 
 @pytest.fixture(scope="session", autouse=True)
 def _private_cache(tmp_path_factory):
-    """svodrt's weights records (svodrt/bundle.py WeightsRecord) go to the session's own cache, for subprocesses
+    """svodrt's weights records (svodrt/bundle.py Record: weights and plan) go to the session's own cache, for subprocesses
     too: a test never finds one an earlier run left, nor leaves one in the user's home."""
     old = os.environ.get("XDG_CACHE_HOME")
     os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg_cache"))

@@ -152,14 +152,13 @@ def test_3_the_hooks_count_at_most_two_objects_per_manifest_byte(small_bundle, r
     """Why unpack_bounded leaves its counting hooks out when 2 * len(raw) is within the budget: they count each
     container's items and the container itself, and every object takes at least one byte, so they could not fire."""
     import msgpack
+    import zstandard
 
     from svodrt.bundle import read_header
 
     if raw is None:
         data = path_bytes(small_bundle)
         h = read_header(data)
-        import zstandard
-
         raw = zstandard.ZstdDecompressor().decompress(data[h.manifest_offset: h.manifest_offset + h.manifest_size])
     counted = [0]
 
@@ -169,6 +168,21 @@ def test_3_the_hooks_count_at_most_two_objects_per_manifest_byte(small_bundle, r
 
     msgpack.unpackb(raw, list_hook=count, object_hook=count, strict_map_key=False)
     assert 0 < counted[0] <= 2 * len(raw)
+
+
+def test_3_the_hooks_are_left_out_only_where_they_cannot_fire(small_bundle, monkeypatch):
+    import msgpack
+
+    from svodrt.bundle import OBJECTS_FLOOR, unpack_bounded
+
+    seen, unpackb = [], msgpack.unpackb
+    monkeypatch.setattr(msgpack, "unpackb", lambda data, **kw: seen.append("list_hook" in kw) or unpackb(data, **kw))
+    svodrt.load(path_bytes(small_bundle)).close()  # a real manifest: far within its budget
+    n = (OBJECTS_FLOOR >> 1) - 2  # n + 1 lists in n + 3 bytes: 2 * (n + 3) is over the budget of a 0-byte file
+    unpack_bounded(b"\xdc" + n.to_bytes(2, "big") + b"\x90" * n, 0)  # so counted (2n + 1), and within it
+    with pytest.raises(ValueError, match="more msgpack objects than a 0-byte bundle"):
+        unpack_bounded(b"\xdd" + (1 << 16).to_bytes(4, "big") + b"\x90" * (1 << 16), 0)
+    assert seen == [False, True, True]
 
 
 def test_3_an_arena_larger_than_the_host_is_a_clear_error_at_load(small_bundle):

@@ -225,10 +225,10 @@ RUNTIME_BUDGET = 2_000  # lines in svodrt/*.py (`wc -l`): ../shared/DESIGN.md, i
 # for format 1.10's team, helpers that wait in native code: svodrt/team.py (+ 90), its ABI, checks and options
 # (+ 37), the model's side with the thread pool for older code gone and an exit hook (- 17), made room for by moving
 # the strings at the edge to svodrt_strings/ (ids.py, edge.py: - 100), which a numeric model never imports, and a
-# dict on one line (- 5); - 2 for issue 13's load: the plan's checks recorded once per file version and deferred
-# to first use (+ 31), paid for by moving the vocabulary's and zipmaps' parsing to svodrt_strings (- 33). Near the
+# dict on one line (- 5); + 0 for issue 13's load: the plan's checks recorded once per file version and deferred
+# to first use (+ 33), paid for by moving the vocabulary's and zipmaps' parsing to svodrt_strings (- 33). At the
 # budget: the next change that adds lines pays them back first.
-RUNTIME_LINES_NOW = 1_998
+RUNTIME_LINES_NOW = 2_000
 
 
 def _runtime_lines() -> int:

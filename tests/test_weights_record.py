@@ -15,7 +15,7 @@ import pytest
 import svodrt
 import svodrt.bundle
 import svodrt.format
-from svodrt.bundle import Program, Record, Source, parse_bundle
+from svodrt.bundle import Program, Record, Source, parse_bundle, read_header
 from svodrt_tools.verify import verify
 from tests.bundle_tools import manifest_of, repack
 
@@ -179,9 +179,35 @@ def test_the_first_load_checks_the_plan_and_later_loads_defer_it_to_its_first_us
 def test_a_plan_record_of_another_version_of_the_file_or_under_a_policy_is_ignored(bundle_file):
     path, _ = bundle_file
     svodrt.load(path).close()
-    assert _deferred(path) and not _deferred(path, verify_weights=True) and not _deferred(path.read_bytes())
+    assert _deferred(path) and _deferred(path, verify_weights=False)
+    assert not _deferred(path, verify_weights=True) and not _deferred(path.read_bytes())
     os.utime(path, ns=(1, 1))  # another version of the file: its identity moved
     assert not _deferred(path)
+
+
+def _forge_plan_record(path) -> None:
+    src = Source.open(path)
+    src.close()
+    forged = Record.of(src, read_header(path.read_bytes()), "plan")
+    os.makedirs(os.path.dirname(forged.path), exist_ok=True)
+    with open(forged.path, "wb") as f:
+        f.write(forged.content)
+
+
+def test_svodrt_verify_records_the_plans_checks(bundle_file):
+    path, _ = bundle_file
+    assert verify(path).ok and _deferred(path)
+
+
+def test_a_plan_record_never_stands_for_the_binding_of_the_code_to_the_plan(bundle_file):
+    """The binding is what ties the code to the arena size it writes within: checked at every load."""
+    path, _ = bundle_file
+    m = manifest_of(path.read_bytes())
+    m["arena_size"] = 64  # the code writes more: without the binding check, heap corruption
+    path.write_bytes(repack(path.read_bytes(), m))  # not rebound
+    _forge_plan_record(path)
+    with pytest.raises(svodrt.BundleFormatError, match=r"variants\[0\]\.binding: does not match"):
+        svodrt.load(path)
 
 
 def test_a_deferred_plan_is_still_checked_when_it_is_used(bundle_file):
@@ -193,16 +219,11 @@ def test_a_deferred_plan_is_still_checked_when_it_is_used(bundle_file):
     path.write_bytes(repack(path.read_bytes(), m, rebind=True))
     with pytest.raises(svodrt.BundleFormatError, match=r"buffers\[0\].*lies outside"):
         svodrt.load(path)
-    src = Source.open(path)
-    src.close()
-    forged = Record.of(src, parse_bundle(path.read_bytes(), lambda h: True).header, "plan")
-    os.makedirs(os.path.dirname(forged.path), exist_ok=True)
-    with open(forged.path, "wb") as f:
-        f.write(forged.content)
+    _forge_plan_record(path)
     program = Program(path)
     try:
         assert program.bundle.deferred
-        with pytest.raises(svodrt.BundleFormatError, match=r"buffers\[0\].*lies outside"):
+        with pytest.raises(svodrt.BundleFormatError, match=r"buffers\[0\].*lies outside.*\(manifest at offset"):
             program.bundle.kernels  # noqa: B018
     finally:
         program.close()
