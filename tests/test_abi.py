@@ -61,7 +61,7 @@ def test_entry_ir_uses_the_contract_offsets():
     from svodc.codegen.module import entry_module
     from svodc.target import parse_target
 
-    text = entry_module([("k0", 4), ("k1", 1)], parse_target("x86_64:x86-64")[0])
+    text = entry_module([("k0", 4, 4), ("k1", 1, 4)], parse_target("x86_64:x86-64")[0])
     for offset in (abi.SYNC_YIELD, abi.SYNC_NEXT, abi.SYNC_DONE):
         assert f"ptr %sync, i64 {offset}" in text
     assert f"@{abi.ENTRY}(" in text

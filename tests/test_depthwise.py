@@ -48,6 +48,7 @@ CASES = [  # (channels, height, width, kernel, stride, pad, groups, epilogue, re
     (9, 10, 23, 3, 1, 0, 9, "clip", False),  # no padding
     (12, 9, 9, 3, 2, 1, 6, "relu", False),  # grouped: 2 channels per group (18 taps)
     (8, 6, 6, 1, 1, 0, 8, "none", False),  # 1x1 depthwise: one tap, nothing to unroll
+    (5, 9, 45, 3, 1, 1, 5, "clip", False),  # rows of 47 padded: the padded copy split (split.LONG_ROW)
 ]
 
 

@@ -152,10 +152,10 @@ def _check_constant_weight_gemm(model, blocking, threads: int, w, bias, n: int) 
 def test_vector_side_copied_whole_in_k_blocks(threads):
     """copy_all: each part copies every lane tile's panel (the last one partial) once per k block, then
     sweeps the lane tiles of each row tile; k blocks of a forced small size so C is accumulated over several."""
-    from svodc.codegen.module import parallel_parts
+    from svodc.codegen.module import parallel_parts, parts_per_thread
 
     target = host_target()
-    m, k, n = 1020, 160, 45
+    m, k, n = 1012, 160, 45  # an odd count of row tiles: with 2 parts (one per thread) the second starts mid-sweep
     model, kernel, w, bias = _constant_weight_gemm(m, k, n)
     arg = kernel.ast.src[0].arg
     assert not arg.transposed  # n = 45 wastes too few lanes for lanes along m (lower_gemm.py)
@@ -166,7 +166,7 @@ def test_vector_side_copied_whole_in_k_blocks(threads):
     plan = cpu_plan(arg, target, blocking)
     assert plan.copy_all and plan.lanes_first and plan.k_blocks > 1 and plan.lanes_tail != plan.lanes
     # some part starts inside a row tile's sweep, where the copy's source is B's column 0, not this tile's
-    parts = min(parallel_parts(kernel, target, blocking), 4 * 2)
+    parts = min(parallel_parts(kernel, target, blocking), parts_per_thread(kernel, target, blocking) * 2)
     assert parts > 2 and any(p * plan.tiles // parts % plan.lane_tiles for p in range(parts))
     _check_constant_weight_gemm(model, blocking, threads, w, bias, n)
 
@@ -181,7 +181,7 @@ def test_transposed_scalar_side_packed_in_row_blocks(threads):
     model, kernel, w, bias = _constant_weight_gemm(m, k, n)
     arg = kernel.ast.src[0].arg
     assert arg.transposed
-    from svodc.codegen.module import parallel_parts
+    from svodc.codegen.module import parallel_parts, parts_per_thread
 
     tile = cpu_plan(arg, target, gemm_blocking(target))
     per_block = 3 if tile.row_tiles % 3 else 2  # so the last block is short
@@ -189,6 +189,44 @@ def test_transposed_scalar_side_packed_in_row_blocks(threads):
     plan = cpu_plan(arg, target, blocking)
     assert plan.block_row_tiles == per_block and plan.row_tiles % per_block
     # some part starts inside a block, where the pack's source is the block's first column, not this tile's
-    parts = min(parallel_parts(kernel, target, blocking), 4 * 2)
+    parts = min(parallel_parts(kernel, target, blocking), parts_per_thread(kernel, target, blocking) * 2)
     assert any(p * plan.tiles // parts % per_block for p in range(parts))
     _check_constant_weight_gemm(model, blocking, threads, w, bias, n)
+
+
+def test_parts_that_each_copy_an_operand_are_one_per_thread():
+    """module.parts_per_thread: a GEMM whose every part copies the whole vector side (copy_all) or packs a block of
+    the scalar side takes one part per thread where those copies would be a noticeable share of its time
+    (mobilenetv2's 576 -> 96 projection at 14x14; 960 -> 160 at 7x7, transposed), PARTS_PER_THREAD where the
+    product is large next to the copy (ResNet-50's 512 -> 2048 at 7x7)."""
+    from svodc.codegen.module import PARTS_PER_THREAD, parts_per_thread
+
+    target = host_target()
+    blocking = gemm_blocking(target)
+    checked = 0
+    for m, k, n, want in ((96, 576, 196, 1), (160, 960, 49, 1), (2048, 512, 49, PARTS_PER_THREAD)):
+        _, kernel, _, _ = _constant_weight_gemm(m, k, n)
+        plan = cpu_plan(kernel.ast.src[0].arg, target, blocking)
+        if plan.copy_all or plan.block_row_tiles:
+            assert parts_per_thread(kernel, target, blocking) == want, (m, k, n)
+            checked += 1
+        else:  # another vector width's plan copies nothing per part: every part equal
+            assert parts_per_thread(kernel, target, blocking) == PARTS_PER_THREAD
+    assert checked or target.vector_bits < 512  # on AVX-512 the three shapes copy per part (their plans, Zen 4)
+
+
+def test_a_loop_kernel_that_loads_more_per_element_is_cut_into_more_parts():
+    """module.parallel_parts estimates a loop kernel by its loads where it loads more than one or two per element
+    (a Winograd output transform loads 9-12 per element: estimated by elements alone it ran in one part)."""
+    from svodc.codegen.module import parallel_parts
+
+    target = host_target()
+
+    def parts(inputs: int) -> int:
+        names = [f"x{i}" for i in range(inputs)]
+        nodes = [helper.make_node("Sum", names, ["y"])]
+        model = make_model(nodes, {n: (np.float32, [64, 1024]) for n in names}, ["y"])
+        (kernel,) = build_program(import_model(model), CompileOptions()).kernels
+        return parallel_parts(kernel, target, gemm_blocking(target))
+
+    assert parts(12) > 2 * parts(2) >= 2

@@ -7,13 +7,14 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from svodc.ir import tensor as T
 from svodc.ir.dtypes import dtypes
 from svodc.ir.interpret import evaluate
 from svodc.ir.ops import ConstData, InputArg, Ops, ScatterArg
 from svodc.ir.rewrite import graph_rewrite
-from svodc.ir.uop import UOp
+from svodc.ir.uop import UOp, output_ranges
 from svodc.passes.buffers import Buffers
 from svodc.passes.concat import pm_reduce_concat
 from svodc.passes.fold import pm_fold, splat_value
@@ -192,6 +193,28 @@ def test_a_concatenation_is_split_into_one_store_per_source():
         assert sum(1 for n in st.toposort() if n.op is Ops.LOAD) == 1
         assert all(n.op is not Ops.WHERE for n in st.toposort())
     assert [p.name for p in params] == ["y", "a", "b"]
+
+
+@pytest.mark.parametrize("width,split", [(28, False), (56, True)])
+def test_a_padded_copy_is_split_only_where_its_rows_are_long(width, split):
+    """split.LONG_ROW: a padded copy (one clamped load) of long rows gets a piece whose rows are the source's whole
+    rows, loaded without a clamp on the row index (a vector copy); short rows stay one statement (LLVM unrolls them
+    whole and decides the clamps itself)."""
+    from svodc.passes.split import LONG_ROW
+
+    x = _input("x", (4, width, width))
+    ast, _ = _lower(T.pad(x, [(0, 0), (1, 1), (1, 1)], 0.0), [x])
+    stores = [s for s in ast.src if s.op is Ops.STORE]
+    assert (width + 2 >= LONG_ROW) == split
+
+    def row_copy(st: UOp) -> bool:
+        inner = output_ranges(st)[-1]
+        loads = [n for n in st.toposort() if n.op is Ops.LOAD]
+        clamped = [n for n in st.toposort() if n.op in (Ops.MIN, Ops.MAX) and inner in n.toposort()]
+        return inner.src[0].arg == width and len(loads) == 1 and not clamped
+
+    assert any(row_copy(st) for st in stores) == split
+    assert (len(stores) > 1) == split
 
 
 def test_a_split_piece_equals_the_plain_substitution_simplified():

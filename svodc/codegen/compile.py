@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from svodc.codegen.elf import read_object
 from svodc.codegen.emulate import pm_emulate_for
 from svodc.codegen.link import CodeImage, link
-from svodc.codegen.module import entry_module, guard_flags, kernel_modules, parallel_parts
+from svodc.codegen.module import entry_module, guard_flags, kernel_modules, parallel_parts, parts_per_thread
 from svodc.codegen.team import TEAM_SYMBOLS
 from svodc.codegen.transcendental import pm_transcendental, pm_transcendental_native_round
 from svodc.codegen.worker import WorkerPool, borrow
@@ -128,7 +128,8 @@ def compile_program(program: Program, target: Target, options: CompileOptions,
         jobs.append(LLVMJob(f"kernels[{', '.join(k.name for k in chunk[:4])}{'...' if len(chunk) > 4 else ''}]",
                             ir, target.triple, target.llvm_cpu, target.llvm_features, options.opt_level,
                             target.codemodel, dbg >= 4, abiname=target.abiname, vector_min_trip_count=trip))
-    entry = entry_module([(k.name, parallel_parts(k, target, blocking)) for k in kernels], target,
+    entry = entry_module([(k.name, parallel_parts(k, target, blocking), parts_per_thread(k, target, blocking))
+                          for k in kernels], target,
                          [guard_flags(k.guard, nin) for k in kernels], program.loops)
     jobs.append(LLVMJob("entry", entry, target.triple, target.llvm_cpu,
                         target.llvm_features, ENTRY_OPT_LEVEL, target.codemodel, dbg >= 4,

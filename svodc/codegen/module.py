@@ -3,8 +3,9 @@ entry module (runs every kernel in order, its parts shared by the calling thread
 
 The entry ABI (signature, buffer table, sync block) is svodrt/abi.py's, for both sides.
 
-Work queue (nthreads > 1). Kernel i is cut into n_i parts (n_i = min(its cap, PARTS_PER_THREAD *
-nthreads); the cap comes from its estimated work, `parallel_parts`: a small kernel is one part).
+Work queue (nthreads > 1). Kernel i is cut into n_i parts (n_i = min(its cap, its parts per thread *
+nthreads); the cap comes from its estimated work, `parallel_parts`: a small kernel is one part; the parts per
+thread are PARTS_PER_THREAD but where each part pays a fixed cost, `parts_per_thread`).
 Parts are numbered by one counter across the whole entry: kernel i owns tickets [base_i, base_i +
 n_i). A thread waits until `done` (abi.SYNC_DONE) reaches base_i -- every part of the kernels before i
 is finished, an acquire that pairs with the release of each part's increment -- then claims tickets
@@ -62,10 +63,21 @@ SPIN_BEFORE_YIELD = 4000
 PARTS_PER_THREAD = 4  # enough parts that a thread slowed by the OS leaves its share to the others
 MAX_PARTS = 1 << 16
 # Work estimates that decide the parts (only their order of magnitude matters): a part is worth
-# PART_NS; an element of a loop nest costs NS_PER_ELEMENT, a GEMM multiply-add GEMM_NS_PER_MAC.
+# PART_NS; an element of a loop nest costs NS_PER_ELEMENT, or NS_PER_LOAD per load where it loads more (a Winograd
+# output transform: 9-12 loads per element, 1.4 ns each, estimated 0.5 ns and left in one part of 34 us; loop
+# kernels of six CNNs and gpt2 took 0.06-0.15 ns per load, Zen 4), a GEMM multiply-add GEMM_NS_PER_MAC.
 PART_NS = 10_000
 NS_PER_ELEMENT = 0.5
+NS_PER_LOAD = 0.12
 GEMM_NS_PER_MAC = 0.02
+# A GEMM whose every part first copies a share of its operands that does not shrink with the part (copy_all: the
+# whole vector side; a packed block of the scalar side: gemm_plan.py) pays that copy once per part: about
+# COPY_NS_PER_FLOAT per float, PACK_NS_PER_FLOAT where the block is packed from a transposed B's columns (a float
+# per k from another line; both measured on Zen 4). Such a kernel takes one part per thread unless the copies of
+# PARTS_PER_THREAD parts per thread cost at most COPY_SHARE of its time per thread.
+COPY_NS_PER_FLOAT = 0.08
+PACK_NS_PER_FLOAT = 0.27
+COPY_SHARE = 0.05
 
 
 def _header(target: Target, name: str) -> list[str]:
@@ -174,19 +186,49 @@ def parallel_parts(kernel: Kernel, target: Target, blocking: GemmBlocking) -> in
             arg: GemmArg = stmt.arg
             # the GEMM's parallel tile loop (llvm_gemm.py, llvm_gemm_int8.py)
             trips.append(int8_plan(arg, target, blocking)[2] if arg.quant else cpu_plan(arg, target, blocking).tiles)
-            work_ns += math.prod(arg.batch) * arg.m * arg.n * arg.k * GEMM_NS_PER_MAC
+            work_ns += _gemm_ns(arg)
             continue
-        sizes = []
+        sizes, loads = [], 0
         for u in stmt.toposort():
             if u.op is Ops.RANGE:
                 size = u.src[0].vmax  # a run-time trip count (a bounded dim) is estimated at its bound
                 sizes.append(size)
                 if u.arg.kind is RangeKind.PARALLEL:
                     trips.append(size)
-        work_ns += math.prod(sizes) * NS_PER_ELEMENT
+            elif u.op is Ops.LOAD:
+                loads += 1
+        work_ns += math.prod(sizes) * max(NS_PER_ELEMENT, loads * NS_PER_LOAD)
     if not trips:
         return 1
     return max(1, min(min(trips), int(work_ns // PART_NS), MAX_PARTS))
+
+
+def _gemm_ns(arg: GemmArg) -> float:
+    return math.prod(arg.batch) * arg.m * arg.n * arg.k * GEMM_NS_PER_MAC
+
+
+def parts_per_thread(kernel: Kernel, target: Target, blocking: GemmBlocking) -> int:
+    """PARTS_PER_THREAD (a thread the OS slows leaves its share to the others), or 1 for a kernel whose parts each
+    copy a share of a GEMM's operands that does not shrink with the part (see COPY_NS_PER_FLOAT). mobilenetv2's
+    projections at 14x14 and 7x7 (copy_all, 576 x 196; packed blocks of B transposed, 960 x 49) spent 0.07-0.09 ms
+    of 0.16-0.23 in copies over 8 parts at two threads."""
+    work_ns = copy_ns = 0.0
+    for stmt in kernel.ast.src:
+        if stmt.op is not Ops.GEMM:
+            continue
+        arg: GemmArg = stmt.arg
+        work_ns += _gemm_ns(arg)
+        if arg.quant or arg.runtime:
+            continue
+        plan = cpu_plan(arg, target, blocking)
+        if plan.copy_all:
+            copy_ns += arg.k * plan.lane_tiles * plan.lanes * COPY_NS_PER_FLOAT
+        elif plan.block_row_tiles:
+            per_float = PACK_NS_PER_FLOAT if arg.transposed else COPY_NS_PER_FLOAT
+            copy_ns += min(plan.block_row_tiles, plan.row_tiles) * plan.rows * arg.k * per_float
+    if copy_ns and (PARTS_PER_THREAD - 1) * copy_ns > COPY_SHARE * work_ns / 2:
+        return 1
+    return PARTS_PER_THREAD
 
 
 # A kernel's guard as the entry reads it: conjunctions of (buffer-table slot, byte offset, value).
@@ -225,21 +267,21 @@ def _guard_test(guard: FlagGuard, name: str) -> list[str]:
     return lines
 
 
-def entry_module(kernels: list[tuple[str, int]], target: Target, guards: list[FlagGuard] | None = None,
+def entry_module(kernels: list[tuple[str, int, int]], target: Target, guards: list[FlagGuard] | None = None,
                  loops: list[tuple[int, int, int]] = ()) -> str:
-    """kernels: (name, parallel_parts) in execution order; guards: each kernel's (() runs it always); loops:
-    Program.loops, the step loops (see the module docstring)."""
+    """kernels: (name, parallel_parts, parts_per_thread) in execution order; guards: each kernel's (() runs it
+    always); loops: Program.loops, the step loops (see the module docstring)."""
     guards = guards or [()] * len(kernels)
     starts = {first: (j, end, trips) for j, (first, end, trips) in enumerate(loops)}
     ends = {end - 1: j for j, (_, end, _) in enumerate(loops)}
     step_of = {i: j for j, (first, end, _) in enumerate(loops) for i in range(first, end)}
     decl, hint = _spin_hint(target)
     lines = [*_header(target, "entry"), decl]
-    lines += [f"declare void @{k}(ptr, ptr, i32, i32)" for k, _ in kernels]
+    lines += [f"declare void @{k}(ptr, ptr, i32, i32)" for k, _, _ in kernels]
     lines += ["", f"define void @{ENTRY}(ptr %bufs, ptr %dims, i32 %thread, i32 %nthreads, ptr %sync) #0 {{",
               "entry:", "  %multi = icmp sgt i32 %nthreads, 1", "  br i1 %multi, label %queue, label %solo",
               "solo:"]
-    for i, ((k, _), guard) in enumerate(zip(kernels, guards, strict=True)):
+    for i, ((k, _, _), guard) in enumerate(zip(kernels, guards, strict=True)):
         if i in starts:
             j = starts[i][0]
             lines += [f"  br label %sl{j}.pre", f"sl{j}.pre:", f"  br label %sl{j}.head", f"sl{j}.head:",
@@ -259,10 +301,10 @@ def entry_module(kernels: list[tuple[str, int]], target: Target, guards: list[Fl
     lines += ["  ret void", "queue:",
               f"  %nextp = getelementptr inbounds i8, ptr %sync, i64 {SYNC_NEXT}",
               f"  %donep = getelementptr inbounds i8, ptr %sync, i64 {SYNC_DONE}",
-              f"  %limit = mul i32 %nthreads, {PARTS_PER_THREAD}", "  %caller = icmp eq i32 %thread, 0",
+              "  %caller = icmp eq i32 %thread, 0",
               "  br label %k0.start"]
     base = "0"
-    for i, ((k, cap), guard) in enumerate(zip(kernels, guards, strict=True)):
+    for i, ((k, cap, per_thread), guard) in enumerate(zip(kernels, guards, strict=True)):
         # a step loop's last kernel goes on to the loop's latch, which runs the next step or leaves
         nxt = f"%r{ends[i]}.latch" if i in ends else f"%k{i + 1}.start"
         lines.append(f"k{i}.start:")
@@ -290,7 +332,8 @@ def entry_module(kernels: list[tuple[str, int]], target: Target, guards: list[Fl
             if i:
                 lines.append(f"  call void @svod_wait(ptr %donep, i32 {base}, ptr %sync)")
             n = f"%n{i}.all" if guard else f"%n{i}"
-            lines += [f"  %few{i} = icmp ult i32 {cap}, %limit", f"  {n} = select i1 %few{i}, i32 {cap}, i32 %limit"]
+            lines += [f"  %limit{i} = mul i32 %nthreads, {per_thread}", f"  %few{i} = icmp ult i32 {cap}, %limit{i}",
+                      f"  {n} = select i1 %few{i}, i32 {cap}, i32 %limit{i}"]
             if guard:  # read after the wait above: see the module docstring
                 lines += [*_guard_test(guard, f"q{i}"), f"  %n{i} = select i1 %q{i}, i32 {n}, i32 0"]
             coded = [f"  %pc{i} = mul i32 {step}, %n{i}", f"  %pk{i} = add i32 %pc{i}, %part{i}"] if step else []
