@@ -217,6 +217,15 @@ def test_a_padded_copy_is_split_only_where_its_rows_are_long(width, split):
     assert (len(stores) > 1) == split
 
 
+def test_a_padded_copy_that_converts_is_split_at_any_width():
+    """An int8 depthwise convolution's padded copy stores u8 - zero as float32: LLVM vectorized neither its short
+    rows unrolled nor its long ones clamped (split.LONG_ROW), so it is split whatever its width."""
+    x = _input("x", (4, 14, 14), dtypes.uint8)
+    converted = T.alu(Ops.SUB, T.cast(x, dtypes.float32), T.const(3.0, dtypes.float32, (4, 14, 14)))
+    ast, _ = _lower(T.pad(converted, [(0, 0), (1, 1), (1, 1)], 0.0), [x])
+    assert len([s for s in ast.src if s.op is Ops.STORE]) > 1
+
+
 def test_a_split_piece_equals_the_plain_substitution_simplified():
     # split._restrict walks only the branches the piece's interval takes; simplified, the piece must be
     # exactly what substituting the range everywhere and simplifying gives.

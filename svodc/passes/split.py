@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 
 from svodc.ir.dtypes import dtypes
-from svodc.ir.ops import Ops
+from svodc.ir.ops import ALU, Ops
 from svodc.ir.rewrite import graph_rewrite
 from svodc.ir.symbolic import pm_symbolic
 from svodc.ir.uop import UOp, output_ranges, toposort
@@ -68,17 +68,23 @@ def _clamped_loads(x: UOp) -> int:
 
 
 # A padded copy (one clamped load) is split into an interior without clamps and its borders only where its rows
-# are at least this long. Shorter rows LLVM unrolls whole and decides the clamps itself (14-28 wide: as fast or up
-# to 1.4x faster than the split's more, shorter loops); longer ones it vectorizes with the clamped index per lane,
-# a scalar load and insert each: 144 channels padded to 58 x 58 took 0.196 ms, split 0.056 (Zen 4, one core;
-# 42-wide rows 0.089 -> 0.033, 114-wide 0.172 -> 0.045).
+# are at least this long, or where it converts what it copies. Shorter rows of a plain copy LLVM unrolls whole and
+# decides the clamps itself (14-28 wide: as fast or up to 1.4x faster than the split's more, shorter loops); longer
+# ones it vectorizes with the clamped index per lane, a scalar load and insert each: 144 channels padded to 58 x 58
+# took 0.196 ms, split 0.056 (Zen 4, one core; 42-wide rows 0.089 -> 0.033, 114-wide 0.172 -> 0.045). A copy that
+# converts (an int8 depthwise convolution's u8 - zero as float32) it did not vectorize unrolled either: 384 channels
+# of 16-wide rows 0.053 -> 0.014 ms split, and no width measured slower split (9 to 114 wide).
 LONG_ROW = 32
 
 
 def _long_rows(store: UOp) -> bool:
-    """The store's innermost loop runs at least LONG_ROW iterations (a constant extent)."""
+    """The store's innermost loop runs at least LONG_ROW iterations (a constant extent), or it stores a value
+    computed from what it loads (a conversion: see LONG_ROW)."""
     ranges = output_ranges(store)
-    return bool(ranges) and ranges[-1].src[0].op is Ops.CONST and ranges[-1].src[0].arg >= LONG_ROW
+    if bool(ranges) and ranges[-1].src[0].op is Ops.CONST and ranges[-1].src[0].arg >= LONG_ROW:
+        return True
+    return any(n.op in ALU and n.op is not Ops.WHERE and n.dtype not in (dtypes.index, dtypes.bool)
+               for n in toposort([store.src[2]]))
 
 
 _VISIT, _DECIDE, _BUILD, _ALIAS = range(4)
