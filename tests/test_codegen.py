@@ -271,3 +271,31 @@ def test_short_loops_on_avx2_take_a_scalar_remainder_not_masked_tails():
     assert tiny == again != four
     assert "vmaskmovps" not in four and fmas(four, "ps") >= 9 and fmas(four, "ss") >= 9
     assert "vmaskmovps" in tiny or fmas(tiny, "ps") == 0  # masked, or no 4-lane vectors: LLVM's cost model decides
+
+
+def _max_pool(c: int, size: int):
+    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2])
+    return make_model([node], {"x": (np.float32, [1, c, size, size])}, ["y"])
+
+
+def test_a_max_pool_window_is_the_machines_max_with_one_nan_test():
+    """lower._unrolled_reduce: a float max over a window is maxps steps plus one NaN test over the taps, not a
+    compare, NaN check, or and select per tap (MaxPool 3x3 stride 2 over 64 x 111 x 111: 0.161 -> 0.092 ms, Zen 4)."""
+    asm = _kernels_asm(_max_pool(64, 111), "x86_64:x86-64-v4")
+    assert asm.count("vmaxps") >= 8 and "vcmpltps" not in asm and "vcmpnleps" not in asm
+
+
+def test_a_max_pool_propagates_nan_as_numpy_does():
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    import svodc
+    import svodrt
+
+    x = np.random.default_rng(0).standard_normal((1, 8, 23, 23)).astype(np.float32)
+    x.ravel()[::41] = np.nan
+    x[0, 1, :3, :3] = -0.0  # a window of signed zeros only
+    with svodrt.load(svodc.compile(_max_pool(8, 23))) as m:
+        y = m.run({"x": x})["y"]
+    want = sliding_window_view(x, (3, 3), axis=(2, 3))[:, :, ::2, ::2].max(axis=(-1, -2))
+    assert np.isnan(want).any() and np.array_equal(y, want, equal_nan=True)
+    assert np.array_equal(np.signbit(y), np.signbit(want))
