@@ -12,6 +12,7 @@ is B (QLinearMatMul, MatMulInteger: the transposed GEMM, columns read with a str
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import mmap
 import re
 import shutil
@@ -32,6 +33,7 @@ from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import Ops
 from svodc.options import CompileOptions
 from svodc.passes.pipeline import build_program
+from svodc.policy import DEFAULT_POLICY
 from svodc.target import parse_target
 from svodrt.bundle import parse_bundle
 from svodrt.host import Host
@@ -320,3 +322,56 @@ def test_a_last_lane_tile_of_one_lane_stores_one_byte(columns):
     want = ReferenceEvaluator(model).run(None, {"x": x})[0]
     with svodrt.load(svodc.compile(model)) as m:
         np.testing.assert_array_equal(m.run({"x": x})["y"], want)
+
+
+def gemv_model(n: int, bound: int = 128):
+    """Products of n <= GEMV_N_MAX activation columns (lanes along m, codegen/llvm_gemv_int8.py): a (int8,
+    2 x n x 75) -> QLinearMatMul with B 75 x 37 -> y2 (an epilogue: requantized); u (uint8, n x 75) ->
+    MatMulInteger with C 75 x 37 -> y3 (C itself, int32). M = 37 leaves a short last panel, K = 75 a partial
+    group of 4. (Both past policy.gemm_min_macs with the policy of `gemv_options`.)"""
+    f = np.float32
+    inits = [_init("as", f(0.05)), _init("az", np.int8(-7)),
+             _init("b", R.integers(-bound, min(bound, 127) + 1, (75, 37)).astype(np.int8)),
+             _init("bs", f(0.02)), _init("bz", np.int8(0)), _init("y2s", f(1.5)), _init("y2z", np.int8(4)),
+             _init("c", R.integers(-min(bound, 100), min(bound, 100), (75, 37)).astype(np.int8)),
+             _init("uz", np.uint8(131)), _init("cz", np.int8(2))]
+    nodes = [helper.make_node("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "y2s", "y2z"], ["y2"]),
+             helper.make_node("MatMulInteger", ["u", "c", "uz", "cz"], ["y3"])]
+    g = helper.make_graph(nodes, "gemv", [helper.make_tensor_value_info("a", I8, [2, n, 75]),
+                                          helper.make_tensor_value_info("u", U8, [n, 75])],
+                          [helper.make_tensor_value_info("y2", I8, None), helper.make_tensor_value_info("y3", I32, None)],
+                          inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    feeds = {"a": R.integers(-128, 128, (2, n, 75)).astype(np.int8), "u": R.integers(0, 256, (n, 75)).astype(np.uint8)}
+    return model, feeds
+
+
+# the small products of gemv_model take the GEMM kernels too (the default policy leaves tiny ones to loops)
+GEMV_OPTIONS = CompileOptions(policies={"*": dataclasses.replace(DEFAULT_POLICY, gemm_min_macs=1)})
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_few_activation_columns_run_with_lanes_along_m(n):
+    """lower_gemm_int8.GEMV_N_MAX: the product takes the integer kernel with its lanes along m (transposed)."""
+    model, feeds = gemv_model(n)
+    program = build_program(import_model(model, GEMV_OPTIONS), GEMV_OPTIONS, GEMV_OPTIONS.policies["*"])
+    gemms = [s.arg for k in program.kernels for s in k.ast.src if s.op is Ops.GEMM]
+    assert len(gemms) == 2 and all(g.quant is not None and g.transposed and g.n == n for g in gemms)
+    with svodrt.load(svodc.compile(model, options=GEMV_OPTIONS)) as m:
+        _equal(m.run(feeds), ReferenceEvaluator(model).run(None, feeds), f"n={n}")
+
+
+@pytest.mark.parametrize("spec, bound", [("x86_64", 128), ("x86_64:x86-64-v3", 64), ("x86_64:x86-64-v3", 128)])
+def test_few_activation_columns_on_each_x86_path(spec, bound):
+    """pmaddwd (SSE2: four 4-lane vectors per panel), vpmaddubsw (AVX2, 7-bit weights), vpmaddwd (AVX2)."""
+    model, feeds = gemv_model(3, bound)
+    with svodrt.load(svodc.compile(model, target=spec, options=GEMV_OPTIONS)) as m:
+        _equal(m.run(feeds), ReferenceEvaluator(model).run(None, feeds), spec)
+
+
+@pytest.mark.parametrize("spec", ["aarch64", "aarch64:cortex-a76"])
+def test_few_activation_columns_under_unicorn(spec):
+    model, feeds = gemv_model(2)
+    t = parse_target(spec)[0]
+    _equal(run_unicorn(svodc.compile(model, target=spec, options=GEMV_OPTIONS), t.arch, set(t.features), feeds),
+           ReferenceEvaluator(model).run(None, feeds), spec)

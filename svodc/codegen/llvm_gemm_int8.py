@@ -35,7 +35,7 @@ from svodc.ir.ops import GemmArg, Ops, RangeArg, RangeKind
 from svodc.ir.rewrite import graph_rewrite
 from svodc.ir.symbolic import pm_symbolic
 from svodc.ir.uop import UOp
-from svodc.passes.lower_gemm_int8 import Q_PANEL
+from svodc.passes.lower_gemm_int8 import Q_PANEL, QT_PANEL
 from svodc.policy import GemmBlocking
 from svodc.target import Target
 
@@ -59,9 +59,12 @@ def int8_path(target: Target, a_max: int = 128) -> str:
 
 
 def int8_plan(arg: GemmArg, target: Target, blocking: GemmBlocking) -> tuple[int, int, int]:
-    """(vw, nvec, lane tiles): vw int32 lanes per vector, nvec vectors per tile row (Q_PANEL x nvec
-    accumulators, the activation vectors and a weight broadcast fit the registers)."""
+    """(vw, nvec, tiles): vw int32 lanes per vector, nvec vectors per tile row (Q_PANEL x nvec
+    accumulators, the activation vectors and a weight broadcast fit the registers); the tiles of the parallel
+    loop: lane tiles, or panels of QT_PANEL rows where the lanes run along m (transposed: llvm_gemv_int8.py)."""
     vw = max(1, target.vector_bits // 32)
+    if arg.transposed:
+        return min(vw, QT_PANEL), 1, math.prod(arg.batch) * -(-arg.m // QT_PANEL)
     nvec = 2 if blocking.vector_regs <= 16 else max(2, 16 // vw)
     return vw, nvec, math.prod(arg.batch) * -(-arg.n // (nvec * vw))
 
@@ -190,6 +193,30 @@ def _dot(L: list[str], path: str, vw: int, acc: str, a: str, w: str, out: str, s
         L.append(f"  {out} = add {vt} {s}, zeroinitializer")
 
 
+def activation_operand(L: list[str], path: str, vw: int, name: str, groups: str) -> None:
+    """%{name}: the activation groups `groups` (<4vw x i8>) as _dot's `a` of `path` (pmaddwd: %{name}.e and .o,
+    the even and odd bytes zero-extended to int16: the activations are stored unsigned there)."""
+    vt, bt = f"<{vw} x i32>", f"<{4 * vw} x i8>"
+    if path == "vnni":
+        L.append(f"  %{name} = bitcast {bt} {groups} to {vt}")
+    elif path == "pmaddwd":
+        ht = f"<{2 * vw} x i16>"
+        L += [f"  %{name}.h = bitcast {bt} {groups} to {ht}",
+              f"  %{name}.e = and {ht} %{name}.h, <{', '.join(['i16 255'] * (2 * vw))}>",
+              f"  %{name}.o = lshr {ht} %{name}.h, <{', '.join(['i16 8'] * (2 * vw))}>"]
+    else:
+        L.append(f"  %{name} = add {bt} {groups}, zeroinitializer")
+
+
+def weight_operand(L: list[str], path: str, vw: int, w: str) -> None:
+    """The weight groups w (<vw x i32>) as _dot's `w` of `path`: pmaddwd reads {w}.e and {w}.o, the even and odd
+    bytes sign-extended to int16; the other paths w itself."""
+    if path == "pmaddwd":
+        vt, ht, eight = f"<{vw} x i32>", f"<{2 * vw} x i16>", f"<{', '.join(['i16 8'] * (2 * vw))}>"
+        L += [f"  {w}.h = bitcast {vt} {w} to {ht}", f"  {w}.l = shl {ht} {w}.h, {eight}",
+              f"  {w}.e = ashr {ht} {w}.l, {eight}", f"  {w}.o = ashr {ht} {w}.h, {eight}"]
+
+
 def tile_type(vw: int, nvec: int) -> str:
     """The struct a returning micro-kernel gives back: its Q_PANEL x nvec accumulators, row-major."""
     return "{ " + ", ".join([f"<{vw} x i32>"] * (Q_PANEL * nvec)) + " }"
@@ -224,24 +251,13 @@ def micro_kernel(path: str, vw: int, nvec: int, stored_signed: bool, intrinsics:
     for j in range(nvec):
         L += [f"  %ao{j} = add nuw i64 %qo, {4 * j * vw}", f"  %ap{j} = getelementptr inbounds i8, ptr %pk, i64 %ao{j}",
               f"  %ab{j} = load {bt}, ptr %ap{j}, align 16"]
-        if path == "vnni":
-            L.append(f"  %a{j} = bitcast {bt} %ab{j} to {vt}")
-        elif path == "pmaddwd":
-            ht = f"<{2 * vw} x i16>"
-            L += [f"  %a{j}.h = bitcast {bt} %ab{j} to {ht}",
-                  f"  %a{j}.e = and {ht} %a{j}.h, <{', '.join(['i16 255'] * (2 * vw))}>",
-                  f"  %a{j}.o = lshr {ht} %a{j}.h, <{', '.join(['i16 8'] * (2 * vw))}>"]
-        else:
-            L.append(f"  %a{j} = add {bt} %ab{j}, zeroinitializer")
+        activation_operand(L, path, vw, f"a{j}", f"%ab{j}")
     L.append(f"  %wo = mul nuw i64 %q, {4 * Q_PANEL}")
     for r in range(Q_PANEL):
         L += [f"  %wa{r} = add nuw i64 %wo, {4 * r}", f"  %wp{r} = getelementptr inbounds i8, ptr %w, i64 %wa{r}",
               f"  %ws{r} = load i32, ptr %wp{r}, align 4"]
         wb = _splat(L, f"w{r}", "i32", vw, f"%ws{r}")
-        if path == "pmaddwd":
-            ht, eight = f"<{2 * vw} x i16>", f"<{', '.join(['i16 8'] * (2 * vw))}>"
-            L += [f"  {wb}.h = bitcast {vt} {wb} to {ht}", f"  {wb}.l = shl {ht} {wb}.h, {eight}",
-                  f"  {wb}.e = ashr {ht} {wb}.l, {eight}", f"  {wb}.o = ashr {ht} {wb}.h, {eight}"]
+        weight_operand(L, path, vw, wb)
         for j in range(nvec):
             _dot(L, path, vw, f"%acc{r}.{j}", f"%a{j}", wb, f"%n{r}.{j}", stored_signed, intrinsics)
     L += ["  %q.next = add nuw i64 %q, 1", "  %more = icmp ult i64 %q.next, %k4",
@@ -298,8 +314,7 @@ def rows_function(mk: str, lanes: int) -> tuple[str, str]:
 def emit_int8_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocking) -> None:
     arg: GemmArg = node.arg
     quant = arg.quant
-    assert quant is not None and not arg.runtime and not arg.transposed
-    pw, pb, pc, ps = (em.value(x) for x in node.src[:4])
+    assert quant is not None and not arg.runtime
     path = int8_path(target, quant.a_max)
     vw, nvec, tiles = int8_plan(arg, target, blocking)
     lanes = nvec * vw
@@ -307,6 +322,12 @@ def emit_int8_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmB
     flip = stored_signed != quant.b_signed
     delta = 0 if not flip else (128 if stored_signed else -128)  # x = x_stored + delta
     corr = delta - quant.b_zero
+    if arg.transposed:  # few activation columns: lanes along m
+        from svodc.codegen.llvm_gemv_int8 import emit_int8_gemv
+
+        emit_int8_gemv(em, node, path, vw, stored_signed, flip, corr)
+        return
+    pw, pb, pc, ps = (em.value(x) for x in node.src[:4])
     k4 = -(-arg.k // 4)
     strided = arg.b.col_stride != 1 and arg.n > 1
     pack, pack_def = pack_function(lanes, strided, flip, em.uses_intrinsics)

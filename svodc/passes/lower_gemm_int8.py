@@ -14,6 +14,8 @@ The packing (fixed for every target, so one weights section serves every CPU var
 panels of Q_PANEL rows, each [ceil(K/4)][Q_PANEL][4] (four consecutive k of one row together, zero
 past K and past M), and the row sums as an int32 vector of ceil(M/Q_PANEL) * Q_PANEL values. Each
 target's micro-kernel (codegen/llvm_gemm_int8.py) reads them the way its dot-product instruction wants.
+A product of at most GEMV_N_MAX activation columns puts its lanes along m instead (GemmArg.transposed;
+codegen/llvm_gemv_int8.py): the same packing with panels of QT_PANEL rows, a vector of rows per load.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ from svodc.policy import OptimizationPolicy
 from svodc.program import Buffer
 
 Q_PANEL = 4  # weight rows per packed panel (the micro-kernel's tile rows)
+# At most GEMV_N_MAX activation columns (a classifier or a recurrent step at batch 1): lanes along m, in panels of
+# QT_PANEL rows (16: a 512-bit vector of int32; 2 or 4 vectors on narrower machines). The GEMM kernel's lanes run
+# along n and used 1 of its 32 (AVX-512): mobilenetv2's int8 classifier, 1000 x 1280 x 1, took 0.12-0.16 ms.
+GEMV_N_MAX, QT_PANEL = 4, 16
 K_MAX = 8192  # a lane tile's packed activations live on the stack: K x lanes bytes (at most 256 KiB)
 # With an epilogue, C goes to a per-thread stack tile of M x C_TILE int32 (lanes <= C_TILE on every
 # target: codegen/llvm_gemm_int8.int8_plan), so the epilogue reads it from L1 and no M x N int32 scratch
@@ -106,14 +112,13 @@ def c_scratch_shape(mm: UOp) -> tuple[int, ...]:
     return (m * C_TILE + n,) if m <= C_TILE_ROWS else mm.shape
 
 
-def pack_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """[M, K] int8 -> (panels [ceil(M/Q_PANEL), ceil(K/4), Q_PANEL, 4] int8, row sums
-    [ceil(M/Q_PANEL) * Q_PANEL] int32)."""
+def pack_int8(w: np.ndarray, panel: int = Q_PANEL) -> tuple[np.ndarray, np.ndarray]:
+    """[M, K] int8 -> (panels [ceil(M/panel), ceil(K/4), panel, 4] int8, row sums [ceil(M/panel) * panel] int32)."""
     m, k = w.shape
-    mp, k4 = -(-m // Q_PANEL), -(-k // 4)
-    padded = np.zeros((mp * Q_PANEL, k4 * 4), np.int8)
+    mp, k4 = -(-m // panel), -(-k // 4)
+    padded = np.zeros((mp * panel, k4 * 4), np.int8)
     padded[:m, :k] = w
-    panels = padded.reshape(mp, Q_PANEL, k4, 4).transpose(0, 2, 1, 3)
+    panels = padded.reshape(mp, panel, k4, 4).transpose(0, 2, 1, 3)
     return np.ascontiguousarray(panels), padded.astype(np.int32).sum(axis=1, dtype=np.int32)
 
 
@@ -133,7 +138,8 @@ class Int8GemmLowerer(KernelLowerer):
         act = int8_activation(b)
         assert act is not None and c_buf.dtype is dtypes.int32 and (root is mm) == (c_buf is self.params[0])
         weight = int8_weight(a)
-        panels, sums = pack_int8(weight)
+        gemv = n <= GEMV_N_MAX
+        panels, sums = pack_int8(weight, QT_PANEL if gemv else Q_PANEL)
         w_param = self.param(self.buffers.weight(UOp(Ops.WEIGHT, dtypes.int8, (), ConstData(panels))))
         s_param = self.param(self.buffers.weight(UOp(Ops.WEIGHT, dtypes.int32, (), ConstData(sums))))
 
@@ -156,7 +162,7 @@ class Int8GemmLowerer(KernelLowerer):
         a_op = GemmOperand((0,) * len(batch), 0, 0, 0, packed=True)
         a_max = int(np.abs(weight.astype(np.int32)).max()) if weight.size else 0
         quant = QuantGemm(act.zero, act.value.dtype is dtypes.int8, a_max, tile)
-        arg = GemmArg(tuple(batch), m, n, k, a_op, b_op, c_op, quant=quant)
+        arg = GemmArg(tuple(batch), m, n, k, a_op, b_op, c_op, transposed=gemv, quant=quant)
         src = (w_param, self.param(buf), self.param(c_buf), s_param)
         if root is mm:
             return UOp(Ops.GEMM, dtypes.void, src, arg)
