@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from svodc.codegen.compile import LLVMJob, compile_llvm
 from svodc.codegen.elf import read_object
 from svodc.codegen.link import link
+from svodc.codegen.llvm_job import LLVMJob, compile_llvm
 from svodc.errors import LinkError
 from svodc.policy import LLVM_MIN_TRIP_COUNT, gemm_blocking
 from svodc.target import parse_target

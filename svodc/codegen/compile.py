@@ -11,11 +11,11 @@ import dataclasses
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from svodc.codegen.elf import read_object
 from svodc.codegen.emulate import pm_emulate_for
 from svodc.codegen.link import CodeImage, link
+from svodc.codegen.llvm_job import LLVMJob
 from svodc.codegen.module import entry_module, guard_flags, kernel_modules, parallel_parts, parts_per_thread
 from svodc.codegen.team import TEAM_SYMBOLS
 from svodc.codegen.transcendental import pm_transcendental, pm_transcendental_native_round
@@ -25,67 +25,10 @@ from svodc.ir.rewrite import debug_level, graph_rewrite
 from svodc.ir.spec import verify
 from svodc.ir.symbolic import pm_symbolic
 from svodc.options import CompileOptions
-from svodc.policy import LLVM_MIN_TRIP_COUNT, policy_for
+from svodc.policy import policy_for
 from svodc.program import Kernel, Program
 from svodc.target import Target
 from svodrt.abi import ENTRY
-
-
-@dataclass(frozen=True)
-class LLVMJob:
-    name: str
-    ir: str
-    triple: str
-    cpu: str
-    features: str
-    opt_level: int
-    codemodel: str
-    want_asm: bool
-    # GPU modules: set the module's data layout from the target machine (AMDGPU's private address
-    # space depends on it), and "assembly" when the assembly is the product (PTX; no object file).
-    set_datalayout: bool = False
-    emit: str = "object"
-    abiname: str = ""  # riscv64: "lp64d" (svodc/arches.py)
-    # LLVM's vectorizer counts an inner loop of fewer constant iterations as tiny (masked tails or scalar;
-    # svodc/policy.py); 16 is LLVM's own default. Set in the worker for every job (an LLVM option outlives the
-    # job that set it), so each job's code depends on its own value only.
-    vector_min_trip_count: int = LLVM_MIN_TRIP_COUNT
-
-
-def _llvm_init():
-    import llvmlite.binding as llvm
-
-    llvm.initialize_all_targets()
-    llvm.initialize_all_asmprinters()
-    return llvm
-
-
-def compile_llvm(job: LLVMJob) -> tuple[bytes, str]:
-    """Run in a worker: parse, optimize, emit an ELF object (and assembly text when asked)."""
-    llvm = _llvm_init()
-    llvm.set_option("svodc", f"-vectorizer-min-trip-count={job.vector_min_trip_count}")
-    tm = llvm.Target.from_triple(job.triple).create_target_machine(
-        cpu=job.cpu, features=job.features, opt=job.opt_level, reloc="pic", codemodel=job.codemodel,
-        abiname=job.abiname)
-    try:
-        mod = llvm.parse_assembly(job.ir)
-        if job.set_datalayout:
-            mod.data_layout = str(tm.target_data)
-        mod.verify()
-    except RuntimeError as e:
-        raise CodegenError(f"LLVM rejected the IR of {job.name}: {e}") from None
-    if job.opt_level > 0:
-        pto = llvm.create_pipeline_tuning_options(speed_level=job.opt_level)
-        pto.loop_vectorization = True
-        pto.slp_vectorization = True
-        pb = llvm.create_pass_builder(tm, pto)
-        pb.getModulePassManager().run(mod, pb)
-    if job.emit == "assembly":
-        return b"", tm.emit_assembly(mod)
-    asm = ""
-    if job.want_asm:
-        asm = tm.emit_assembly(llvm.parse_assembly(str(mod)))  # emitting mutates a module: use a copy
-    return tm.emit_object(mod), asm
 
 
 def prepare_kernel(kernel: Kernel, target: Target | None = None, check_ir: bool = False) -> Kernel:

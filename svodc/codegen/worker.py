@@ -180,10 +180,10 @@ def borrow(workers: WorkerPool | None, size: int) -> contextlib.AbstractContextM
 
 
 def main() -> None:
-    from svodc.codegen.compile import _llvm_init, compile_llvm
+    from svodc.codegen.llvm_job import compile_llvm, llvm_init  # llvmlite alone: see llvm_job's docstring
     from svodc.errors import SvodcError
 
-    _llvm_init()  # before the first job arrives: a prestarted worker is ready when it does
+    llvm_init()  # before the first job arrives: a prestarted worker is ready when it does
 
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but protocol frames on the real stdout
