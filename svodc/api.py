@@ -33,7 +33,7 @@ from svodc.options import PRECISIONS, CompileOptions
 from svodc.passes.dynamic import ComputedDim, DynamicShapeError
 from svodc.passes.pipeline import build_program
 from svodc.policy import OptimizationPolicy, check_policy_names, policy_for
-from svodc.testvec import build_test_vectors, precision_errors
+from svodc.testvec import ReferenceRun, build_test_vectors, precision_errors
 
 Progress = Callable[[str], None]
 KernelProgress = Callable[[int, int], None]  # (modules compiled, of how many), from compile threads
@@ -121,8 +121,8 @@ def _compile_parts(model: ModelSource, target: str, options: CompileOptions | No
     base_dir = Path(model).parent if isinstance(model, (str, os.PathLike)) else None
     graph = import_model(proto, options, base_dir=base_dir)
     stages.done("import")
-    with borrow(workers, worker_count(options)) as pool:
-        pool.prestart()
+    with borrow(workers, worker_count(options)) as pool, ReferenceRun(graph, options.test_vectors) as reference:
+        pool.prestart()  # the workers' start-up and the test vectors' interpreter run beside the passes
         program = build_program(graph, options, bundle_policy(targets, options))
         stages.done(f"optimize ({len(program.kernels)} kernels)")
         gpus = [t for t in targets if isinstance(t, GpuTarget)]
@@ -131,9 +131,9 @@ def _compile_parts(model: ModelSource, target: str, options: CompileOptions | No
             raise DynamicShapeError(f"computed dims {computed_dims} (sizes of convolutions, pools or pads over "
                                     f"bounded image dims): GPU variants ({', '.join(t.describe() for t in gpus)}) "
                                     "take input dims only for now; fix the image dims with --input-shape")
-        # The test vectors are computed before codegen, not beside it: numpy's BLAS threads and the LLVM
+        # The test vectors are finished before codegen, not beside it: numpy's BLAS threads and the LLVM
         # workers on the same cores made both slower (resnet50 on 2 cores: 1-2 s more, measured).
-        vectors = build_test_vectors(graph, program, options.test_vectors, say)
+        vectors = build_test_vectors(graph, program, options.test_vectors, say, reference)
         stages.done("test vectors" if vectors else None)
         images = []
         gpu_images = []

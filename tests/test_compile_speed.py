@@ -8,15 +8,23 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
+from threadpoolctl import threadpool_info
 
+from svodc import testvec
 from svodc.codegen.llvm_job import LLVMJob
 from svodc.codegen.worker import WorkerPool
+from svodc.frontend.importer import import_model
 from svodc.ir.dtypes import dtypes
+from svodc.ir.interpret import EvaluationCancelled, evaluate
 from svodc.ir.pattern import PatternMatcher, RewriteMemo
 from svodc.ir.rewrite import graph_rewrite
 from svodc.ir.symbolic import pm_symbolic, simplify
 from svodc.ir.uop import UOp
+from svodc.options import CompileOptions
+from svodc.passes.pipeline import build_program
 from svodc.target import host_target
+from tests.onnx_util import small_cnn
 from tests.test_symbolic import rng
 
 I = dtypes.index
@@ -103,3 +111,39 @@ def test_a_held_memo_finds_a_dropped_expression_again_and_keeps_nothing_once_rel
     gc.collect()
     assert memo.get(rng(42, 7) + 5) is None
     assert len(memo._done) == 0
+
+
+def _blas_threads() -> list[int]:
+    return [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+
+
+def test_the_test_vectors_run_beside_the_passes_are_the_vectors_run_after_them(monkeypatch):
+    """ReferenceRun runs the interpreter on a thread while build_program runs (with one BLAS thread, restored
+    when it is collected); build_test_vectors takes that run, so the interpreter runs once, and its vectors are
+    those of the interpreter run after the passes. Inputs other than those it fed: the interpreter runs again."""
+    graph = import_model(small_cnn()[0], CompileOptions())
+    before = _blas_threads()
+    ran: list[int] = []
+    reference = testvec._reference
+    monkeypatch.setattr(testvec, "_reference", lambda *a: ran.append(1) or reference(*a))
+    with testvec.ReferenceRun(graph, None) as early:
+        program = build_program(graph, CompileOptions())
+        assert _blas_threads() == [1] * len(before)
+        beside = testvec.build_test_vectors(graph, program, None, print, early)
+    assert _blas_threads() == before and len(ran) == 1
+    after = testvec.build_test_vectors(graph, program, None, print)
+    assert beside == after and len(beside) == 1 and len(ran) == 2
+    monkeypatch.setattr(early, "_inputs", [])  # as if it had fed other inputs: not taken
+    assert early.result(program) is None
+
+
+def test_an_error_beside_the_run_stops_it_and_restores_blas():
+    graph = import_model(small_cnn()[0], CompileOptions())
+    before = _blas_threads()
+    with pytest.raises(KeyError), testvec.ReferenceRun(graph, True) as early:
+        raise KeyError("the passes failed")
+    assert not early._thread.is_alive() and _blas_threads() == before
+    stop = testvec.threading.Event()
+    stop.set()
+    with pytest.raises(EvaluationCancelled):
+        evaluate([o for _, o in graph.outputs], {}, stop=stop)
