@@ -16,13 +16,13 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import onnx
 
 from svodc.bundle import check_bundle, write_bundle, write_bundle_to
-from svodc.codegen.compile import compile_program, worker_count
+from svodc.codegen.compile import KernelStream, compile_program, worker_count
 from svodc.codegen.gpu_compile import compile_gpu_programs
 from svodc.codegen.worker import WorkerPool, borrow
 from svodc.errors import BundleError, OutputWriteError, PrecisionError, TargetError
@@ -33,6 +33,7 @@ from svodc.options import PRECISIONS, CompileOptions
 from svodc.passes.dynamic import ComputedDim, DynamicShapeError
 from svodc.passes.pipeline import build_program
 from svodc.policy import OptimizationPolicy, check_policy_names, policy_for
+from svodc.target import Target
 from svodc.testvec import ReferenceRun, build_test_vectors, precision_errors
 
 Progress = Callable[[str], None]
@@ -121,9 +122,11 @@ def _compile_parts(model: ModelSource, target: str, options: CompileOptions | No
     base_dir = Path(model).parent if isinstance(model, (str, os.PathLike)) else None
     graph = import_model(proto, options, base_dir=base_dir)
     stages.done("import")
-    with borrow(workers, worker_count(options)) as pool, ReferenceRun(graph, options.test_vectors) as reference:
-        pool.prestart()  # the workers' start-up and the test vectors' interpreter run beside the passes
-        program = build_program(graph, options, bundle_policy(targets, options))
+    cpus = [t for t in targets if not isinstance(t, GpuTarget)]
+    with (borrow(workers, worker_count(options)) as pool, ReferenceRun(graph, options.test_vectors) as reference,
+          _streamed(cpus[0] if cpus else None, options, pool) as stream):
+        pool.prestart()  # the workers' start-up, the test vectors and LLVM on the first kernels beside the passes
+        program = build_program(graph, options, bundle_policy(targets, options), stream.add if stream else None)
         stages.done(f"optimize ({len(program.kernels)} kernels)")
         gpus = [t for t in targets if isinstance(t, GpuTarget)]
         computed_dims = [d.name for d in program.dims if isinstance(d, ComputedDim)]
@@ -137,10 +140,10 @@ def _compile_parts(model: ModelSource, target: str, options: CompileOptions | No
         stages.done("test vectors" if vectors else None)
         images = []
         gpu_images = []
-        for t in targets:
-            if not isinstance(t, GpuTarget):
-                images.append((t, compile_program(program, t, options, kernels_done, pool)))
-                stages.done(f"codegen {t.describe()}")
+        for t in cpus:
+            fed = stream if t is cpus[0] else None
+            images.append((t, compile_program(program, t, options, kernels_done, pool, fed)))
+            stages.done(f"codegen {t.describe()}")
         if gpus:
             gpu_images = compile_gpu_programs(program, gpus, options, pool)
             stages.done(f"codegen {', '.join(t.describe() for t in gpus)}")
@@ -151,6 +154,19 @@ def _compile_parts(model: ModelSource, target: str, options: CompileOptions | No
     extra = {"options": recorded,
              "node_ops": {n: t for n, t in sorted((graph.op_types or {}).items()) if n in named}}
     return program, images, _model_digest(model, proto), vectors, gpu_images, options.sign_key, extra
+
+
+@contextlib.contextmanager
+def _streamed(target: Target | None, options: CompileOptions, pool: WorkerPool) -> Iterator[KernelStream | None]:
+    """The first CPU variant's KernelStream, which starts LLVM on the kernels build_program lowers, one module
+    at a time (the passes hold the other core; compile_program lifts the limit); stopped if the block fails."""
+    stream = KernelStream(target, options, pool, limit=1) if target is not None else None
+    try:
+        yield stream
+    except BaseException:
+        if stream is not None:
+            stream.cancel()
+        raise
 
 
 def bundle_policy(targets: list, options: CompileOptions) -> OptimizationPolicy:

@@ -239,7 +239,7 @@ def test_a_full_tiles_general_epilogue_is_straight_vector_code():
     InstCombine: a vector loop, a vectorized remainder and a scalar one per row, at run time and in LLVM's time."""
     from svodc.codegen.compile import prepare_kernel
     from svodc.codegen.llvm_job import llvm_init
-    from svodc.codegen.module import kernel_modules
+    from svodc.codegen.units import kernel_modules
 
     target = host_target()
     model, _ = conv_block(16, 48, (12, 16), "sigmoid")  # M = 48, N = 192: whole tiles for 4..16 rows, 16..64 lanes
@@ -249,7 +249,7 @@ def test_a_full_tiles_general_epilogue_is_straight_vector_code():
     plan = cpu_plan(node.arg, target, gemm_blocking(target))
     assert not in_registers(node, KernelEmitter(kernel.name, kernel.ast, target))
     assert plan.rows_tail == plan.rows and plan.lanes_tail == plan.lanes  # no edge tile: the edge path is dead
-    ((_, ir),) = kernel_modules([prepare_kernel(kernel, target)], len(program.inputs), target, gemm_blocking(target), 4)
+    (_, _, ir), _ = kernel_modules([prepare_kernel(kernel, target)], len(program.inputs), target, gemm_blocking(target), 4)
     llvm = llvm_init()
     tm = llvm.Target.from_triple(target.triple).create_target_machine(cpu=target.llvm_cpu,
                                                                       features=target.llvm_features, opt=2)
