@@ -131,3 +131,24 @@ def test_a_job_stream_runs_at_most_its_limit_and_answers_in_submission_order(mon
     assert all(f"f{i}".encode() in r[1] for i, r in enumerate(replies))
     assert max(n for t, n in most if t < lifted) == 1 and max(n for t, n in most if t >= lifted) == 2
     assert events == [(d, 5) for d in range(1, 6)]
+
+
+def test_a_worker_that_dies_fails_the_stream_and_the_pool_goes_on(monkeypatch):
+    """A worker's death (here: its pipe closes on job f2) is the on_crash error at results(), after the jobs
+    running finished; the pool starts a new worker for the next call."""
+    call = worker_mod._Worker.call
+
+    def dying(self, job):
+        if job.name == "f2":
+            raise EOFError
+        return call(self, job)
+
+    with WorkerPool(2) as pool:
+        monkeypatch.setattr(worker_mod._Worker, "call", dying)
+        stream = JobStream(pool, lambda job, msg: RuntimeError(f"{job.name} died"))
+        for i in range(5):
+            stream.submit(_job(f"f{i}"))
+        with pytest.raises(RuntimeError, match="f2 died"):
+            stream.results()
+        monkeypatch.setattr(worker_mod._Worker, "call", call)
+        assert [r[0] for r in pool.run([_job("g")], lambda job, msg: RuntimeError(msg))] == ["ok"]
