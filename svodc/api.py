@@ -16,13 +16,13 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import onnx
 
 from svodc.bundle import check_bundle, write_bundle, write_bundle_to
-from svodc.codegen.compile import compile_program, worker_count
+from svodc.codegen.compile import KernelStream, compile_program, worker_count
 from svodc.codegen.gpu_compile import compile_gpu_programs
 from svodc.codegen.worker import WorkerPool, borrow
 from svodc.errors import BundleError, OutputWriteError, PrecisionError, TargetError
@@ -33,7 +33,8 @@ from svodc.options import PRECISIONS, CompileOptions
 from svodc.passes.dynamic import ComputedDim, DynamicShapeError
 from svodc.passes.pipeline import build_program
 from svodc.policy import OptimizationPolicy, check_policy_names, policy_for
-from svodc.testvec import build_test_vectors, precision_errors
+from svodc.target import Target
+from svodc.testvec import ReferenceRun, build_test_vectors, precision_errors
 
 Progress = Callable[[str], None]
 KernelProgress = Callable[[int, int], None]  # (modules compiled, of how many), from compile threads
@@ -41,14 +42,42 @@ KernelProgress = Callable[[int, int], None]  # (modules compiled, of how many), 
 
 def _model_digest(source: ModelSource, model: onnx.ModelProto) -> str:
     if isinstance(source, (str, os.PathLike)):
-        h = hashlib.sha256()
-        with open(source, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        return h.hexdigest()
+        return _file_digest(source)
     if isinstance(source, bytes):
         return hashlib.sha256(source).hexdigest()
     return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
+
+
+def _file_digest(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class _FileDigest:
+    """The model file's sha256 on a thread beside its import (hashlib and reads release the GIL: resnet50's
+    100 MB took 0.06 s of the compile's own time after codegen)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self._digest: str | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(path,), name="svodc-model-digest", daemon=True)
+        self._thread.start()
+
+    def _run(self, path: str | os.PathLike) -> None:
+        try:
+            self._digest = _file_digest(path)
+        except BaseException as e:  # raised where the digest is wanted
+            self._error = e
+
+    def result(self) -> str:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._digest is not None
+        return self._digest
 
 
 def recorded_options(target: str, options: CompileOptions) -> dict:
@@ -117,40 +146,59 @@ def _compile_parts(model: ModelSource, target: str, options: CompileOptions | No
     _check_precision(options.precision, targets)
     if any(isinstance(t, GpuTarget) for t in targets):  # a GPU variant's launch list has no loops: unrolled
         options = dataclasses.replace(options, step_loops=False)
-    proto = load_model(model)
-    base_dir = Path(model).parent if isinstance(model, (str, os.PathLike)) else None
-    graph = import_model(proto, options, base_dir=base_dir)
-    stages.done("import")
+    cpus = [t for t in targets if not isinstance(t, GpuTarget)]
+    file_digest = _FileDigest(model) if isinstance(model, (str, os.PathLike)) else None  # beside the import
     with borrow(workers, worker_count(options)) as pool:
-        pool.prestart()
-        program = build_program(graph, options, bundle_policy(targets, options))
-        stages.done(f"optimize ({len(program.kernels)} kernels)")
-        gpus = [t for t in targets if isinstance(t, GpuTarget)]
-        computed_dims = [d.name for d in program.dims if isinstance(d, ComputedDim)]
-        if gpus and computed_dims:
-            raise DynamicShapeError(f"computed dims {computed_dims} (sizes of convolutions, pools or pads over "
-                                    f"bounded image dims): GPU variants ({', '.join(t.describe() for t in gpus)}) "
-                                    "take input dims only for now; fix the image dims with --input-shape")
-        # The test vectors are computed before codegen, not beside it: numpy's BLAS threads and the LLVM
-        # workers on the same cores made both slower (resnet50 on 2 cores: 1-2 s more, measured).
-        vectors = build_test_vectors(graph, program, options.test_vectors, say)
-        stages.done("test vectors" if vectors else None)
-        images = []
-        gpu_images = []
-        for t in targets:
-            if not isinstance(t, GpuTarget):
-                images.append((t, compile_program(program, t, options, kernels_done, pool)))
+        pool.prestart()  # the workers' start-up beside the import
+        proto = load_model(model)
+        base_dir = Path(model).parent if isinstance(model, (str, os.PathLike)) else None
+        graph = import_model(proto, options, base_dir=base_dir)
+        stages.done("import")
+        with (ReferenceRun(graph, options.test_vectors) as reference,
+              _streamed(cpus[0] if cpus else None, options, pool) as stream):
+            # the test vectors and LLVM on the first kernels' modules beside the passes
+            program = build_program(graph, options, bundle_policy(targets, options), stream.add if stream else None)
+            stages.done(f"optimize ({len(program.kernels)} kernels)")
+            gpus = [t for t in targets if isinstance(t, GpuTarget)]
+            computed_dims = [d.name for d in program.dims if isinstance(d, ComputedDim)]
+            if gpus and computed_dims:
+                raise DynamicShapeError(f"computed dims {computed_dims} (sizes of convolutions, pools or pads over "
+                                        f"bounded image dims): GPU variants ({', '.join(t.describe() for t in gpus)}) "
+                                        "take input dims only for now; fix the image dims with --input-shape")
+            # The test vectors are finished before codegen, not beside it: numpy's BLAS threads and the LLVM
+            # workers on the same cores made both slower (resnet50 on 2 cores: 1-2 s more, measured).
+            vectors = build_test_vectors(graph, program, options.test_vectors, say, reference)
+            stages.done("test vectors" if vectors else None)
+            images = []
+            gpu_images = []
+            for t in cpus:
+                fed = stream if t is cpus[0] else None
+                images.append((t, compile_program(program, t, options, kernels_done, pool, fed)))
                 stages.done(f"codegen {t.describe()}")
-        if gpus:
-            gpu_images = compile_gpu_programs(program, gpus, options, pool)
-            stages.done(f"codegen {', '.join(t.describe() for t in gpus)}")
+            if gpus:
+                gpu_images = compile_gpu_programs(program, gpus, options, pool)
+                stages.done(f"codegen {', '.join(t.describe() for t in gpus)}")
     recorded = recorded_options(target, options)
     if options.precision != "fp32":
         recorded |= _precision_report(graph, program, options.precision, vectors, say)
     named = {n for k in program.kernels for n in k.provenance}
     extra = {"options": recorded,
              "node_ops": {n: t for n, t in sorted((graph.op_types or {}).items()) if n in named}}
-    return program, images, _model_digest(model, proto), vectors, gpu_images, options.sign_key, extra
+    digest = file_digest.result() if file_digest is not None else _model_digest(model, proto)
+    return program, images, digest, vectors, gpu_images, options.sign_key, extra
+
+
+@contextlib.contextmanager
+def _streamed(target: Target | None, options: CompileOptions, pool: WorkerPool) -> Iterator[KernelStream | None]:
+    """The first CPU variant's KernelStream, which starts LLVM on the kernels build_program lowers, one module
+    at a time (the passes hold the other core; compile_program lifts the limit); stopped if the block fails."""
+    stream = KernelStream(target, options, pool, limit=1) if target is not None else None
+    try:
+        yield stream
+    except BaseException:
+        if stream is not None:
+            stream.cancel()
+        raise
 
 
 def bundle_policy(targets: list, options: CompileOptions) -> OptimizationPolicy:

@@ -18,10 +18,13 @@ The reference input is drawn from a fixed seed, so the same model gives the same
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from svodc.errors import TestVectorError
 from svodc.ir.dtypes import DType, dtypes, to_storage
@@ -54,9 +57,16 @@ for _name, (_bits, _mant, _bias, _kind) in FLOAT_FORMATS.items():
     ATOL.setdefault(_name, RTOL[_name] * 2.0 ** (1 - _bias))
 
 
-def reference_input(b: Buffer, rng: np.random.Generator, n_strings: int = 0) -> np.ndarray:
-    """n_strings: the size of the model's vocabulary. A string input is its ids: the vocabulary's
-    strings and two it lacks (svodrt_strings/ids.py turns the ids into strings for the run)."""
+class _Io(NamedTuple):
+    """An input or output as the vectors see it (a Buffer's or a graph node's name, dtype and shape)."""
+    name: str
+    dtype: DType
+    shape: tuple
+
+
+def reference_input(b: Buffer | _Io, rng: np.random.Generator, n_strings: int = 0) -> np.ndarray:
+    """b: its dtype and shape. n_strings: the size of the model's vocabulary. A string input is its ids: the
+    vocabulary's strings and two it lacks (svodrt_strings/ids.py turns the ids into strings for the run)."""
     if b.dtype is dtypes.string:
         return rng.integers(0, n_strings + 2, b.shape).astype(np.int32)
     kind = b.dtype.kind
@@ -102,33 +112,104 @@ def over_budget(roots: list[UOp]) -> str | None:
     return None
 
 
-def build_test_vectors(graph: ImportedGraph, program: Program, wanted: bool | None,
-                       say: Callable[[str], None]) -> list[dict]:
-    """Manifest entries for the bundle's `test_vectors` (empty when not wanted or not possible).
-    wanted: True always (an error if impossible), False never, None when small (DEFAULT_LIMIT)."""
-    io = program.inputs + program.outputs
-    size = sum(b.nbytes for b in io)
-    if wanted is False or (wanted is None and size > DEFAULT_LIMIT):
-        if wanted is None:
-            say(f"test vectors: skipped, inputs and outputs take {size} bytes (over {DEFAULT_LIMIT}; "
-                "--test-vectors embeds them anyway)")
-        return []
+def _io_bytes(ios: list) -> int:
+    return sum(math.prod(b.shape) * b.dtype.itemsize for b in ios)
+
+
+def _wanted(wanted: bool | None, size: int) -> bool:
+    return wanted is True or (wanted is None and size <= DEFAULT_LIMIT)
+
+
+# (feeds, outputs or None, the problem that stopped them or None, whether it was the interpreter's budget)
+_Ran = tuple[dict[str, np.ndarray], list[np.ndarray] | None, str | None, bool]
+
+
+def _reference(graph: ImportedGraph, inputs: list[_Io], stop: threading.Event | None = None) -> _Ran:
+    """The reference input (a fixed seed) and the interpreter's outputs for it."""
     rng = np.random.default_rng(SEED)
-    feeds = {b.name: reference_input(b, rng, len(graph.vocabulary)) for b in program.inputs}
+    feeds = {b.name: reference_input(b, rng, len(graph.vocabulary)) for b in inputs}
     roots = [o for _, o in graph.outputs]
     problem = over_budget(roots)
     budget = problem is not None
     if computed := [name for name, _, role in graph.edge_outputs if role != "output"]:  # format 1.8
         problem = (f"inputs {computed} are computed by svodrt from the string inputs, which a stored vector of ids "
                    "cannot reproduce")
+    outs = None
     try:
         if problem is None:
             with np.errstate(all="ignore"):
-                outs = evaluate(roots, feeds, deadline=time.monotonic() + EVAL_SECONDS)
+                outs = evaluate(roots, feeds, deadline=time.monotonic() + EVAL_SECONDS, stop=stop)
     except EvaluationTimeout as e:
         problem, budget = str(e), True
     except Exception as e:  # the interpreter lacks an op, or numpy refuses: no vector, said why
         problem = f"the reference interpreter failed: {type(e).__name__}: {e}"
+    return feeds, outs, problem, budget
+
+
+class ReferenceRun:
+    """The interpreter's run for the test vector, on a thread of its own beside build_program: the passes are
+    Python on one core, the interpreter mostly numpy (which releases the GIL), and the LLVM workers wait for the
+    program, so on a 2-core machine it costs no wall time (resnet50's 0.2 s, densenet121's 0.4-3 s).
+    build_test_vectors takes its result when the program's inputs are those it fed (they are the graph's), and
+    runs the interpreter itself otherwise, so the vectors never depend on it. Leaving the `with` block joins
+    the thread, after stopping it (between nodes) on an error.
+
+    While it runs, numpy's BLAS takes one thread (threadpoolctl; restored when the run is collected): the run
+    has one core's worth beside the passes, and OpenBLAS's second thread spun against them. resnet50's run on
+    the shared 2-vCPU Zen 4: 0.98 s with two BLAS threads, 0.25 s with one; the outputs are the same bits."""
+
+    def __init__(self, graph: ImportedGraph, wanted: bool | None):
+        self._graph, self._ran, self._thread, self._blas = graph, None, None, None
+        self._inputs = [_Io(name, x.dtype, tuple(x.shape)) for name, x in graph.inputs]
+        self._stop = threading.Event()
+        try:
+            size = _io_bytes(self._inputs + [_Io(name, x.dtype, tuple(x.shape)) for name, x in graph.outputs])
+        except (TypeError, ValueError):  # a shape known at run time only: build_test_vectors decides
+            return
+        if _wanted(wanted, size):
+            self._blas = threadpool_limits(1, user_api="blas")
+            self._thread = threading.Thread(target=self._run, name="svodc-test-vectors", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        self._ran = _reference(self._graph, self._inputs, self._stop)
+
+    def _join(self) -> None:
+        if self._blas is not None:  # once
+            self._thread.join()
+            self._blas.restore_original_limits()
+            self._blas = None
+
+    def result(self, program: Program) -> _Ran | None:
+        """The run's result if it fed program's inputs (None: there was no run, or it fed others)."""
+        if self._thread is None:
+            return None
+        self._join()
+        return self._ran if [_Io(b.name, b.dtype, tuple(b.shape)) for b in program.inputs] == self._inputs else None
+
+    def __enter__(self) -> ReferenceRun:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self._stop.set()
+        self._join()
+
+
+def build_test_vectors(graph: ImportedGraph, program: Program, wanted: bool | None,
+                       say: Callable[[str], None], early: ReferenceRun | None = None) -> list[dict]:
+    """Manifest entries for the bundle's `test_vectors` (empty when not wanted or not possible).
+    wanted: True always (an error if impossible), False never, None when small (DEFAULT_LIMIT).
+    early: the interpreter's run started beside build_program, if any."""
+    io = program.inputs + program.outputs
+    size = sum(b.nbytes for b in io)
+    if not _wanted(wanted, size):
+        if wanted is None:
+            say(f"test vectors: skipped, inputs and outputs take {size} bytes (over {DEFAULT_LIMIT}; "
+                "--test-vectors embeds them anyway)")
+        return []
+    ran = early.result(program) if early is not None else None
+    feeds, outs, problem, budget = ran or _reference(graph, [_Io(b.name, b.dtype, b.shape) for b in program.inputs])
     if problem is None:
         for b, o in zip(program.outputs, outs, strict=True):
             if tuple(o.shape) != tuple(b.shape) or o.dtype != b.dtype.np:

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from svodc.codegen.compile import LLVMJob, compile_llvm
 from svodc.codegen.elf import read_object
 from svodc.codegen.link import link
+from svodc.codegen.llvm_job import LLVMJob, compile_llvm
 from svodc.errors import LinkError
 from svodc.policy import LLVM_MIN_TRIP_COUNT, gemm_blocking
 from svodc.target import parse_target
@@ -200,7 +200,7 @@ def test_identical_kernels_share_one_compiled_body():
     """Kernels with the same code over different buffers (two equal convolutions with their own
     weights, and their epilogues) are compiled once: one body, a wrapper per kernel."""
     from svodc.codegen.compile import prepare_kernel
-    from svodc.codegen.module import kernel_modules
+    from svodc.codegen.units import kernel_modules
     from svodc.frontend.importer import import_model
     from svodc.options import CompileOptions
     from svodc.passes.pipeline import build_program
@@ -215,9 +215,10 @@ def test_identical_kernels_share_one_compiled_body():
     target = host_target()
     kernels = [prepare_kernel(k, target) for k in program.kernels]
     modules = kernel_modules(kernels, len(program.inputs), target, gemm_blocking(target), per_module=4)
-    wrappers = sum(len(ks) for ks, _ in modules)
-    bodies = sum(ir.count("define internal void @") for _, ir in modules)
-    assert wrappers == len(kernels) and bodies < len(kernels), (bodies, len(kernels))
+    *body_modules, (_, wrapped, wrappers_ir) = modules
+    bodies = sum(ir.count("define internal void @k") for _, _, ir in body_modules)
+    assert wrapped == kernels and wrappers_ir.count("define void @") == len(kernels)
+    assert bodies < len(kernels), (bodies, len(kernels))
     x = r.standard_normal((1, 16, 12, 12)).astype(np.float32)
     from tests.onnx_util import reference
 
@@ -237,7 +238,7 @@ def _depthwise(c: int, size: int, stride: int, relu: bool = False):
 def _kernels_asm(model, spec: str, vector_min_trip_count: int = LLVM_MIN_TRIP_COUNT) -> str:
     """The assembly of the model's kernels for one CPU target, compiled in this process."""
     from svodc.codegen.compile import prepare_kernel
-    from svodc.codegen.module import kernel_modules
+    from svodc.codegen.units import kernel_modules
     from svodc.frontend.importer import import_model
     from svodc.options import CompileOptions
     from svodc.passes.pipeline import build_program
@@ -247,7 +248,7 @@ def _kernels_asm(model, spec: str, vector_min_trip_count: int = LLVM_MIN_TRIP_CO
     kernels = [prepare_kernel(k, t) for k in program.kernels]
     return "".join(compile_llvm(LLVMJob("k", ir, t.triple, t.llvm_cpu, t.llvm_features, 2, "small", True,
                                         vector_min_trip_count=vector_min_trip_count))[1]
-                   for _, ir in kernel_modules(kernels, len(program.inputs), t, gemm_blocking(t), 64))
+                   for _, _, ir in kernel_modules(kernels, len(program.inputs), t, gemm_blocking(t), 64))
 
 
 def test_x86_code_vectorizes_without_gathers():

@@ -4,17 +4,27 @@ memoized symbolic simplification (issue 13)."""
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 
 import numpy as np
+import pytest
+from threadpoolctl import threadpool_info
 
-from svodc.codegen.compile import LLVMJob
+from svodc import testvec
+from svodc.codegen.llvm_job import LLVMJob
 from svodc.codegen.worker import WorkerPool
+from svodc.frontend.importer import import_model
 from svodc.ir.dtypes import dtypes
+from svodc.ir.interpret import EvaluationCancelled, evaluate
 from svodc.ir.pattern import PatternMatcher, RewriteMemo
 from svodc.ir.rewrite import graph_rewrite
 from svodc.ir.symbolic import pm_symbolic, simplify
 from svodc.ir.uop import UOp
+from svodc.options import CompileOptions
+from svodc.passes.pipeline import build_program
 from svodc.target import host_target
+from tests.onnx_util import small_cnn
 from tests.test_symbolic import rng
 
 I = dtypes.index
@@ -38,6 +48,18 @@ def test_a_prestarted_pool_runs_jobs_costliest_first_on_the_workers_it_started_a
         assert [r[0] for r in replies] == ["ok"] * 5
         assert all(f"f{i}".encode() in r[1] and f"f{(i + 1) % 5}".encode() not in r[1] for i, r in enumerate(replies))
         assert {w.proc.pid for w in list(pool._idle.queue)} == started
+
+
+def test_a_worker_imports_llvmlite_and_no_more_of_svodc():
+    """A worker starts in 0.06 s of CPU, not 0.3 s: of svodc it imports the job's module and errors, not numpy,
+    the IR or the emitters (svodc/codegen/llvm_job.py), while the compiler runs the passes beside it."""
+    run = subprocess.run([sys.executable, "-X", "importtime", "-m", "svodc.codegen.worker"], stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    imported = {line.split("|")[-1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")}
+    assert "llvmlite.binding" in imported
+    assert {m for m in imported if m.split(".")[0] in ("svodc", "numpy")} == {
+        "svodc", "svodc.codegen", "svodc.codegen.llvm_job", "svodc.errors"}  # the worker itself runs as __main__
 
 
 def _index_expressions(seed: int, count: int) -> list:
@@ -89,3 +111,39 @@ def test_a_held_memo_finds_a_dropped_expression_again_and_keeps_nothing_once_rel
     gc.collect()
     assert memo.get(rng(42, 7) + 5) is None
     assert len(memo._done) == 0
+
+
+def _blas_threads() -> list[int]:
+    return [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+
+
+def test_the_test_vectors_run_beside_the_passes_are_the_vectors_run_after_them(monkeypatch):
+    """ReferenceRun runs the interpreter on a thread while build_program runs (with one BLAS thread, restored
+    when it is collected); build_test_vectors takes that run, so the interpreter runs once, and its vectors are
+    those of the interpreter run after the passes. Inputs other than those it fed: the interpreter runs again."""
+    graph = import_model(small_cnn()[0], CompileOptions())
+    before = _blas_threads()
+    ran: list[int] = []
+    reference = testvec._reference
+    monkeypatch.setattr(testvec, "_reference", lambda *a: ran.append(1) or reference(*a))
+    with testvec.ReferenceRun(graph, None) as early:
+        program = build_program(graph, CompileOptions())
+        assert _blas_threads() == [1] * len(before)
+        beside = testvec.build_test_vectors(graph, program, None, print, early)
+    assert _blas_threads() == before and len(ran) == 1
+    after = testvec.build_test_vectors(graph, program, None, print)
+    assert beside == after and len(beside) == 1 and len(ran) == 2
+    monkeypatch.setattr(early, "_inputs", [])  # as if it had fed other inputs: not taken
+    assert early.result(program) is None
+
+
+def test_an_error_beside_the_run_stops_it_and_restores_blas():
+    graph = import_model(small_cnn()[0], CompileOptions())
+    before = _blas_threads()
+    with pytest.raises(KeyError), testvec.ReferenceRun(graph, True) as early:
+        raise KeyError("the passes failed")
+    assert not early._thread.is_alive() and _blas_threads() == before
+    stop = testvec.threading.Event()
+    stop.set()
+    with pytest.raises(EvaluationCancelled):
+        evaluate([o for _, o in graph.outputs], {}, stop=stop)

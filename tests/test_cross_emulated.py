@@ -146,8 +146,11 @@ def test_float16_without_conversion_instructions(spec, cpu):
 
 
 def _code(bundle: bytes) -> bytes:
+    """The kernels' machine code: the code section up to the entry function, which is linked after every
+    kernel's module (codegen/compile.py) and before the read-only data, whose constants a scan for instruction
+    encodings would read as instructions (one of squeezenet's riscv64 constants looks like an OP-V word)."""
     v = parse_bundle(bundle).variants[0]
-    return bundle[v.section.offset: v.section.offset + v.section.length]
+    return bundle[v.section.offset: v.section.offset + v.entry]
 
 
 def test_vector_variants_use_their_vector_instructions():

@@ -230,3 +230,34 @@ def test_a_loop_kernel_that_loads_more_per_element_is_cut_into_more_parts():
         return parallel_parts(kernel, target, gemm_blocking(target))
 
     assert parts(12) > 2 * parts(2) >= 2
+
+
+def test_a_full_tiles_general_epilogue_is_straight_vector_code():
+    """The general epilogue (no vector form: a sigmoid) over a full tile counts to constants (rows x lanes), so
+    LLVM unrolls it into straight vector code: no vector loop is left in the kernel after O2. Its loops used to
+    run from the tile's first row and lane to first + rows and first + lanes, whose trip counts LLVM lost after
+    InstCombine: a vector loop, a vectorized remainder and a scalar one per row, at run time and in LLVM's time."""
+    from svodc.codegen.compile import prepare_kernel
+    from svodc.codegen.llvm_job import llvm_init
+    from svodc.codegen.units import kernel_modules
+
+    target = host_target()
+    model, _ = conv_block(16, 48, (12, 16), "sigmoid")  # M = 48, N = 192: whole tiles for 4..16 rows, 16..64 lanes
+    program = build_program(import_model(model), CompileOptions())
+    (kernel,) = [k for k in program.kernels if k.ast.src[0].op is Ops.GEMM]
+    node = kernel.ast.src[0]
+    plan = cpu_plan(node.arg, target, gemm_blocking(target))
+    assert not in_registers(node, KernelEmitter(kernel.name, kernel.ast, target))
+    assert plan.rows_tail == plan.rows and plan.lanes_tail == plan.lanes  # no edge tile: the edge path is dead
+    (_, _, ir), _ = kernel_modules([prepare_kernel(kernel, target)], len(program.inputs), target, gemm_blocking(target), 4)
+    llvm = llvm_init()
+    tm = llvm.Target.from_triple(target.triple).create_target_machine(cpu=target.llvm_cpu,
+                                                                      features=target.llvm_features, opt=2)
+    mod = llvm.parse_assembly(ir)
+    pto = llvm.create_pipeline_tuning_options(speed_level=2)
+    pto.loop_vectorization = pto.slp_vectorization = True
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
+    optimized = str(mod)
+    assert "<16 x float>" in optimized or "<8 x float>" in optimized or "<4 x float>" in optimized
+    assert "vector.body" not in optimized

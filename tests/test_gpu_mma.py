@@ -189,9 +189,10 @@ def test_emulated_rounding_matches_numpy(dtype, llvm_workers):
 
     import ml_dtypes
 
-    from svodc.codegen.compile import LLVMJob, run_jobs
+    from svodc.codegen.compile import run_jobs
     from svodc.codegen.elf import read_object
     from svodc.codegen.link import link
+    from svodc.codegen.llvm_job import LLVMJob
     from svodc.ir.dtypes import dtypes
     from svodc.target import parse_target
     from svodrt.memory import map_code

@@ -14,7 +14,7 @@ from tests.test_rnn_resize import _rnn_model
 
 def _units(model, **options):
     from svodc.codegen.compile import prepare_kernel
-    from svodc.codegen.module import _render_units
+    from svodc.codegen.units import render_units
     from svodc.frontend.importer import import_model
     from svodc.options import CompileOptions
     from svodc.passes.pipeline import build_program
@@ -24,7 +24,7 @@ def _units(model, **options):
     program = build_program(import_model(model, CompileOptions(**options)), CompileOptions(**options))
     target = host_target()
     kernels = [prepare_kernel(k, target) for k in program.kernels]
-    return kernels, _render_units(kernels, target, gemm_blocking(target))
+    return kernels, render_units(kernels, target, gemm_blocking(target))
 
 
 @pytest.mark.parametrize("op,gates", [("LSTM", 4), ("GRU", 3), ("RNN", 1)])

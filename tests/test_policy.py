@@ -101,12 +101,15 @@ def test_the_vectorizer_threshold_is_the_targets_own_shapes_only_its_code_and_is
     variants whose values differ share one bundle, and each variant's code follows its own value."""
     import dataclasses
 
+    from svodc.codegen.llvm_job import LLVMJob
     from svodc.policy import LLVM_MIN_TRIP_COUNT, vector_min_trip_count_for
     from svodc.target import parse_target
     from tests.test_codegen import _depthwise
 
     v2, v3, v4, a64 = parse_target("x86_64:x86-64-v2,x86-64-v3,x86-64-v4,aarch64:generic")
     assert [vector_min_trip_count_for(t) for t in (v2, v3, v4, a64)] == [16, 4, 16, 16] and LLVM_MIN_TRIP_COUNT == 16
+    # a job's default (llvm_job.py keeps its own literal: a worker does not import the policy)
+    assert LLVMJob("", "", "", "", "", 2, "small", False).vector_min_trip_count == LLVM_MIN_TRIP_COUNT
     assert dataclasses.replace(DEFAULT_POLICY, vector_min_trip_count=9).vector_min_trip_count_of(v3) == 9
     for bad in (-1, 1 << 40, 4.5, True):
         with pytest.raises(ValueError, match="vector_min_trip_count"):

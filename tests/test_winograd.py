@@ -14,7 +14,7 @@ from svodc.frontend.importer import import_model
 from svodc.ir.ops import Ops
 from svodc.options import CompileOptions
 from svodc.passes.pipeline import optimize
-from svodc.passes.winograd import BT, filter_transform
+from svodc.passes.winograd import BT, _filter_transform_einsum, filter_transform, filter_transform64
 from svodc.policy import DEFAULT_POLICY
 from tests.onnx_util import make_model, reference
 
@@ -73,6 +73,18 @@ def test_filter_transform_is_g_g_gt():
     for o in range(3):
         for c in range(2):
             np.testing.assert_allclose(u[:, o, c].reshape(4, 4), G @ g[o, c] @ G.T, rtol=1e-6, atol=1e-6)
+
+
+def test_filter_transform_bits_are_einsums():
+    """The ordered sum gives einsum's float64 bits (bundles did not change): taps over 80 binades, where another
+    order of the sums (l outer) gives other bits, and signed zeros; a filter with an inf takes einsum's path."""
+    rng = np.random.default_rng(2)
+    for o, c in ((5, 7), (33, 36), (1, 1)):
+        g = (rng.standard_normal((o, c, 3, 3)) * np.exp2(rng.integers(-40, 40, (o, c, 3, 3)))).astype(np.float32)
+        g[0, 0, 1] = -0.0
+        assert np.array_equal(filter_transform64(g).view(np.int64), _filter_transform_einsum(g).view(np.int64))
+    g[0, 0, 0, 0] = np.inf
+    assert np.array_equal(filter_transform(g), _filter_transform_einsum(g).astype(np.float32), equal_nan=True)
 
 
 def test_gate():

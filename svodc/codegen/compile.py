@@ -11,81 +11,25 @@ import dataclasses
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from svodc.codegen.elf import read_object
 from svodc.codegen.emulate import pm_emulate_for
 from svodc.codegen.link import CodeImage, link
-from svodc.codegen.module import entry_module, guard_flags, kernel_modules, parallel_parts, parts_per_thread
+from svodc.codegen.llvm_job import LLVMJob
+from svodc.codegen.module import entry_module, guard_flags, parallel_parts, parts_per_thread
 from svodc.codegen.team import TEAM_SYMBOLS
 from svodc.codegen.transcendental import pm_transcendental, pm_transcendental_native_round
-from svodc.codegen.worker import WorkerPool, borrow
+from svodc.codegen.units import ModuleBuilder
+from svodc.codegen.worker import JobStream, WorkerPool, borrow
 from svodc.errors import CodegenError
 from svodc.ir.rewrite import debug_level, graph_rewrite
 from svodc.ir.spec import verify
 from svodc.ir.symbolic import pm_symbolic
 from svodc.options import CompileOptions
-from svodc.policy import LLVM_MIN_TRIP_COUNT, policy_for
+from svodc.policy import policy_for
 from svodc.program import Kernel, Program
 from svodc.target import Target
 from svodrt.abi import ENTRY
-
-
-@dataclass(frozen=True)
-class LLVMJob:
-    name: str
-    ir: str
-    triple: str
-    cpu: str
-    features: str
-    opt_level: int
-    codemodel: str
-    want_asm: bool
-    # GPU modules: set the module's data layout from the target machine (AMDGPU's private address
-    # space depends on it), and "assembly" when the assembly is the product (PTX; no object file).
-    set_datalayout: bool = False
-    emit: str = "object"
-    abiname: str = ""  # riscv64: "lp64d" (svodc/arches.py)
-    # LLVM's vectorizer counts an inner loop of fewer constant iterations as tiny (masked tails or scalar;
-    # svodc/policy.py); 16 is LLVM's own default. Set in the worker for every job (an LLVM option outlives the
-    # job that set it), so each job's code depends on its own value only.
-    vector_min_trip_count: int = LLVM_MIN_TRIP_COUNT
-
-
-def _llvm_init():
-    import llvmlite.binding as llvm
-
-    llvm.initialize_all_targets()
-    llvm.initialize_all_asmprinters()
-    return llvm
-
-
-def compile_llvm(job: LLVMJob) -> tuple[bytes, str]:
-    """Run in a worker: parse, optimize, emit an ELF object (and assembly text when asked)."""
-    llvm = _llvm_init()
-    llvm.set_option("svodc", f"-vectorizer-min-trip-count={job.vector_min_trip_count}")
-    tm = llvm.Target.from_triple(job.triple).create_target_machine(
-        cpu=job.cpu, features=job.features, opt=job.opt_level, reloc="pic", codemodel=job.codemodel,
-        abiname=job.abiname)
-    try:
-        mod = llvm.parse_assembly(job.ir)
-        if job.set_datalayout:
-            mod.data_layout = str(tm.target_data)
-        mod.verify()
-    except RuntimeError as e:
-        raise CodegenError(f"LLVM rejected the IR of {job.name}: {e}") from None
-    if job.opt_level > 0:
-        pto = llvm.create_pipeline_tuning_options(speed_level=job.opt_level)
-        pto.loop_vectorization = True
-        pto.slp_vectorization = True
-        pb = llvm.create_pass_builder(tm, pto)
-        pb.getModulePassManager().run(mod, pb)
-    if job.emit == "assembly":
-        return b"", tm.emit_assembly(mod)
-    asm = ""
-    if job.want_asm:
-        asm = tm.emit_assembly(llvm.parse_assembly(str(mod)))  # emitting mutates a module: use a copy
-    return tm.emit_object(mod), asm
 
 
 def prepare_kernel(kernel: Kernel, target: Target | None = None, check_ir: bool = False) -> Kernel:
@@ -102,9 +46,9 @@ def prepare_kernel(kernel: Kernel, target: Target | None = None, check_ir: bool 
 
 
 # Distinct kernel bodies per LLVM module (kernels with identical code share one body, compiled once:
-# module.kernel_modules). The split depends only on the program, never on the number of workers
-# (-j, cores): module boundaries change the code layout, and the same model with the same options
-# must give the same bytes on every build machine.
+# codegen/units.py). The split depends only on the program, never on the number of workers (-j, cores) or on
+# when the passes lowered each kernel: module boundaries change the code layout, and the same model with the
+# same options must give the same bytes on every build machine.
 KERNELS_PER_MODULE = 4
 # The entry is calls, compares and atomics, one block run per kernel per call: LLVM's optimizer buys
 # nothing there, and at O3 it took 1.4-1.8 s on resnet50's entry (138 kernels; svod_wait inlined at
@@ -112,38 +56,85 @@ KERNELS_PER_MODULE = 4
 ENTRY_OPT_LEVEL = 0
 
 
+def _crashed(job: LLVMJob, message: str) -> CodegenError:
+    return CodegenError(f"LLVM crashed while compiling {job.name}: {message}; rerun with SVOD_DEBUG=3 to see "
+                        "the IR, and please report it")
+
+
+class KernelStream:
+    """One CPU target's code, compiled as the kernels come: build_program calls add() with each kernel it has
+    lowered, and every body module that completes (units.ModuleBuilder) goes to the LLVM workers at once, at
+    most `limit` at a time (one while the passes hold the other core of a 2-core machine); finish() adds the
+    kernels not seen, the wrappers' and entry modules, and links. Made at the end from all the kernels (no
+    add() before finish()), the modules are the same, so the bytes never depend on streaming. A program whose
+    kernels are not those it saw, in order, followed by others (a pass that rewrote a lowered kernel) is
+    compiled again from its own kernels."""
+
+    def __init__(self, target: Target, options: CompileOptions, workers: WorkerPool, limit: int | None = None):
+        policy = policy_for(target, options.policies)
+        self.target, self.options, self.workers = target, options, workers
+        self.blocking, self.trip = policy.blocking(target), policy.vector_min_trip_count_of(target)
+        self.builder = ModuleBuilder(target, self.blocking, KERNELS_PER_MODULE)
+        self.seen: list[Kernel] = []  # the kernels added, as the passes made them
+        self.jobs: list[LLVMJob] = []
+        self.stream = JobStream(workers, _crashed, limit=limit)
+        self.debug = debug_level()
+
+    def add(self, kernel: Kernel) -> None:
+        self.seen.append(kernel)
+        for name, kernels, ir in self.builder.add(prepare_kernel(kernel, self.target, self.options.check_ir)):
+            self._submit(f"{name}[{', '.join(k.name for k in kernels[:4])}{'...' if len(kernels) > 4 else ''}]", ir,
+                         self.options.opt_level)
+
+    def _submit(self, name: str, ir: str, opt_level: int) -> None:
+        t = self.target
+        job = LLVMJob(name, ir, t.triple, t.llvm_cpu, t.llvm_features, opt_level, t.codemodel, self.debug >= 4,
+                      abiname=t.abiname, vector_min_trip_count=self.trip)
+        self.jobs.append(job)
+        self.stream.submit(job, len(ir))  # IR size: about its LLVM time
+
+    def follows(self, program: Program) -> bool:
+        n = len(self.seen)
+        return n <= len(program.kernels) and all(a is b for a, b in zip(self.seen, program.kernels[:n], strict=True))
+
+    def cancel(self) -> None:
+        self.stream.cancel()
+
+    def finish(self, program: Program, jobs_done: Callable[[int, int], None] | None = None) -> CodeImage:
+        for k in program.kernels[len(self.seen):]:
+            self.add(k)
+        self.stream.set_limit(self.workers.size)
+        nin = len(program.inputs)
+        for name, _, ir in self.builder.finish(nin):
+            self._submit(name, ir, self.options.opt_level)
+        kernels = self.builder.kernels
+        entry = entry_module([(k.name, parallel_parts(k, self.target, self.blocking),
+                               parts_per_thread(k, self.target, self.blocking)) for k in kernels], self.target,
+                             [guard_flags(k.guard, nin) for k in kernels], program.loops)
+        self._submit("entry", entry, ENTRY_OPT_LEVEL)
+        if self.debug >= 3:
+            for j in self.jobs:
+                print(f"===== LLVM IR {j.name} =====\n{j.ir}", file=sys.stderr)
+        results = [_reply(job, r) for job, r in zip(self.jobs, self.stream.results(jobs_done), strict=True)]
+        if self.debug >= 4:
+            for j, (_, asm) in zip(self.jobs, results, strict=True):
+                print(f"===== assembly {j.name} =====\n{asm}", file=sys.stderr)
+        objects = [read_object(obj, j.name) for j, (obj, _) in zip(self.jobs, results, strict=True)]
+        return link(objects, [ENTRY, *TEAM_SYMBOLS, *(k.name for k in kernels)])
+
+
 def compile_program(program: Program, target: Target, options: CompileOptions,
                     jobs_done: Callable[[int, int], None] | None = None,
-                    workers: WorkerPool | None = None) -> CodeImage:
+                    workers: WorkerPool | None = None, stream: KernelStream | None = None) -> CodeImage:
     """The program's code image for one CPU target, with the GEMM blocking of its policy (svodc/policy.py).
     jobs_done(done, total): after each LLVM module. LLVM runs on `workers` (the caller's pool; without
-    one, a pool of options.jobs workers for this call)."""
-    policy = policy_for(target, options.policies)
-    blocking, trip = policy.blocking(target), policy.vector_min_trip_count_of(target)
-    kernels = [prepare_kernel(k, target, options.check_ir) for k in program.kernels]
-    nin = len(program.inputs)
-    dbg = debug_level()
-    jobs = []
-    for chunk, ir in kernel_modules(kernels, nin, target, blocking, KERNELS_PER_MODULE):
-        jobs.append(LLVMJob(f"kernels[{', '.join(k.name for k in chunk[:4])}{'...' if len(chunk) > 4 else ''}]",
-                            ir, target.triple, target.llvm_cpu, target.llvm_features, options.opt_level,
-                            target.codemodel, dbg >= 4, abiname=target.abiname, vector_min_trip_count=trip))
-    entry = entry_module([(k.name, parallel_parts(k, target, blocking), parts_per_thread(k, target, blocking))
-                          for k in kernels], target,
-                         [guard_flags(k.guard, nin) for k in kernels], program.loops)
-    jobs.append(LLVMJob("entry", entry, target.triple, target.llvm_cpu,
-                        target.llvm_features, ENTRY_OPT_LEVEL, target.codemodel, dbg >= 4,
-                        abiname=target.abiname, vector_min_trip_count=trip))
-    if dbg >= 3:
-        for j in jobs:
-            print(f"===== LLVM IR {j.name} =====\n{j.ir}", file=sys.stderr)
+    one, a pool of options.jobs workers for this call). stream: this target's KernelStream that build_program
+    fed, if any (its pool is `workers`)."""
     with borrow(workers, worker_count(options)) as pool:
-        results = run_jobs(jobs, pool, jobs_done)
-    if dbg >= 4:
-        for j, (_, asm) in zip(jobs, results, strict=True):
-            print(f"===== assembly {j.name} =====\n{asm}", file=sys.stderr)
-    objects = [read_object(obj, j.name) for j, (obj, _) in zip(jobs, results, strict=True)]
-    return link(objects, [ENTRY, *TEAM_SYMBOLS, *(k.name for k in kernels)])
+        if stream is not None and not stream.follows(program):
+            stream.cancel()
+            stream = None
+        return (stream or KernelStream(target, options, pool)).finish(program, jobs_done)
 
 
 def worker_count(options: CompileOptions) -> int:
@@ -153,15 +144,11 @@ def worker_count(options: CompileOptions) -> int:
 def run_jobs(jobs: list[LLVMJob], workers: WorkerPool,
              jobs_done: Callable[[int, int], None] | None = None) -> list[tuple[bytes, str]]:
     """Compile jobs on the worker pool; results in job order."""
+    replies = workers.run(jobs, _crashed, jobs_done, cost=lambda job: len(job.ir))  # IR size: about its LLVM time
+    return [_reply(job, r) for job, r in zip(jobs, replies, strict=True)]
 
-    def crashed(job: LLVMJob, message: str) -> CodegenError:
-        return CodegenError(f"LLVM crashed while compiling {job.name}: {message}; rerun with SVOD_DEBUG=3 to see "
-                            "the IR, and please report it")
 
-    replies = workers.run(jobs, crashed, jobs_done, cost=lambda job: len(job.ir))  # IR size: about its LLVM time
-    out = []
-    for job, reply in zip(jobs, replies, strict=True):
-        if reply[0] == "error":
-            raise CodegenError(f"{job.name}: {reply[1]}")
-        out.append((reply[1], reply[2]))
-    return out
+def _reply(job: LLVMJob, reply: tuple) -> tuple[bytes, str]:
+    if reply[0] == "error":
+        raise CodegenError(f"{job.name}: {reply[1]}")
+    return reply[1], reply[2]

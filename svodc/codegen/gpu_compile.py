@@ -15,13 +15,14 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from svodc.codegen.compile import LLVMJob, prepare_kernel, run_jobs
+from svodc.codegen.compile import prepare_kernel, run_jobs
 from svodc.codegen.elf import read_object
 from svodc.codegen.gpu_emit import GpuEmitter, Launch, map_launch, scaling_dims
 from svodc.codegen.gpu_gemm import gemm_launch
 from svodc.codegen.gpu_tools import assemble_ptx, check_amd_code_object, link_amd_code_object
 from svodc.codegen.link import CodeImage, link
 from svodc.codegen.llvm_ir import FN_ATTRS
+from svodc.codegen.llvm_job import LLVMJob
 from svodc.codegen.worker import WorkerPool, borrow
 from svodc.errors import CodegenError
 from svodc.gpu_target import GpuTarget

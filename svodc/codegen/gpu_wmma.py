@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from svodc.codegen.compile import LLVMJob, run_jobs
+from svodc.codegen.compile import run_jobs
 from svodc.codegen.gpu_emit import GpuEmitter
 from svodc.codegen.gpu_tools import check_amd_code_object, link_amd_code_object
+from svodc.codegen.llvm_job import LLVMJob
 from svodc.codegen.worker import WorkerPool
 from svodc.errors import CodegenError
 from svodc.gpu_target import GpuTarget

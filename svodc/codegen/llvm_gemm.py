@@ -446,7 +446,7 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
             sc.lines.append(f"  br label %T{k}.join")
     sc.lines.append(f"T{k}.join:")
     if epilogue is not None and vepi is None:
-        # Two copies of the epilogue: full tiles get constant trip counts (rows x lanes), which LLVM
+        # Two copies of the epilogue: full tiles count to constants (rows x lanes: emit_over_tile), which LLVM
         # unrolls into straight vector code; edge tiles get the general loops.
         *batch_ranges, m_range, n_range = ranges
         e = em.fresh_label()
@@ -463,7 +463,8 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
             l1 = line(sc, f"add nuw nsw i64 {l0}, {nlanes}")
             m1, n1 = (l1, r1) if arg.transposed else (r1, l1)
             em.emit_over_tile(epilogue, list(zip(batch_ranges, batch, strict=True)), (m_range, m0, m1),
-                              (n_range, n0, n1))
+                              (n_range, n0, n1), None if tag == "edge" else (lanes, rows) if arg.transposed else
+                              (rows, lanes))
             sc.lines.append(f"  br label %E{e}.done")
         sc.lines.append(f"E{e}.done:")
     em.close_loop()

@@ -1,5 +1,5 @@
-"""Assemble LLVM modules: kernel modules (a chunk of kernels each, compiled in parallel) and the
-entry module (runs every kernel in order, its parts shared by the calling threads).
+"""The entry module (runs every kernel in order, its parts shared by the calling threads) and the work
+estimates that cut kernels into parts; the kernels' own modules are units.py's.
 
 The entry ABI (signature, buffer table, sync block) is svodrt/abi.py's, for both sides.
 
@@ -48,12 +48,10 @@ from __future__ import annotations
 import math
 
 from svodc.codegen.llvm_gemm_int8 import int8_plan
-from svodc.codegen.llvm_ir import FN_ATTRS, body_name, render_body, render_wrapper
-from svodc.codegen.share import Template, template
 from svodc.codegen.team import team_functions, wait_function
+from svodc.codegen.units import attributes, header
 from svodc.gemm_plan import cpu_plan
 from svodc.ir.ops import GemmArg, Ops, RangeKind
-from svodc.ir.uop import UOp
 from svodc.policy import GemmBlocking
 from svodc.program import BufferKind, Kernel, KernelGuard
 from svodc.target import Target
@@ -78,79 +76,6 @@ GEMM_NS_PER_MAC = 0.02
 COPY_NS_PER_FLOAT = 0.08
 PACK_NS_PER_FLOAT = 0.27
 COPY_SHARE = 0.05
-
-
-def _header(target: Target, name: str) -> list[str]:
-    return [f"; ModuleID = '{name}'", f'target triple = "{target.triple}"', ""]
-
-
-def _attrs(target: Target) -> list[str]:
-    tune = f' "tune-cpu"="{target.tune_cpu}"' if target.tune_cpu != "generic" else ""
-    return [f"attributes #0 = {{ {FN_ATTRS}{tune} }}"]
-
-
-# A unit is the kernels that share one body: identical code over different buffers (ResNet-50's
-# repeated blocks: 97 kernels, 47 bodies), or over different places in them and with different
-# compared constants (a recurrent layer's steps: share.py). Its first kernel's rendering is the body
-# they all call; each kernel's template (None: its own code) says what its wrapper passes.
-Unit = list[tuple[Kernel, Template | None, tuple[str, set[str], dict[str, str]]]]
-
-
-def _body_key(kernel: Kernel, rendered: tuple[str, set[str], dict[str, str]]) -> str:
-    """The rendered body with the kernel's name taken out: equal text is equal code, whatever made the
-    kernels look alike."""
-    return rendered[0].replace(f"@{body_name(kernel)}(", "@(", 1)
-
-
-def _render_units(kernels: list[Kernel], target: Target, blocking: GemmBlocking) -> list[Unit]:
-    """The kernels grouped by their templates' rendered bodies, in order of first appearance; each
-    distinct template (an interned AST) is rendered once. A kernel that shares its template's body
-    with no other kernel gets its own code back (its constants in it)."""
-    by_ast: dict[tuple[UOp, int], list[tuple[Kernel, Template]]] = {}
-    for k in kernels:
-        tmpl = template(k)
-        by_ast.setdefault((tmpl.ast, len(k.params)), []).append((k, tmpl))
-    by_text: dict[str, Unit] = {}
-    for group in by_ast.values():
-        first, tmpl = group[0]
-        rendered = render_body(first, target, blocking, tmpl)
-        by_text.setdefault(_body_key(first, rendered), []).extend((k, t, rendered) for k, t in group)
-    units: dict[str, Unit] = {}
-    for unit in by_text.values():
-        if len(unit) == 1 and unit[0][1].changed:
-            k = unit[0][0]
-            unit = [(k, None, render_body(k, target, blocking))]
-        first, _, rendered = unit[0]
-        units.setdefault(_body_key(first, rendered), []).extend(unit)
-    return list(units.values())
-
-
-def _module(units: list[Unit], nin: int, target: Target, name: str) -> str:
-    bodies = []
-    declares: set[str] = set()
-    shared: dict[str, str] = {}
-    for unit in units:
-        first, _, (body, intrinsics, helpers) = unit[0]
-        bodies.append(body)
-        declares |= intrinsics
-        shared.update(helpers)
-        bodies += [render_wrapper(k, nin, body_name(first), tmpl) for k, tmpl, _ in unit]
-    helpers_text = [shared[n] for n in sorted(shared)]
-    return "\n".join([*_header(target, name), *sorted(declares), "", *helpers_text, *bodies, "", *_attrs(target), ""])
-
-
-def kernel_modules(kernels: list[Kernel], nin: int, target: Target, blocking: GemmBlocking,
-                   per_module: int) -> list[tuple[list[Kernel], str]]:
-    """The kernels' LLVM modules, about `per_module` distinct bodies each: each body is compiled once,
-    however many kernels run it (the units are dealt round-robin, a function of the program only, so
-    the same model always gives the same modules). (kernels of the module, IR text) per module."""
-    units = _render_units(kernels, target, blocking)
-    n = max(1, min(-(-len(units) // per_module), len(units)))
-    out = []
-    for i in range(n):
-        chunk = units[i::n]
-        out.append(([k for unit in chunk for k, _, _ in unit], _module(chunk, nin, target, f"chunk{i}")))
-    return out
 
 
 def _spin_hint(target: Target) -> tuple[str, str]:
@@ -276,7 +201,7 @@ def entry_module(kernels: list[tuple[str, int, int]], target: Target, guards: li
     ends = {end - 1: j for j, (_, end, _) in enumerate(loops)}
     step_of = {i: j for j, (first, end, _) in enumerate(loops) for i in range(first, end)}
     decl, hint = _spin_hint(target)
-    lines = [*_header(target, "entry"), decl]
+    lines = [*header(target, "entry"), decl]
     lines += [f"declare void @{k}(ptr, ptr, i32, i32)" for k, _, _ in kernels]
     lines += ["", f"define void @{ENTRY}(ptr %bufs, ptr %dims, i32 %thread, i32 %nthreads, ptr %sync) #0 {{",
               "entry:", "  %multi = icmp sgt i32 %nthreads, 1", "  br i1 %multi, label %queue, label %solo",
@@ -360,5 +285,5 @@ def entry_module(kernels: list[tuple[str, int, int]], target: Target, guards: li
                       f"  br i1 %ra{j}, label %r{j}.head, label %k{i + 1}.start"]
     lines += [f"k{len(kernels)}.start:", "  ret void", "}", ""]
     lines += wait_function("svod_wait", "uge", hint, SPIN_BEFORE_YIELD)
-    lines += [*team_functions(hint, SPIN_BEFORE_YIELD), "", *_attrs(target), ""]
+    lines += [*team_functions(hint, SPIN_BEFORE_YIELD), "", *attributes(target), ""]
     return "\n".join(lines)

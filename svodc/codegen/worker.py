@@ -18,6 +18,7 @@ it was running fails with a CodegenError that names it.
 from __future__ import annotations
 
 import contextlib
+import heapq
 import os
 import pickle
 import queue
@@ -112,44 +113,9 @@ class WorkerPool:
         on_done(done, total) after each job, called by one thread at a time. cost(job): an estimate of
         its time; the costliest start first, so the workers do not wait at the end on one big job
         started last (the order of the results, and so the bytes, never depend on it)."""
-        results: list[Any] = [None] * len(jobs)
-        done = [0]
-        done_lock = threading.Lock()
-        errors: list[BaseException] = []
-        todo: queue.Queue[int] = queue.Queue()
-        for i in sorted(range(len(jobs)), key=lambda i: -cost(jobs[i])) if cost else range(len(jobs)):
-            todo.put(i)
-
-        def drain() -> None:
-            while not errors:
-                try:
-                    i = todo.get_nowait()
-                except queue.Empty:
-                    return
-                w = self._take()
-                try:
-                    results[i] = w.call(jobs[i])
-                except (EOFError, BrokenPipeError, OSError):
-                    msg = w.last_error()
-                    w.close()
-                    with self._lock:
-                        self._count -= 1
-                    errors.append(on_crash(jobs[i], msg))
-                    return
-                self._idle.put(w)
-                if on_done is not None:
-                    with done_lock:
-                        done[0] += 1
-                        on_done(done[0], len(jobs))
-
-        threads = [threading.Thread(target=drain) for _ in range(min(self.size, len(jobs)))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
-        return results
+        stream = JobStream(self, on_crash, on_done)
+        stream.submit_all([(job, cost(job) if cost else 0.0) for job in jobs])
+        return stream.results()
 
     def close(self) -> None:
         """Stop the idle workers (all of them once no run() is in progress): all are told first, so
@@ -174,16 +140,119 @@ class WorkerPool:
         self.close()
 
 
+class JobStream:
+    """Jobs submitted while earlier ones run (codegen/compile.py KernelStream: a module as soon as the passes
+    have lowered its kernels); results() closes it and gives the results in submission order. At most `limit`
+    jobs run at once (set_limit: one while the passes hold the other core, then the pool's size). Of the jobs
+    waiting, the costliest starts first. on_done(done, total) is called once the total is known: at results()
+    for the jobs done before, then after each job; one call at a time."""
+
+    def __init__(self, pool: WorkerPool, on_crash, on_done=None, limit: int | None = None):
+        self._pool, self._on_crash, self._on_done = pool, on_crash, on_done
+        self._cv = threading.Condition()
+        self._jobs: list[Any] = []
+        self._results: list[Any] = []
+        self._waiting: list[tuple[float, int]] = []  # heap of (-cost, submission index)
+        self._limit = limit or pool.size
+        self._active = self._done = 0
+        self._closed = False
+        self._errors: list[BaseException] = []
+        self._threads: list[threading.Thread] = []
+
+    def submit(self, job: Any, cost: float = 0.0) -> None:
+        self.submit_all([(job, cost)])
+
+    def submit_all(self, jobs: list[tuple[Any, float]]) -> None:
+        """(job, cost) pairs, queued together: the costliest of them starts first."""
+        with self._cv:
+            for job, cost in jobs:
+                heapq.heappush(self._waiting, (-cost, len(self._jobs)))
+                self._jobs.append(job)
+                self._results.append(None)
+            while len(self._threads) < min(self._pool.size, len(self._jobs)):  # a drainer per job, up to the size
+                t = threading.Thread(target=self._drain, daemon=True)
+                self._threads.append(t)
+                t.start()
+            self._cv.notify_all()
+
+    def set_limit(self, limit: int) -> None:
+        with self._cv:
+            self._limit = max(1, limit)
+            self._cv.notify_all()
+
+    def _next(self) -> int | None:
+        """The next job to run (None: nothing more for this thread)."""
+        with self._cv:
+            while not self._errors and not (self._waiting and self._active < self._limit):
+                if self._closed and not self._waiting:
+                    return None
+                self._cv.wait()
+            if self._errors:
+                return None
+            self._active += 1
+            return heapq.heappop(self._waiting)[1]
+
+    def _drain(self) -> None:
+        while (i := self._next()) is not None:
+            w = self._pool._take()
+            try:
+                reply = w.call(self._jobs[i])
+            except (EOFError, BrokenPipeError, OSError):
+                msg = w.last_error()
+                w.close()
+                with self._pool._lock:
+                    self._pool._count -= 1
+                with self._cv:
+                    self._errors.append(self._on_crash(self._jobs[i], msg))
+                    self._active -= 1
+                    self._cv.notify_all()
+                return
+            self._pool._idle.put(w)
+            with self._cv:
+                self._results[i] = reply
+                self._active -= 1
+                self._done += 1
+                if self._closed and self._on_done is not None:
+                    self._on_done(self._done, len(self._jobs))
+                self._cv.notify_all()
+
+    def results(self, on_done=None) -> list[Any]:
+        """Close the stream and wait: the results in submission order. on_done: as the constructor's."""
+        with self._cv:
+            self._on_done = on_done or self._on_done
+            self._closed = True
+            self._limit = max(self._limit, self._pool.size)
+            if self._on_done is not None:
+                for d in range(1, self._done + 1):
+                    self._on_done(d, len(self._jobs))
+            self._cv.notify_all()
+        for t in self._threads:
+            t.join()
+        if self._errors:
+            raise self._errors[0]
+        return self._results
+
+    def cancel(self) -> None:
+        """Drop the jobs not started and wait for those running (their results are not wanted)."""
+        with self._cv:
+            self._waiting.clear()
+            self._closed = True
+            self._on_done = None
+            self._cv.notify_all()
+        for t in self._threads:
+            t.join()
+
+
 def borrow(workers: WorkerPool | None, size: int) -> contextlib.AbstractContextManager[WorkerPool]:
     """The caller's pool (left running), or a pool of `size` workers for this call only."""
     return contextlib.nullcontext(workers) if workers is not None else WorkerPool(size)
 
 
 def main() -> None:
-    from svodc.codegen.compile import _llvm_init, compile_llvm
+    from svodc.codegen.llvm_job import compile_llvm, llvm_init  # llvmlite alone: see llvm_job's docstring
     from svodc.errors import SvodcError
 
-    _llvm_init()  # before the first job arrives: a prestarted worker is ready when it does
+    llvm_init()  # before the first job arrives: a prestarted worker is ready when it does
 
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but protocol frames on the real stdout

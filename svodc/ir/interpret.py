@@ -6,6 +6,7 @@ leaves are all constants) and the tests (every pass must preserve what this comp
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
 
@@ -41,9 +42,14 @@ class EvaluationTimeout(Exception):
     """evaluate() passed its deadline (checked between nodes)."""
 
 
+class EvaluationCancelled(Exception):
+    """evaluate() was stopped by its caller (checked between nodes)."""
+
+
 def evaluate(roots: list[UOp], inputs: Mapping[str, np.ndarray] | None = None,
-             deadline: float | None = None) -> list[np.ndarray]:
-    """deadline: a time.monotonic() value; past it (checked between nodes) EvaluationTimeout is raised."""
+             deadline: float | None = None, stop: threading.Event | None = None) -> list[np.ndarray]:
+    """deadline: a time.monotonic() value; past it (checked between nodes) EvaluationTimeout is raised, and
+    once stop is set (a run on another thread that its caller no longer needs), EvaluationCancelled."""
     inputs = inputs or {}
     values: dict[UOp, np.ndarray] = {}
     order = toposort(roots)
@@ -53,6 +59,8 @@ def evaluate(roots: list[UOp], inputs: Mapping[str, np.ndarray] | None = None,
             continue
         if deadline is not None and time.monotonic() > deadline:
             raise EvaluationTimeout(f"the reference interpreter ran out of time after {i} nodes")
+        if stop is not None and stop.is_set():
+            raise EvaluationCancelled(f"the reference interpreter was stopped after {i} nodes")
         if n.op is Ops.STEP_LOOP:
             values[n] = _step_loop(n, values, inputs)
             continue

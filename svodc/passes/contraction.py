@@ -50,7 +50,7 @@ def _scaled_conv(conv: UOp, scale: np.ndarray) -> UOp:
     x, w = conv.src
     data = evaluate([w])[0] * scale.reshape((-1,) + (1,) * (w.ndim - 1))
     # stored without its constant axes: a splat weight scaled by a uniform scale stays a splat
-    return conv.replace(src=(x, broadcast_weight(w.dtype, data.astype(w.dtype.np))))
+    return conv.replace(src=(x, broadcast_weight(w.dtype, data.astype(w.dtype.np, copy=False))))
 
 
 def exact_integer_conv(conv: UOp) -> bool:

@@ -132,17 +132,22 @@ def _provenance(root: UOp, realized: set[UOp], prov: Provenance) -> list[str]:
     return sorted(names)
 
 
-def build_program(graph: ImportedGraph, options: CompileOptions, policy: OptimizationPolicy = DEFAULT_POLICY
-                  ) -> Program:
-    """The program for the variants that share `policy` (svodc/policy.py)."""
+def build_program(graph: ImportedGraph, options: CompileOptions, policy: OptimizationPolicy = DEFAULT_POLICY,
+                  on_kernel: Callable[[Kernel], None] | None = None) -> Program:
+    """The program for the variants that share `policy` (svodc/policy.py). on_kernel(kernel): each kernel as it
+    is lowered, in program order (codegen's KernelStream starts LLVM on them), where the lowered kernels are the
+    program's: with static shapes (bounded dims insert a kernel first, run-time sizes rewrite some at the end)."""
     assert pm_symbolic.memo is not None
     with pm_symbolic.memo.held():  # kernels rebuild the same index expressions: simplified once per program
-        return _build_program(graph, options, policy)
+        return _build_program(graph, options, policy, on_kernel)
 
 
-def _build_program(graph: ImportedGraph, options: CompileOptions, policy: OptimizationPolicy) -> Program:
+def _build_program(graph: ImportedGraph, options: CompileOptions, policy: OptimizationPolicy,
+                   on_kernel: Callable[[Kernel], None] | None) -> Program:
     sized = value_dims.register([o for _, o in graph.outputs], None)
     dyn = DynamicAxes(graph.dims, graph.input_dims, graph.provenance) if graph.dims or sized else None
+    if dyn is not None:
+        on_kernel = None
     if sized:
         value_dims.register([o for _, o in graph.outputs], dyn)
     sink = optimize(graph, options, policy, dyn)
@@ -196,6 +201,8 @@ def _build_program(graph: ImportedGraph, options: CompileOptions, policy: Optimi
         kind = "copy" if copy_from is not None else "gemm" if mm is not None else "loop"
         _after_pass(f"lowering kernel {name}", ast, options)
         kernels.append(Kernel(name, ast, params, prov, kind, guard, stepped))
+        if on_kernel is not None:
+            on_kernel(kernels[-1])
         return kernels[-1]
 
     for plan in plans:

@@ -68,9 +68,40 @@ def applies(n: UOp, policy: OptimizationPolicy) -> bool:
 
 def filter_transform(w: np.ndarray) -> np.ndarray:
     """U = G g G^T per (output, input) channel, as [t*t, O, C] float32 (computed in float64)."""
+    if not np.isfinite(w).all():  # 0 * inf is NaN in einsum's sums: see filter_transform64
+        return _filter_transform_einsum(w).astype(np.float32)
+    return filter_transform64(w, np.float32)
+
+
+def filter_transform64(w: np.ndarray, out_dtype: type = np.float64) -> np.ndarray:
+    """The float64 bits of np.einsum("ak,ockl,bl->aboc", G, w, G) for a finite float32 filter, 7x faster (0.1 s
+    for a 512 x 512 filter by einsum), rounded to out_dtype. G's entries are 0, +-1/2 and 1, so every product
+    G[a,k] * w[k,l] * G[b,l] is exact in float64 and only the order of the sums decides the result: einsum adds
+    the nine products into one accumulator from +0, k outer and l inner, and so does this loop. A zero
+    coefficient's product adds +-0, which changes no sum of finite numbers (an accumulator that starts at +0
+    is never -0), so it is skipped."""
+    t = G.shape[0]
+    o, c = w.shape[:2]
+    taps = np.ascontiguousarray(w.reshape(o * c, 9).T, dtype=np.float64)  # [3*k + l, O*C]
+    out = np.empty((t * t, o * c), out_dtype)
+    acc, term = np.empty(o * c), np.empty(o * c)
+    for a in range(t):
+        for b in range(t):
+            acc.fill(0.0)
+            for k in range(3):
+                for j in range(3):
+                    if coef := G[a, k] * G[b, j]:
+                        np.multiply(taps[3 * k + j], coef, out=term)
+                        acc += term
+            out[a * t + b] = acc
+    return out.reshape(t * t, o, c)
+
+
+def _filter_transform_einsum(w: np.ndarray) -> np.ndarray:
+    """[t*t, O, C] float64."""
     u = np.einsum("ak,ockl,bl->aboc", G, w.astype(np.float64), G)
     t = G.shape[0]
-    return u.reshape(t * t, *w.shape[:2]).astype(np.float32)
+    return u.reshape(t * t, *w.shape[:2])
 
 
 def _combination(terms: list[tuple[float, UOp]]) -> UOp:
