@@ -58,7 +58,10 @@ from svodc.target import Target
 from svodrt.abi import ARENA_SLOT, ENTRY, SYNC_DONE, SYNC_NEXT, input_slot, output_slot
 
 SPIN_BEFORE_YIELD = 4000
-PARTS_PER_THREAD = 4  # enough parts that a thread slowed by the OS leaves its share to the others
+# Enough parts that a thread slowed by the OS leaves its share to the others; more cost claims and moving data
+# between cores: 4 -> 2 made squeezenet 0.97x and shufflenet 0.93x at two threads, others unchanged, and with
+# another process busy on one of the two cores both settings ran alike (Zen 4, 2 vCPU, alternating blocks).
+PARTS_PER_THREAD = 2
 MAX_PARTS = 1 << 16
 # Work estimates that decide the parts (only their order of magnitude matters): a part is worth
 # PART_NS; an element of a loop nest costs NS_PER_ELEMENT, or NS_PER_LOAD per load where it loads more (a Winograd
