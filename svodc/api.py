@@ -220,9 +220,10 @@ def bundle_policy(targets: list, options: CompileOptions) -> OptimizationPolicy:
     policy = policy.resolved(next((t for t in targets if not isinstance(t, GpuTarget)), targets[0]))
     # With a GPU variant: the integer GEMM kernels are CPU code only (integer products stay generic loops), and
     # convolutions stay direct: Winograd's split pieces are one launch each on a GPU (resnet50: 375 launches, not
-    # 100) for little or no work saved (docs/architecture.md "Passes").
+    # 100) for little or no work saved (docs/architecture.md "Passes"); a softmax stays four kernels (a GPU
+    # thread per element would reduce its whole row: passes/rows.py).
     if any(isinstance(t, GpuTarget) for t in targets):
-        return dataclasses.replace(policy, int8_gemm=False, winograd=False)
+        return dataclasses.replace(policy, int8_gemm=False, winograd=False, row_fusion=False)
     return policy
 
 

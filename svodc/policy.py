@@ -91,6 +91,7 @@ class OptimizationPolicy:
     int8_gemm: bool = True  # int32 products of 8-bit operands and a constant run as integer GEMM kernels (CPU)
     fuse_window_pads: bool = True  # small windowed reductions read their padding in place (passes/schedule.py)
     winograd: bool = True  # 3x3 stride-1 convolutions as Winograd F(2x2, 3x3) where the gate admits (winograd.py)
+    row_fusion: bool = True  # a softmax along trailing axes is one kernel, row by row (passes/rows.py)
     # Thresholds:
     gemm_min_macs: int = 4096  # smaller products are cheaper on the generic path
     # gemm_transpose (passes/lower_gemm.py _vectorize_along_m, measured there): lanes along m must waste at
@@ -105,6 +106,9 @@ class OptimizationPolicy:
     math_op_cost: int = 16  # ops a math function counts for there (exp, tanh...: a polynomial of about so many)
     parallel_min: int = 32  # leading output axes collapse into one parallel loop of at least this many
     unroll_reduce_max: int = 32  # reductions over at most this many elements are written out (passes/lower.py)
+    # row_fusion's longest row (elements): 64 KiB of float32, so a row stays in L2 (every target's is larger)
+    # between its passes
+    row_fusion_max: int = 16384
     # Winograd convolutions need at least these input channels (the GEMMs' K: with fewer, the C stores and the
     # transforms outweigh the 2.25x fewer multiplies; 32-48 channels measured 10-25 % faster than the im2col
     # GEMM on Zen 3, 16 no faster), output channels, 2x2 output tiles (the GEMMs' N) and multiply-adds of the
@@ -120,7 +124,7 @@ class OptimizationPolicy:
     vector_min_trip_count: int | None = None
 
     STEPS: ClassVar[tuple[str, ...]] = ("conv_to_matmul", "gemm", "gemm_transpose", "merge_inner_loops", "int8_gemm",
-                                        "fuse_window_pads", "winograd")
+                                        "fuse_window_pads", "winograd", "row_fusion")
 
     def without(self, *steps: str) -> OptimizationPolicy:
         """This policy with the named steps switched off."""

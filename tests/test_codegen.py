@@ -16,7 +16,7 @@ from svodc.codegen.llvm_job import LLVMJob, compile_llvm
 from svodc.errors import LinkError
 from svodc.policy import LLVM_MIN_TRIP_COUNT, gemm_blocking
 from svodc.target import parse_target
-from tests.onnx_util import compile_and_run, make_model
+from tests.onnx_util import compile_and_run, make_model, reference
 
 SPECIAL = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 1e-38, 3.4e38, -3.4e38, 1.0, -1.0],
                    np.float32)
@@ -300,3 +300,32 @@ def test_a_max_pool_propagates_nan_as_numpy_does():
     want = sliding_window_view(x, (3, 3), axis=(2, 3))[:, :, ::2, ::2].max(axis=(-1, -2))
     assert np.isnan(want).any() and np.array_equal(y, want, equal_nan=True)
     assert np.array_equal(np.signbit(y), np.signbit(want))
+
+
+def test_exp_near_overflow_and_into_the_subnormal_range():
+    # n = 128 needs 2**n in two factors; below -87.3 the result is subnormal and must round once
+    big = np.linspace(88.0, 88.72, 2001).astype(np.float32)
+    tiny = np.linspace(-103.9, -87.4, 2001).astype(np.float32)
+    edges = np.array([88.73, 89.0, 1e4, -104.5, -110.0, -1e4], np.float32)
+    got = run_unary("Exp", np.concatenate([big, tiny, edges]))
+    assert ulp_error(got[:2001], np.exp(big.astype(np.float64)), np.float32) <= 3
+    assert np.max(np.abs(got[2001:4002].astype(np.float64) - np.exp(tiny.astype(np.float64)))) <= 2 * 2.0 ** -149
+    np.testing.assert_array_equal(got[4002:], [np.inf, np.inf, np.inf, 0, 0, 0])
+
+
+@pytest.mark.parametrize("op,attrs", [("Relu", {}), ("Clip", {"min": -1.0, "max": 1.0}), ("LeakyRelu", {})])
+def test_clamps_by_a_constant_keep_nan(op, attrs):
+    # a max/min against a constant is one unordered compare (llvm_alu.float_minmax): NaN must still come through
+    x = np.array([np.nan, -np.nan, -2.0, -0.0, 0.0, 0.5, 3.0, np.inf, -np.inf], np.float32)
+    if op == "Clip":
+        model = make_model([helper.make_node("Clip", ["x", "lo", "hi"], ["y"])], {"x": (np.float32, [9])}, ["y"],
+                           {"lo": np.array(attrs["min"], np.float32), "hi": np.array(attrs["max"], np.float32)})
+        got = compile_and_run(model, {"x": x})["y"]
+    else:
+        got = run_unary(op, x, **attrs)
+    want = reference(model if op == "Clip" else
+                     make_model([helper.make_node(op, ["x"], ["y"], **attrs)], {"x": (np.float32, [9])}, ["y"]),
+                     {"x": x})[0]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    np.testing.assert_array_equal(got[ok], want[ok])

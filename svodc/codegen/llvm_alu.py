@@ -7,6 +7,7 @@ a zero divisor gives 0, and INT_MIN / -1 wraps.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from svodc.codegen.llvm_types import const, ltype, mem_type
@@ -80,14 +81,25 @@ def _float_op(em: KernelEmitter, scope: Scope, n: UOp, v: list[str]) -> str:
         name = _intrinsic(em, f"llvm.fmuladd.{_suffix(dt)}", t, [t, t, t])
         return line(scope, f"call {t} @{name}({t} {v[0]}, {t} {v[1]}, {t} {v[2]})")
     if op in (Ops.MAX, Ops.MIN):
-        return float_minmax(em, scope, op, dt, v[0], v[1])
+        a, b = (1, 0) if _number(n.src[0]) and not _number(n.src[1]) else (0, 1)
+        return float_minmax(em, scope, op, dt, v[a], v[b], b_number=_number(n.src[b]))
     raise NotImplementedError(f"no float instruction for {op.name} ({dt.name}); transcendental ops must be "
                               "rewritten by pm_transcendental before emission")
 
 
-def float_minmax(em: KernelEmitter, scope: Scope, op: Ops, dt: DType, a: str, b: str) -> str:
-    """NaN-propagating max/min (numpy semantics) from compare and select, which every target has."""
+def _number(n: UOp) -> bool:
+    """n is a constant that is not NaN."""
+    return n.op is Ops.CONST and not (isinstance(n.arg, float) and math.isnan(n.arg))
+
+
+def float_minmax(em: KernelEmitter, scope: Scope, op: Ops, dt: DType, a: str, b: str, b_number: bool = False) -> str:
+    """NaN-propagating max/min (numpy semantics) from compare and select, which every target has. Where b is
+    known not to be NaN (a clamp's bound), one unordered compare does it (a NaN a is then picked): a clamp is
+    two operations, not four (exp's clamp in a softmax loop)."""
     t, line = ltype(dt), em.emit_line
+    if b_number:
+        pick_a = line(scope, f"fcmp {'ugt' if op is Ops.MAX else 'ult'} {t} {a}, {b}")
+        return line(scope, f"select i1 {pick_a}, {t} {a}, {t} {b}")
     pred = "ogt" if op is Ops.MAX else "olt"
     better = line(scope, f"fcmp {pred} {t} {a}, {b}")
     a_nan = line(scope, f"fcmp uno {t} {a}, {a}")

@@ -9,7 +9,7 @@ computed inside the kernel being lowered. GEMM lowering adds the packed weights 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from svodc.ir.ops import Ops
 from svodc.ir.uop import UOp
@@ -36,3 +36,16 @@ class Buffers:
             self.weights[n] = Buffer(next(self._ids), BufferKind.WEIGHT, n.dtype, n.shape, f"w{len(self.weights)}",
                                      data=n.arg)
         return self.weights[n]
+
+
+def computed_nodes(root: UOp, is_buffer: Callable[[UOp], bool]) -> Iterator[UOp]:
+    """The nodes a kernel computes from `root` down (each once), not those it reads from a buffer
+    (is_buffer(node); the root is its own output, so it is always computed)."""
+    stack, seen = [root], set()
+    while stack:
+        n = stack.pop()
+        if n in seen or (n is not root and is_buffer(n)):
+            continue
+        seen.add(n)
+        yield n
+        stack.extend(n.src)

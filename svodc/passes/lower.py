@@ -44,8 +44,9 @@ from svodc.ir.rewrite import graph_rewrite
 from svodc.ir.shapes import reshape_groups
 from svodc.ir.symbolic import pm_symbolic
 from svodc.ir.uop import UOp
-from svodc.passes.buffers import Buffers
+from svodc.passes.buffers import Buffers, computed_nodes
 from svodc.passes.dynamic import DynamicAxes
+from svodc.passes.rows import row_axes
 from svodc.passes.split import split_kernel
 from svodc.policy import OptimizationPolicy
 from svodc.program import Buffer
@@ -132,7 +133,7 @@ class KernelLowerer:
         while copy_from is None and root.op is Ops.RESHAPE and self.buffers.get(root.src[0]) is None:
             root = root.src[0]
         shape = root.shape
-        idx = self.output_index(shape, merge_inner, self.extents(root))
+        idx = self.output_index(shape, merge_inner, self.extents(root), row_axes(root, self.buffers))
         value = self.load(copy_from, idx) if copy_from is not None else self.lower(root, idx, top=True)
         out = self.params[0]
         store = UOp(Ops.STORE, dtypes.void, (self.param(out), self.linear(idx, shape), value))
@@ -174,14 +175,16 @@ class KernelLowerer:
         return _simplify(v.maximum(ic(0)).minimum(top))
 
     def output_index(self, shape: tuple[int, ...], merge_inner: bool = False,
-                     extents: tuple[int | UOp, ...] | None = None) -> tuple[UOp, ...]:
+                     extents: tuple[int | UOp, ...] | None = None, rows: int = 0) -> tuple[UOp, ...]:
         """Leading axes collapse into one PARALLEL range (split across threads); the rest loop, one
         range per axis, or all in one range when merge_inner (a long contiguous innermost loop).
         `extents` gives run-time sizes (passes/dynamic.py): a run-time axis only leads a collapsed
-        group (its index is then the range divided by a constant) and is never merged."""
+        group (its index is then the range divided by a constant) and is never merged. The last `rows`
+        axes (row_axes) stay out of the parallel range and are merged only with each other."""
         ext = shape if extents is None else extents
         k, p = 0, 1
-        while k < len(shape) and p < self.policy.parallel_min and (k == 0 or isinstance(ext[k], int)):
+        lead_max = len(shape) - rows
+        while k < lead_max and p < self.policy.parallel_min and (k == 0 or isinstance(ext[k], int)):
             p *= shape[k]
             k += 1
         idx: list[UOp] = []
@@ -189,7 +192,8 @@ class KernelLowerer:
             size = p if isinstance(ext[0], int) else reduce(operator.mul, ext[1:k], ext[0])
             idx += self._split_range(self.new_range(size, RangeKind.PARALLEL), shape[:k], isinstance(ext[0], int))
         rest, rest_ext = shape[k:], ext[k:]
-        if merge_inner and len([d for d in rest if d != 1]) > 1 and all(isinstance(e, int) for e in rest_ext):
+        if (merge_inner and (not rows or k == lead_max) and len([d for d in rest if d != 1]) > 1
+                and all(isinstance(e, int) for e in rest_ext)):
             idx += self._split_range(self.new_range(math.prod(rest), RangeKind.LOOP), rest)
         else:
             idx += [self.new_range(e, RangeKind.LOOP) if d != 1 else ic(0) for d, e in zip(rest, rest_ext, strict=True)]
@@ -463,17 +467,9 @@ def lower_kernel(name: str, root: UOp, out: Buffer, buffers: Buffers, policy: Op
 def _multi_axis_loop_reduce(root: UOp, buffers: Buffers, policy: OptimizationPolicy) -> bool:
     """Whether the kernel computes (not reads from a buffer) a REDUCE that runs as a loop (not written out)
     over more than one axis of size > 1: only then is a merged-reduce lowering worth a try."""
-    stack, seen = [root], set()
-    while stack:
-        n = stack.pop()
-        if n in seen or (n is not root and buffers.get(n) is not None):
-            continue
-        seen.add(n)
-        if (n.op is Ops.REDUCE and not unrolls_reduce(n, policy)
-                and sum(1 for a in n.arg.axes if n.src[0].shape[a] != 1) > 1):
-            return True
-        stack.extend(n.src)
-    return False
+    return any(n.op is Ops.REDUCE and not unrolls_reduce(n, policy)
+               and sum(1 for a in n.arg.axes if n.src[0].shape[a] != 1) > 1
+               for n in computed_nodes(root, lambda x: buffers.get(x) is not None))
 
 
 def _divmods(ast: UOp) -> int:

@@ -31,7 +31,7 @@ from svodc.ir.ops import (
 from svodc.ir.rewrite import graph_rewrite
 from svodc.ir.symbolic import pm_symbolic
 from svodc.ir.uop import UOp
-from svodc.passes.buffers import Buffers
+from svodc.passes.buffers import Buffers, computed_nodes
 from svodc.passes.dynamic import DynamicAxes, is_constant
 from svodc.passes.lower import KernelLowerer, reshape_index
 from svodc.passes.views import affine_view
@@ -67,16 +67,7 @@ def pack_b(b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 
 def find_matmul(root: UOp, is_buffer: Callable[[UOp], bool]) -> UOp | None:
     """The MATMUL computed inside this kernel (not behind a realized buffer), if any."""
-    stack, seen = [root], set()
-    while stack:
-        n = stack.pop()
-        if n in seen or (n is not root and is_buffer(n)):
-            continue
-        seen.add(n)
-        if n.op is Ops.MATMUL:
-            return n
-        stack.extend(n.src)
-    return None
+    return next((n for n in computed_nodes(root, is_buffer) if n.op is Ops.MATMUL), None)
 
 
 class GemmLowerer(KernelLowerer):

@@ -14,6 +14,8 @@ arithmetic, elementwise chains are recomputed in place). A compute node is reali
 - it is a SCATTER (always a kernel of its own: copy, then serial updates; see lower.py);
 - the frontend asked for it (NodeContext.realize: a recurrent layer's state after each step, which
   every later step reads; fused, step t would recompute it from the first step on);
+- (not) it is inside a softmax along trailing axes: its reductions are computed row by row in the
+  softmax output's kernel (passes/rows.py);
 - it is a STEP_LOOP (its step graph is scheduled on its own: passes/steploop.py; here the loop is a leaf
   that reads its init and step sources).
 GATHER reads its source at run-time positions, so for the rules above it reuses elements like EXPAND.
@@ -44,6 +46,7 @@ from svodc.ir.uop import UOp
 from svodc.passes.branches import ALWAYS, Guard, branch_roots, guards, order_for_guards
 from svodc.passes.lower import unrolls_reduce
 from svodc.passes.lower_gemm_int8 import BYTE_TYPES, int8_activation, int8_gemm_shape
+from svodc.passes.rows import row_fused
 from svodc.passes.views import affine_view
 from svodc.policy import DEFAULT_POLICY, OptimizationPolicy
 
@@ -202,6 +205,10 @@ def plan_kernels(outputs: list[tuple[str, UOp]], policy: OptimizationPolicy = DE
         asked_compute = {n for n in asked if n.op in ALU}
         forced |= asked_compute
         epilogue -= asked_compute
+    # A softmax along trailing axes: one kernel over its output, row by row (passes/rows.py)
+    row_members, row_roots = row_fused(nodes, consumers, policy, forced | epilogue | output_roots)
+    forced |= row_roots
+    epilogue -= row_roots
     realized: set[UOp] = set()
     has_reduce: dict[UOp, bool] = {}
     fused_ops: dict[UOp, int] = {}  # ALU and REDUCE nodes fused into n (bounded by max_fused_ops)
@@ -232,6 +239,8 @@ def plan_kernels(outputs: list[tuple[str, UOp]], policy: OptimizationPolicy = DE
             continue
         if n in forced:
             realized.add(n)
+            continue
+        if n in row_members:
             continue
         if n in epilogue or (n.op not in ALU and n.op not in (Ops.REDUCE, Ops.GATHER)):
             continue

@@ -34,7 +34,8 @@ VOP2 = {0x1: "v_cndmask_b32", 0x3: "v_add_f32", 0x4: "v_sub_f32", 0x5: "v_subrev
         0x25: "v_add_nc_u32", 0x26: "v_sub_nc_u32", 0x2b: "v_fmac_f32",
         0x2c: "v_fmamk_f32", 0x2d: "v_fmaak_f32"}
 VOPC = {0x11: "v_cmp_lt_f32", 0x12: "v_cmp_eq_f32", 0x13: "v_cmp_le_f32", 0x14: "v_cmp_gt_f32",
-        0x16: "v_cmp_ge_f32", 0x17: "v_cmp_o_f32", 0x18: "v_cmp_u_f32", 0x19: "v_cmp_nge_f32", 0x1e: "v_cmp_nlt_f32",
+        0x16: "v_cmp_ge_f32", 0x17: "v_cmp_o_f32", 0x18: "v_cmp_u_f32", 0x19: "v_cmp_nge_f32", 0x1b: "v_cmp_ngt_f32",
+        0x1c: "v_cmp_nle_f32", 0x1e: "v_cmp_nlt_f32",
         0x3a: "v_cmp_eq_u16", 0x3c: "v_cmp_gt_u16", 0x3d: "v_cmp_ne_u16", 0x49: "v_cmp_lt_u32", 0x4c: "v_cmp_gt_u32", 0x4d: "v_cmp_ne_u32",
         0x51: "v_cmp_lt_i64", 0x53: "v_cmp_le_i64", 0x54: "v_cmp_gt_i64", 0x59: "v_cmp_lt_u64", 0x5a: "v_cmp_eq_u64", 0x5b: "v_cmp_le_u64", 0x5c: "v_cmp_gt_u64",
         0x5d: "v_cmp_ne_u64", 0x7e: "v_cmp_class_f32", 0xca: "v_cmpx_eq_u32", 0xcc: "v_cmpx_gt_u32", 0xd4: "v_cmpx_gt_i64",

@@ -138,6 +138,8 @@ OPS: dict[str, tuple[tuple[int, ...], object, str]] = {
     "v_cmp_u_f32": ((32, 32), lambda a, b: np.isnan(f(a)) | np.isnan(f(b)), "cmp"),
     "v_cmp_nge_f32": ((32, 32), lambda a, b: ~(f(a) >= f(b)), "cmp"),
     "v_cmp_nlt_f32": ((32, 32), lambda a, b: ~(f(a) < f(b)), "cmp"),
+    "v_cmp_ngt_f32": ((32, 32), lambda a, b: ~(f(a) > f(b)), "cmp"),
+    "v_cmp_nle_f32": ((32, 32), lambda a, b: ~(f(a) <= f(b)), "cmp"),
     "v_cmp_class_f32": ((32, 32), _class, "cmp"),
 }
 for _rel, _fn in _CMP.items():

@@ -1,0 +1,113 @@
+"""Row-local normalizations as one kernel: softmax and log-softmax along trailing axes.
+
+Softmax along the last axis is max, exp and sum reductions per row, each broadcast back over the row.
+By the scheduler's general rules each reduction that a broadcast reuses is realized, so a softmax is four
+kernels and four passes over memory (a [6, 1500, 1500] attention softmax: 16 ms on one Zen 4 core, where
+onnxruntime's single pass takes 6). When the reduced axes are the trailing ones, a kernel over the output
+whose loops keep those axes innermost computes each row's reductions once per row (codegen emits a value in
+the outermost loop where its indices are defined, codegen/llvm_ir.py), while the row stays in L1/L2: one
+read of the input from memory and one write of the output. The price is exp evaluated twice per element
+(in the sum and in the output), cheaper than a round trip through memory.
+
+Invariant the lowering keeps (`row_axes`): a kernel that computes a reduction broadcast back over
+trailing axes loops over those axes innermost and outside its parallel range, never merged with other
+axes; otherwise the reduction would be recomputed per element.
+"""
+
+from __future__ import annotations
+
+import math
+
+from svodc.ir.ops import Ops, ReduceArg
+from svodc.ir.uop import UOp
+from svodc.passes.buffers import Buffers, computed_nodes
+from svodc.policy import OptimizationPolicy
+
+
+def _trailing(axes: tuple[int, ...], ndim: int) -> bool:
+    return bool(axes) and tuple(sorted(axes)) == tuple(range(ndim - len(axes), ndim))
+
+
+def _reduce_over(n: UOp, op: Ops, axes: tuple[int, ...] | None = None) -> bool:
+    return (n.op is Ops.REDUCE and isinstance(n.arg, ReduceArg) and n.arg.op is op
+            and (axes is None or tuple(sorted(n.arg.axes)) == axes))
+
+
+def _broadcast_of(n: UOp, shape: tuple[int, ...]) -> UOp | None:
+    """n's source when n is an EXPAND to `shape` of a keepdims reduction's shape, else None."""
+    return n.src[0] if n.op is Ops.EXPAND and n.shape == shape else None
+
+
+def softmax_members(y: UOp) -> list[UOp] | None:
+    """The nodes inside a softmax (y = e / sum(e), e = exp(x - max(x))) or log-softmax
+    (y = (x - max(x)) - log(sum(e))) along trailing axes rooted at y, x excluded; None when y is neither."""
+    shape = y.shape
+    if y.op is Ops.DIV:
+        e, total_b = y.src
+        total = _broadcast_of(total_b, shape)
+        if total is None or e.op is not Ops.EXP:
+            return None
+        shifted, tail = e.src[0], [total_b]
+    elif y.op is Ops.SUB:
+        shifted, log_b = y.src
+        log = _broadcast_of(log_b, shape)
+        if log is None or log.op is not Ops.LOG:
+            return None
+        total, tail = log.src[0], [log_b, log]
+        e = total.src[0] if total.src else None
+        if e is None or e.op is not Ops.EXP or e.src[0] is not shifted:
+            return None
+    else:
+        return None
+    if not _reduce_over(total, Ops.ADD) or total.src[0] is not e:
+        return None
+    axes = tuple(sorted(total.arg.axes))
+    if not _trailing(axes, len(shape)) or shifted.op is not Ops.SUB or shifted.shape != shape:
+        return None
+    x, max_b = shifted.src
+    peak = _broadcast_of(max_b, shape)
+    if peak is None or not _reduce_over(peak, Ops.MAX, axes) or peak.src[0] is not x:
+        return None
+    return [peak, max_b, shifted, e, total, *tail]
+
+
+def row_fused(nodes: list[UOp], consumers: dict[UOp, list[UOp]], policy: OptimizationPolicy,
+              pinned: set[UOp]) -> tuple[set[UOp], set[UOp]]:
+    """(nodes fused into their softmax's kernel, the softmax outputs: kernel roots). A softmax qualifies when
+    its rows are at most policy.row_fusion_max elements (they stay in cache between the passes), and none of
+    its inner nodes is used outside it or pinned (a graph output, asked for, forced by a GEMM)."""
+    members: set[UOp] = set()
+    roots: set[UOp] = set()
+    if not policy.row_fusion:
+        return members, roots
+    for y in nodes:
+        inner = softmax_members(y)
+        if inner is None:
+            continue
+        axes = inner[0].arg.axes
+        if math.prod(y.shape[a] for a in axes) > policy.row_fusion_max:
+            continue
+        group = set(inner) | {y}
+        if any(n in pinned or n in members or any(c not in group for c in consumers[n]) for n in inner):
+            continue
+        members.update(inner)
+        roots.add(y)
+    return members, roots
+
+
+def row_axes(root: UOp, buffers: Buffers) -> int:
+    """How many trailing axes of the kernel's output a reduction computed in the kernel is broadcast back
+    over (a row-fused softmax, passes/rows.py): those must be the innermost loops, outside the parallel
+    range, so that each row's reduction is computed once per row, not once per element. 0 for other kernels
+    (the scheduler realizes every other reduction a broadcast reuses)."""
+    def is_buffer(n: UOp) -> bool:
+        return buffers.get(n) is not None
+
+    rows = 0
+    for n in computed_nodes(root, is_buffer):
+        if (n.op is Ops.EXPAND and n.shape == root.shape and not is_buffer(n.src[0])
+                and any(x.op is Ops.REDUCE for x in computed_nodes(n.src[0], is_buffer))):
+            broadcast = [a for a, (s, d) in enumerate(zip(n.src[0].shape, n.shape, strict=True)) if s == 1 and d != 1]
+            if broadcast:
+                rows = max(rows, root.ndim - min(broadcast))
+    return rows
