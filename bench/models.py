@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from bench.synthetic import SYNTHETIC
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("SVOD_SHARED_MODELS", ROOT.parent / "shared" / "models"))
 
@@ -27,6 +29,7 @@ QUANTIZED = ["mobilenetv2_int8", "mobilenetv2_qdq"]
 # Classic ML (sklearn-onnx exports, trained here on synthetic data): a 100-tree random forest and a
 # 500-tree gradient-boosted model, at batch 1 and 1,000.
 TREES = ["forest100_b1", "forest100_b1000", "gbm500_b1", "gbm500_b1000"]
+# SYNTHETIC: transformer encoders and a YOLO-style detector, built here (bench/synthetic.py).
 
 
 @dataclass
@@ -142,9 +145,17 @@ def quantized(name: str) -> BenchModel:
                       onnx_bytes=len(model.SerializeToString()), atol=steps * scale, note=note)
 
 
+def synthetic(name: str) -> BenchModel:
+    from bench.synthetic import build
+
+    model, feeds, note = build(name)
+    return BenchModel(name, model, feeds, input_shapes={k: v.shape for k, v in feeds.items()},
+                      onnx_bytes=len(model.SerializeToString()), note=note)
+
+
 def all_models(names: list[str] | None = None) -> list[str]:
-    names = names or LIGHT + SHARED_MODELS + SHIPPED + TREES
-    return [n for n in names if n in LIGHT or n in SHIPPED or n in TREES or
+    names = names or LIGHT + SHARED_MODELS + SYNTHETIC + SHIPPED + TREES
+    return [n for n in names if n in LIGHT or n in SHIPPED or n in TREES or n in SYNTHETIC or
             (n in QUANTIZED and (SHARED / "mobilenetv2_random" / "model.onnx").exists()) or
             (SHARED / n / "model.onnx").exists()]
 
@@ -156,4 +167,6 @@ def load(name: str) -> BenchModel:
         return light_shipped(name)
     if name in TREES:
         return trees(name)
+    if name in SYNTHETIC:
+        return synthetic(name)
     return light(name) if name in LIGHT else shared(name)

@@ -42,7 +42,9 @@ def write(out: Path, machine: dict, rows: list[dict], gemm_rows: list[dict], thr
              "inputs in one process, alternating in blocks of 5 runs (each after an untimed run); ratios are "
              "svod / onnxruntime (lower is better). "
              "Light models run with seeded random weights, and as shipped (`_shipped`: their weights are "
-             "constant fills, which the compiler turns into splats).", "",
+             "constant fills, which the compiler turns into splats). `encoder_*` and `yolo_like_320` are built "
+             "by bench/synthetic.py with seeded random weights (transformer encoder layers of BERT-base and "
+             "Whisper-tiny size, a YOLOv8n-like detector).", "",
              f"Machine: {machine['cpu']}, {machine['cores']} cores. Python {machine['python']}, "
              f"numpy {machine['numpy']}, onnxruntime {machine['onnxruntime']}, llvmlite {machine['llvmlite']}"
              + (f", OpenVINO {machine['openvino']}" if machine.get("openvino") else " (OpenVINO not installed)")
