@@ -63,14 +63,17 @@ def test_the_rows_reductions_are_computed_once_per_row():
     program = _program(_softmax("Softmax", [8, 64, 256], -1))
     (kernel,) = program.kernels
     loops = {r: int(r.src[0].arg) for r in _ranges(kernel)}
-    # a parallel range over the 512 rows, the row's output loop and the max's and sum's loops of 256: no
-    # range of more than 256 elements inside a row (the reductions are not nested in the output loop)
-    assert sorted(loops.values()) == [256, 256, 256, 512]
-    reduces = [n for n in toposort([kernel.ast]) if n.op is Ops.LOOP_REDUCE]
-    assert len(reduces) == 2 and all(len(r.src) == 2 for r in reduces)
+    # one parallel range over the 512 rows; inside it the max's loop, the loop storing exp(x - max), the sum's
+    # loop over the stored row and the loop scaling it: no range of more than a row inside a row
+    assert sorted(loops.values()) == [256, 256, 256, 256, 512]
     outer = next(r for r in loops if r.arg.kind is RangeKind.PARALLEL)
+    write, scale = kernel.ast.src  # two statements over the same rows (passes/rows.py two_pass_softmax)
+    assert all(s.op is Ops.STORE and outer in set(toposort([s])) for s in (write, scale))
+    assert sum(n.op is Ops.EXP for n in toposort([kernel.ast])) == 1  # exp once per element
+    reduces = [n for n in toposort([kernel.ast]) if n.op is Ops.LOOP_REDUCE]
     inner_out = [r for r in loops if r.arg.kind is RangeKind.LOOP]
-    for red in reduces:  # each reduction's value depends on the row (the parallel range), not on the output loop
+    assert len(reduces) == 2
+    for red in reduces:  # each reduction's value depends on the row (the parallel range), not on an output loop
         deps = set(toposort([red.src[0]]))
         assert outer in deps and not any(r in deps for r in inner_out)
 

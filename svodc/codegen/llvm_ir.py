@@ -252,9 +252,19 @@ class KernelEmitter:
         self.stack, self.range_pos = saved_stack, saved_pos
         return self.emit_line(scope, f"load {t}, {pp} {acc}")
 
+    def shared_parallel(self, stores: list[UOp]) -> list[UOp]:
+        """The PARALLEL ranges that every one of several STOREs depends on (a two-pass softmax's rows,
+        passes/rows.py): the body opens them around all the statements, so statement 2 of an iteration runs
+        after statement 1 of the same iteration. None for a single statement or a GEMM kernel."""
+        if len(stores) < 2 or len(stores) != len(self.ast.src):
+            return []
+        common = frozenset.intersection(*(self.free[s] for s in stores))
+        return sorted((r for r in common if r.arg.kind is RangeKind.PARALLEL), key=lambda r: r.arg.id)
+
     def emit_store(self, store: UOp) -> None:
-        """A STORE with its loops: opens every range it depends on (in id order) around it."""
-        ranges = sorted(self.free[store], key=lambda r: r.arg.id)
+        """A STORE with its loops: opens every range it depends on (in id order) around it, but those
+        already open (shared_parallel)."""
+        ranges = sorted((r for r in self.free[store] if r not in self.range_pos), key=lambda r: r.arg.id)
         for r in ranges:
             assert isinstance(r.arg, RangeArg)
             end = self.value(r.src[0])
@@ -299,11 +309,17 @@ class KernelEmitter:
         from svodc.codegen.llvm_gemm import emit_gemm
         from svodc.codegen.llvm_gemm_int8 import emit_int8_gemm
 
+        stores = [s for s in self.ast.src if s.op is not Ops.GEMM]
+        shared = self.shared_parallel(stores)
+        for r in shared:  # opened once: the statements run one after another in each of its iterations
+            self.open_loop(r, *self.part_split(self.value(r.src[0])))
         for stmt in self.ast.src:
             if stmt.op is Ops.GEMM:
                 (emit_int8_gemm if stmt.arg.quant else emit_gemm)(self, stmt, self.target, self.gemm_blocking)
             else:
                 self.emit_store(stmt)
+        for _ in shared:
+            self.close_loop()
         params = [f"ptr noalias %p{i}" for i in range(nparams)] + (["ptr %dims"] if self.uses_dims else [])
         args = sorted((j, n.dtype) for n in toposort([self.ast]) if (j := body_arg_index(n)) is not None)
         params += [f"{ltype(dt)} %k{j}" for j, dt in args]

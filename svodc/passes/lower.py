@@ -46,7 +46,7 @@ from svodc.ir.symbolic import pm_symbolic
 from svodc.ir.uop import UOp
 from svodc.passes.buffers import Buffers, computed_nodes
 from svodc.passes.dynamic import DynamicAxes
-from svodc.passes.rows import row_axes
+from svodc.passes.rows import row_axes, two_pass_softmax
 from svodc.passes.split import split_kernel
 from svodc.policy import OptimizationPolicy
 from svodc.program import Buffer
@@ -132,6 +132,8 @@ class KernelLowerer:
         # turns an im2col copy into affine loops over the window axes).
         while copy_from is None and root.op is Ops.RESHAPE and self.buffers.get(root.src[0]) is None:
             root = root.src[0]
+        if copy_from is None and (two_pass := two_pass_softmax(self, root)) is not None:
+            return split_kernel(_simplify(two_pass))
         shape = root.shape
         idx = self.output_index(shape, merge_inner, self.extents(root), row_axes(root, self.buffers))
         value = self.load(copy_from, idx) if copy_from is not None else self.lower(root, idx, top=True)

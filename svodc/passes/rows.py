@@ -6,8 +6,8 @@ kernels and four passes over memory (a [6, 1500, 1500] attention softmax: 16 ms 
 onnxruntime's single pass takes 6). When the reduced axes are the trailing ones, a kernel over the output
 whose loops keep those axes innermost computes each row's reductions once per row (codegen emits a value in
 the outermost loop where its indices are defined, codegen/llvm_ir.py), while the row stays in L1/L2: one
-read of the input from memory and one write of the output. The price is exp evaluated twice per element
-(in the sum and in the output), cheaper than a round trip through memory.
+read of the input from memory and one write of the output. A softmax is then lowered in two passes per row
+(two_pass_softmax): exp once per element, no division per element (9.5 -> 6.6 ms on the shape above).
 
 Invariant the lowering keeps (`row_axes`): a kernel that computes a reduction broadcast back over
 trailing axes loops over those axes innermost and outside its parallel range, never merged with other
@@ -17,11 +17,16 @@ axes; otherwise the reduction would be recomputed per element.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-from svodc.ir.ops import Ops, ReduceArg
+from svodc.ir.dtypes import dtypes
+from svodc.ir.ops import KernelArg, Ops, RangeKind, ReduceArg
 from svodc.ir.uop import UOp
 from svodc.passes.buffers import Buffers, computed_nodes
 from svodc.policy import OptimizationPolicy
+
+if TYPE_CHECKING:
+    from svodc.passes.lower import KernelLowerer
 
 
 def _trailing(axes: tuple[int, ...], ndim: int) -> bool:
@@ -111,3 +116,36 @@ def row_axes(root: UOp, buffers: Buffers) -> int:
             if broadcast:
                 rows = max(rows, root.ndim - min(broadcast))
     return rows
+
+
+def two_pass_softmax(lowerer: KernelLowerer, root: UOp) -> UOp | None:
+    """A row-fused softmax kernel as two statements per row (None for any other kernel): the row's
+    exp(x - max) stored into the output, then the output row scaled by one over its sum, read back while
+    the row is in L1/L2. exp runs once per element, not twice (in the sum and in the output), and the
+    division is a multiply by one reciprocal per row. Both statements loop inside the same parallel range
+    (codegen/llvm_ir.py opens a range the statements share once), so one row's passes follow each other.
+    A log-softmax ((x - max) - log(sum)) keeps its one statement: it already evaluates exp once per element."""
+    inner = softmax_members(root)
+    if (root.op is not Ops.DIV or inner is None or root.dtype not in (dtypes.float32, dtypes.float64)
+            or any(lowerer.buffers.get(n) is not None for n in inner)):
+        return None  # (a float16/bfloat16 output would round the stored exp before the sum: one pass)
+    e, total = inner[3], inner[4]
+    first_row_axis = min(total.arg.axes)
+    shape, extents = root.shape, lowerer.extents(root)
+    idx = lowerer.output_index(shape, False, extents, root.ndim - first_row_axis)
+    out_buf = lowerer.params[0]
+    out = lowerer.param(out_buf)
+    write = UOp(Ops.STORE, dtypes.void, (out, lowerer.linear(idx, shape), lowerer.lower(e, idx)))
+
+    def row_ranges(kind: RangeKind) -> tuple[UOp, ...]:
+        return tuple(i if a < first_row_axis else lowerer.new_range(extents[a], kind) if shape[a] != 1 else i
+                     for a, i in enumerate(idx))
+
+    at, over = row_ranges(RangeKind.LOOP), row_ranges(RangeKind.REDUCE)
+    ranges = [i for a, i in enumerate(over) if a >= first_row_axis and i.op is Ops.RANGE]
+    row_sum = lowerer.load(out_buf, over)
+    if ranges:
+        row_sum = UOp(Ops.LOOP_REDUCE, root.dtype, (row_sum, *ranges), Ops.ADD)
+    scaled = UOp(Ops.MUL, root.dtype, (lowerer.load(out_buf, at), UOp(Ops.RECIP, root.dtype, (row_sum,))))
+    scale = UOp(Ops.STORE, dtypes.void, (out, lowerer.linear(at, shape), scaled))
+    return UOp(Ops.SINK, dtypes.void, (write, scale), KernelArg(lowerer.name))
