@@ -7,7 +7,6 @@ a zero divisor gives 0, and INT_MIN / -1 wraps.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 from svodc.codegen.llvm_types import const, ltype, mem_type
@@ -88,8 +87,8 @@ def _float_op(em: KernelEmitter, scope: Scope, n: UOp, v: list[str]) -> str:
 
 
 def _number(n: UOp) -> bool:
-    """n is a constant that is not NaN."""
-    return n.op is Ops.CONST and not (isinstance(n.arg, float) and math.isnan(n.arg))
+    """n is a constant that is not NaN (of any numeric type: NaN alone differs from itself)."""
+    return n.op is Ops.CONST and n.arg == n.arg
 
 
 def float_minmax(em: KernelEmitter, scope: Scope, op: Ops, dt: DType, a: str, b: str, b_number: bool = False) -> str:

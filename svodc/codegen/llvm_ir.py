@@ -255,7 +255,7 @@ class KernelEmitter:
     def shared_parallel(self, stores: list[UOp]) -> list[UOp]:
         """The PARALLEL ranges that every one of several STOREs depends on (a two-pass softmax's rows,
         passes/rows.py): the body opens them around all the statements, so statement 2 of an iteration runs
-        after statement 1 of the same iteration. None for a single statement or a GEMM kernel."""
+        after statement 1 of the same iteration. Empty for a single statement or a GEMM kernel."""
         if len(stores) < 2 or len(stores) != len(self.ast.src):
             return []
         common = frozenset.intersection(*(self.free[s] for s in stores))

@@ -9,9 +9,9 @@ the outermost loop where its indices are defined, codegen/llvm_ir.py), while the
 read of the input from memory and one write of the output. A softmax is then lowered in two passes per row
 (two_pass_softmax): exp once per element, no division per element (9.5 -> 6.6 ms on the shape above).
 
-Invariant the lowering keeps (`row_axes`): a kernel that computes a reduction broadcast back over
-trailing axes loops over those axes innermost and outside its parallel range, never merged with other
-axes; otherwise the reduction would be recomputed per element.
+Invariant the lowering keeps (`row_axes`): a row-fused softmax's kernel loops over the reduced trailing axes
+innermost and outside its parallel range, never merged with other axes; otherwise its reductions would be
+recomputed per element.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from svodc.ir.dtypes import dtypes
 from svodc.ir.ops import KernelArg, Ops, RangeKind, ReduceArg
 from svodc.ir.uop import UOp
-from svodc.passes.buffers import Buffers, computed_nodes
+from svodc.passes.buffers import Buffers
 from svodc.policy import OptimizationPolicy
 
 if TYPE_CHECKING:
@@ -101,21 +101,14 @@ def row_fused(nodes: list[UOp], consumers: dict[UOp, list[UOp]], policy: Optimiz
 
 
 def row_axes(root: UOp, buffers: Buffers) -> int:
-    """How many trailing axes of the kernel's output a reduction computed in the kernel is broadcast back
-    over (a row-fused softmax, passes/rows.py): those must be the innermost loops, outside the parallel
-    range, so that each row's reduction is computed once per row, not once per element. 0 for other kernels
-    (the scheduler realizes every other reduction a broadcast reuses)."""
-    def is_buffer(n: UOp) -> bool:
-        return buffers.get(n) is not None
-
-    rows = 0
-    for n in computed_nodes(root, is_buffer):
-        if (n.op is Ops.EXPAND and n.shape == root.shape and not is_buffer(n.src[0])
-                and any(x.op is Ops.REDUCE for x in computed_nodes(n.src[0], is_buffer))):
-            broadcast = [a for a, (s, d) in enumerate(zip(n.src[0].shape, n.shape, strict=True)) if s == 1 and d != 1]
-            if broadcast:
-                rows = max(rows, root.ndim - min(broadcast))
-    return rows
+    """How many trailing axes of the kernel's output its row-fused softmax reduces (row_fused left its
+    reductions unrealized), else 0: those axes must be the innermost loops, outside the parallel range, so that
+    each row's reductions are computed once per row, not once per element. (The scheduler realizes every other
+    reduction that a broadcast reuses.)"""
+    inner = softmax_members(root)
+    if inner is None or any(buffers.get(n) is not None for n in inner):
+        return 0
+    return root.ndim - min(inner[0].arg.axes)
 
 
 def two_pass_softmax(lowerer: KernelLowerer, root: UOp) -> UOp | None:
@@ -125,14 +118,13 @@ def two_pass_softmax(lowerer: KernelLowerer, root: UOp) -> UOp | None:
     division is a multiply by one reciprocal per row. Both statements loop inside the same parallel range
     (codegen/llvm_ir.py opens a range the statements share once), so one row's passes follow each other.
     A log-softmax ((x - max) - log(sum)) keeps its one statement: it already evaluates exp once per element."""
-    inner = softmax_members(root)
-    if (root.op is not Ops.DIV or inner is None or root.dtype not in (dtypes.float32, dtypes.float64)
-            or any(lowerer.buffers.get(n) is not None for n in inner)):
+    rows = row_axes(root, lowerer.buffers)
+    if not rows or root.op is not Ops.DIV or root.dtype not in (dtypes.float32, dtypes.float64):
         return None  # (a float16/bfloat16 output would round the stored exp before the sum: one pass)
-    e, total = inner[3], inner[4]
-    first_row_axis = min(total.arg.axes)
+    e = root.src[0]
+    first_row_axis = root.ndim - rows
     shape, extents = root.shape, lowerer.extents(root)
-    idx = lowerer.output_index(shape, False, extents, root.ndim - first_row_axis)
+    idx = lowerer.output_index(shape, False, extents, rows)
     out_buf = lowerer.params[0]
     out = lowerer.param(out_buf)
     write = UOp(Ops.STORE, dtypes.void, (out, lowerer.linear(idx, shape), lowerer.lower(e, idx)))
