@@ -168,8 +168,11 @@ def dry_check(folder: Path, case: dict) -> dict:
 
     data = (folder / case["bundle"]).read_bytes()
     b = parse_bundle(data)
+    from svodrt_gpu.plan import gpu_variant
+
     v = next(v for v in b.variants if v.kind == "cuda")
-    assert v.cpu == TARGET and v.launches, (case["model"], v.describe())
+    launches = gpu_variant(b, v).launches
+    assert v.cpu == TARGET and launches, (case["model"], v.describe())
     mma = data[v.section.offset: v.section.offset + v.section.length].count(b"mma.sync")
     assert mma > 0 or "precision" not in case, (case["model"], "reduced precision without mma.sync in the PTX")
     for run in case["runs"]:
@@ -179,7 +182,7 @@ def dry_check(folder: Path, case: dict) -> dict:
                 assert len(shape) == len(t.shape) and all(
                     bounded[i][0] <= n <= bounded[i][1] if i in bounded else n == t.shape[i]
                     for i, n in enumerate(shape)), (case["model"], run["label"], t.name, shape, str(t))
-    return {**case, "launches": len(v.launches), "dims": [d.name for d in b.dims], "mma_sync": mma}
+    return {**case, "launches": len(launches), "dims": [d.name for d in b.dims], "mma_sync": mma}
 
 
 def _median_ms(fn, repeat: int) -> float:

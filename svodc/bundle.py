@@ -37,12 +37,12 @@ from svodrt.format import (
     HEADER_SIZE,
     Header,
     align_up,
-    gpu_binding,
     section_align,
     team_binding,
     variant_binding,
 )
 from svodrt.trust import signed_message
+from svodrt_gpu.plan import gpu_binding
 
 ZSTD_LEVEL = 10
 # Informational manifest entries no runtime check depends on (docs/bundle-format.md "Optional entries"):

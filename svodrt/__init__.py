@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from svodrt.errors import (
     BundleFormatError,
@@ -19,8 +20,10 @@ from svodrt.errors import (
 from svodrt.host import Host, detect_host
 from svodrt.model import Model
 from svodrt.runner import Runner
-from svodrt.session import InferenceSession, NodeArg, SessionOptions
 from svodrt.trust import TrustSpec
+
+if TYPE_CHECKING:
+    from svodrt_session import InferenceSession, NodeArg, SessionOptions
 
 __version__ = "0.1.0"
 
@@ -42,6 +45,13 @@ def load(source: str | os.PathLike | bytes, threads: int | None = None, host: Ho
         return GpuModel(source, device, verify_weights=verify_weights, variant=variant, graph=graph, trust=trust)
     return Model(source, threads=threads, host=host, verify_weights=verify_weights, variant=variant, trust=trust,
                  spin=spin)
+
+
+def __getattr__(name: str) -> object:  # onnxruntime's API (svodrt_session/), imported when first named
+    if name in ("InferenceSession", "NodeArg", "SessionOptions"):
+        import svodrt_session
+        return getattr(svodrt_session, name)
+    raise AttributeError(f"module 'svodrt' has no attribute {name!r}")
 
 
 __all__ = ["BundleFormatError", "BundleVersionError", "DeviceError", "Host", "InferenceSession", "InputError", "Model",

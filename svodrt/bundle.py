@@ -1,11 +1,12 @@
 """Reading and verifying a bundle before anything of it is mapped or run (docs/bundle-format.md "Verification",
 steps 1-4; the plan: svodrt/schema.py), each failure a BundleFormatError naming field or section and offset. Bytes are
-read by offset into private memory, never mapped (docs/architecture.md "Runtime": stable bytes, bounded parsing);
-then Program: the step every executor starts with."""
+read by offset into private memory, but for large weights mapped under a read lease (docs/architecture.md "Runtime":
+stable bytes, bounded parsing); then Program: the step every executor starts with."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import stat
 import time
@@ -323,19 +324,36 @@ class Program:
         check_section(self.source, sec, data)
         return data
 
-    def weights(self) -> tuple[np.ndarray, int]:
-        """The weights section in private, aligned memory, checked if check_weights."""
-        w = self.bundle.weights
-        buf, addr = aligned_empty(w.length, "weights")
-        view = memoryview(buf)[addr - buf.ctypes.data:][: w.length]
-        self.source.readinto(w.offset, view)
-        if self.check_weights:
-            check_section(self.source, w, view)
-            self.record.write()
-        elif self.weights_verified and identity(os.fstat(self.source.fd)) != identity(self.source.stat):
-            # the record named the file as opened; what was read since may be another version's bytes
-            raise _fail(f"{self.source.name} was rewritten while it was read: load it again")
-        return buf, addr
+    def weights(self) -> tuple[object, int]:
+        """The weights section, checked if check_weights: mapped from the file under a read lease (svodrt/memory.py
+        FileWeights) where it has one, is large enough to be page-aligned and the lease can be had, else read into
+        private, aligned memory. (what keeps them, their address)"""
+        from svodrt.memory import FileWeights
+        w, fd, keep = self.bundle.weights, self.source.fd, None
+        if fd is not None and w.length >= fmt.MAP_ALIGN:
+            with contextlib.suppress(OSError, ValueError):
+                keep = FileWeights(fd, w.offset, w.length, self._unchanged)
+        if isinstance(keep, FileWeights):
+            addr, view = keep.address, memoryview((ctypes.c_char * w.length).from_address(keep.address))
+        else:
+            keep, addr = aligned_empty(w.length, "weights")
+            view = memoryview(keep)[addr - keep.ctypes.data:][: w.length]
+            self.source.readinto(w.offset, view)
+        try:
+            if self.check_weights:
+                check_section(self.source, w, view)
+                self.record.write()
+            elif self.weights_verified and not self._unchanged(fd):
+                # the record named the file as opened; what was read since may be another version's bytes
+                raise _fail(f"{self.source.name} was rewritten while it was read: load it again")
+        except BaseException:
+            if isinstance(keep, FileWeights):  # now, not when the traceback goes
+                keep.close()
+            raise
+        return keep, addr
+
+    def _unchanged(self, fd: int | None) -> bool:
+        return fd is None or identity(os.fstat(fd)) == identity(self.source.stat)  # type: ignore[arg-type]
 
     def close(self) -> None:
         self.source.close()

@@ -90,18 +90,10 @@ def team_binding(variant: Mapping) -> bytes:  # format 1.10's own field: older r
     return msgpack_sha256([bytes(variant["binding"]), list(variant["team"])])
 
 
-# GPU variants (format 1.2). Older runtimes read a GPU variant as a CPU variant of an architecture no
-# host has ("nvptx64", "amdgcn"), so they refuse it by architecture and still run the bundle's CPU variants.
+# GPU variants (format 1.2; their launches and gpu_binding: svodrt_gpu/plan.py). Older runtimes read a GPU variant as a
+# CPU variant of an architecture no host has ("nvptx64", "amdgcn"), so they refuse it by architecture and still run
+# the bundle's CPU variants.
 GPU_KINDS = ("cuda", "hip")
-MAX_GRID = (1 << 31) - 1  # blocks per launch (CUDA's grid x limit)
-MAX_BLOCK = 1024  # threads per block
-
-
-def gpu_binding(variant: Mapping, cubin_sha256: bytes | None) -> bytes:
-    """Binds the kind, launch list and cubin to the variant's binding: docs/bundle-format.md "GPU variants"."""
-    launches = [[x["kernel"], x["symbol"], list(x["grid"]), list(x["block"]), *([x["dims"]] if "dims" in x else [])]
-                for x in variant["launches"]]  # "dims" in a bundle with dims: older runtimes refuse it here
-    return msgpack_sha256([bytes(variant["binding"]), variant["kind"], bytes(cubin_sha256 or b""), launches])
 
 
 # dtype names a bundle may use -> (the numpy dtype an element travels as, bytes per element). Types

@@ -1,12 +1,19 @@
-"""Code mappings through libc (ctypes). Invariant (W^X): no mapping is ever writable and executable at once: code
+"""Mappings through libc (ctypes). Invariant (W^X): no mapping is ever writable and executable at once: code
 is copied into anonymous read+write memory, checked, patched, then made read+execute and never written again (no icache
-flush needed but riscv64's: docs/architecture.md "Cross targets"). Fixup words are native 64-bit (own byte order)."""
+flush needed but riscv64's: docs/architecture.md "Cross targets"). Fixup words are native 64-bit (own byte order).
+Weights are mapped read-only from the file under a read lease (FileWeights: "Stable bytes" there)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import mmap
 import os
+import signal
+import threading
+import weakref
+from collections.abc import Callable
 
 from svodrt.errors import BundleFormatError, RuntimeFailure
 
@@ -18,6 +25,10 @@ _mprotect = _libc.mprotect
 _mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _munmap = _libc.munmap
 _munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_mremap = _libc.mremap
+_mremap.restype = ctypes.c_void_p
+_mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+MREMAP_MAYMOVE_FIXED = 3  # MREMAP_MAYMOVE | MREMAP_FIXED
 MAP_FAILED = ctypes.c_void_p(-1).value
 PAGE = mmap.PAGESIZE
 
@@ -75,3 +86,93 @@ def map_code(data: bytes | memoryview, fixups: tuple[int, ...], sha256: bytes, w
         _libc.syscall(ctypes.c_long(_RISCV_FLUSH_ICACHE), ctypes.c_void_p(m.address),
                       ctypes.c_void_p(m.address + m.size), ctypes.c_ulong(0))
     return m
+
+
+
+class FileWeights(Mapping):
+    """A file's bytes [offset, offset + length) (offset page-aligned) mapped read-only while this process holds a read
+    lease on the file (fcntl F_SETLEASE): the kernel holds back a process that opens the file to write or truncate it
+    (`cp` over it) and signals this one (SIGIO), whose handler copies the bytes into private memory and moves the copy
+    over the mapping (mremap: one step for threads reading it) before it lets go, so what was mapped never changes and
+    a truncate is no SIGBUS. The handler runs on the main thread between bytecodes; the kernel waits for it up to
+    /proc/sys/fs/lease-break-time (45 s). OSError or ValueError (off the main thread, before the handler is in place)
+    where the lease cannot be had: the caller copies the bytes instead."""
+
+    def __init__(self, fd: int, offset: int, length: int, unchanged: Callable[[int], bool]):
+        self.address, self.size, self.lock, self.fd = 0, length, threading.Lock(), None
+        if not _PREVIOUS:
+            _PREVIOUS.append(signal.signal(signal.SIGIO, _on_lease_break))
+        try:  # OSError: not the file's owner (no CAP_LEASE), open for writing elsewhere, a file system without leases
+            self.fd = os.dup(fd)  # its own descriptor: the lease's
+            fcntl.fcntl(self.fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+            address = _mmap(None, length, mmap.PROT_READ, mmap.MAP_PRIVATE, self.fd, offset) or 0
+            self.address = 0 if address == MAP_FAILED else address
+            if not self.address or not unchanged(self.fd):  # unchanged: not written between its open and the lease
+                raise OSError(f"bytes [{offset}, {offset + length}) not mapped, or the file changed since its open")
+        except BaseException:
+            self.close()
+            raise
+        _LEASED.add(self)
+        with self.lock:  # a break that began before the add found nothing to detach
+            self.follow()
+
+    def follow(self) -> None:
+        """Detach if the lease is being broken (self.lock held)."""
+        if self.fd is not None and fcntl.fcntl(self.fd, fcntl.F_GETLEASE) != fcntl.F_RDLCK:
+            self.detach()
+
+    def detach(self) -> None:
+        """Put a private copy where the file's bytes are mapped, then let the file go (self.lock held)."""
+        copy = Mapping(self.size, "the weights' private copy")
+        ctypes.memmove(copy.address, self.address, self.size)
+        _mprotect(copy.address, copy.size, mmap.PROT_READ)
+        if _mremap(copy.address, copy.size, copy.size, MREMAP_MAYMOVE_FIXED, self.address) != self.address:
+            raise RuntimeFailure(f"cannot move the weights' copy over their file mapping: "
+                                 f"{os.strerror(ctypes.get_errno())}")
+        copy.address, self.size = 0, copy.size  # moved: the copy is this mapping now
+        self._let_go()
+
+    def _let_go(self) -> None:
+        _LEASED.discard(self)
+        if self.fd is not None:
+            with contextlib.suppress(OSError):  # explicitly: a forked child's mapping keeps the open file alive
+                fcntl.fcntl(self.fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+            os.close(self.fd)
+            self.fd = None
+
+    def close(self) -> None:
+        with self.lock:
+            self._let_go()
+            super().close()
+
+
+_LEASED: weakref.WeakSet[FileWeights] = weakref.WeakSet()  # weak: a model dropped unclosed unmaps and lets go
+_PREVIOUS: list[object] = []  # [the SIGIO handler ours replaced] once ours is in place
+
+
+def _on_lease_break(signum: int, frame: object) -> None:
+    for w in list(_LEASED):  # its lock taken: close() is letting go of it anyway
+        if w.lock.acquire(blocking=False):
+            try:
+                with contextlib.suppress(OSError, RuntimeFailure):  # never raise into the code the signal interrupted
+                    w.follow()
+            finally:
+                w.lock.release()
+    if callable(_PREVIOUS[0]):
+        _PREVIOUS[0](signum, frame)
+
+
+def _lease_in_child() -> None:
+    """A forked child shares its parent's open file, whose lease signals the parent: the child takes its own on a new
+    open of the same file (/proc/self/fd names the file itself, even renamed or unlinked), or copies the bytes."""
+    for w in list(_LEASED):
+        inherited, w.fd, w.lock, leased = w.fd, None, threading.Lock(), False  # a parent's thread may hold the lock
+        with contextlib.suppress(OSError):
+            w.fd = os.open(f"/proc/self/fd/{inherited}", os.O_RDONLY | os.O_CLOEXEC)
+            leased = fcntl.fcntl(w.fd, fcntl.F_SETLEASE, fcntl.F_RDLCK) == 0
+        os.close(inherited)  # type: ignore[arg-type]  # not unlocked: the lease is the parent's
+        if not leased:
+            w.detach()
+
+
+os.register_at_fork(after_in_child=_lease_in_child)

@@ -146,7 +146,7 @@ class Model(Runner):
 
     def _call(self, arrays: list[np.ndarray], run=None, outs: list[np.ndarray] | None = None,
               dims=None) -> list[np.ndarray]:
-        """Outputs allocated (or given, checked: svodrt/session.py), an arena lent, the buffer table and sync
+        """Outputs allocated (or given, checked: svodrt_session/session.py), an arena lent, the buffer table and sync
         block made (svodrt/abi.py), run(table, sync[, dims]) called (default: the entry, on as many threads
         as pay off). dims: the bounded dims' values (svodrt/runner.py), None in a static bundle."""
         arena = self._begin(arena=True)

@@ -144,17 +144,6 @@ def tensor(d: Any, where: str, dims: dict[str, Dim] | None = None) -> TensorInfo
     return TensorInfo(t_name, dtype, shape, sym)
 
 
-class Launch(NamedTuple):
-    """One GPU kernel launch: the kernel (in the plan) whose buffers are its arguments, the symbol in
-    the code object, grid and block sizes."""
-
-    kernel: int
-    symbol: str
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    dims: tuple[int, ...] = ()  # bounded dims (their indices) that scale the grid: abi.launch_blocks
-
-
 class Variant(NamedTuple):
     index: int
     arch: str
@@ -164,9 +153,7 @@ class Variant(NamedTuple):
     entry: int
     kernels: tuple[int, ...]
     fixups: tuple[int, ...]
-    kind: str = "cpu"  # "cpu", or a GPU kind: "cuda", "hip"
-    launches: tuple[Launch, ...] = ()
-    cubin: Section | None = None
+    kind: str = "cpu"  # "cpu", or a GPU kind: "cuda", "hip" (its launches and cubin: svodrt_gpu/plan.py)
     team: tuple[int, ...] = ()  # format 1.10: svod_serve, svod_lead (svodrt/abi.py); () in older bundles
 
     def describe(self) -> str:
@@ -347,9 +334,8 @@ def _variant(m: dict, i: int, sections: list[Section], n_kernels: int) -> Varian
         raise fail(f"{where}.binding", f"does not match {arch}:{cpu}'s code, entry points, features and "
                    "the plan they were compiled for: the manifest is damaged or was edited")
     kind = field(v, "kind", str, where) if "kind" in v else "cpu"
-    launches, cubin = _gpu(v, where, sections, n_kernels, m) if kind in fmt.GPU_KINDS else ((), None)
     team = _team(v, where, sec) if "team" in v and kind == "cpu" else ()
-    return Variant(i, arch, cpu, tuple(feats), sec, entry, tuple(kernels), tuple(fixups), kind, launches, cubin, team)
+    return Variant(i, arch, cpu, tuple(feats), sec, entry, tuple(kernels), tuple(fixups), kind, team)
 
 
 def _team(v: dict, where: str, sec: Section) -> tuple[int, ...]:  # format 1.10, bound by `team_binding`
@@ -358,30 +344,6 @@ def _team(v: dict, where: str, sec: Section) -> tuple[int, ...]:  # format 1.10,
     if field(v, "team_binding", bytes, where) != fmt.team_binding(v):
         raise fail(f"{where}.team_binding", "does not match the variant's team offsets: the manifest was edited")
     return tuple(team)
-
-
-def _gpu(v: dict, where: str, sections: list[Section], n: int, m: dict) -> tuple[tuple[Launch, ...], Section | None]:
-    """A GPU variant's launch list and cubin section, bound to the rest by `gpu_binding`."""
-    launches = []
-    for j, x in enumerate(items(v, "launches", where)):
-        w = f"{where}.launches[{j}]"
-        kernel = uint(x, "kernel", w)
-        grid, block = uints(x, "grid", w, fmt.MAX_GRID), uints(x, "block", w, fmt.MAX_BLOCK)
-        if kernel >= n or len(grid) != 3 or len(block) != 3 or 0 in (*grid, *block) or math.prod(block) > fmt.MAX_BLOCK:
-            raise fail(w, f"kernel {kernel} of {n}, grid {grid}, block {block}: expected a kernel index, "
-                       f"3 positive grid sizes and 3 positive block sizes of at most {fmt.MAX_BLOCK} threads in all")
-        dims = uints(x, "dims", w, len(m.get("dims", ())) - 1) if "dims" in x else ()
-        launches.append(Launch(kernel, name(x, "symbol", w), tuple(grid), tuple(block), tuple(dims)))  # type: ignore
-    cubin = None
-    if "cubin" in v:
-        ci = uint(v, "cubin", where, len(sections))
-        if ci >= len(sections) or sections[ci].kind != "code":
-            raise fail(f"{where}.cubin", f"{ci} is not a code section")
-        cubin = sections[ci]
-    if field(v, "gpu_binding", bytes, where) != fmt.gpu_binding(v, cubin.sha256 if cubin else None):
-        raise fail(f"{where}.gpu_binding", "does not match the variant's launch list and code: the manifest is "
-                   "damaged or was edited")
-    return tuple(launches), cubin
 
 
 def parse_plan(m: dict, h: fmt.Header, sections: list[Section], weights: Section, deferred: bool = False) -> Bundle:

@@ -8,10 +8,11 @@ import ctypes
 from ctypes import POINTER, c_char_p, c_int, c_void_p
 from typing import TYPE_CHECKING
 
-from svodrt.bundle import Section, Variant
+from svodrt.bundle import Section
 
 if TYPE_CHECKING:
     from svodrt_gpu.device import Device
+    from svodrt_gpu.plan import GpuVariant
 
 API = "CUDA"
 LIBRARIES = ("libcuda.so.1", "libcuda.so")
@@ -50,14 +51,15 @@ def error_name(fn: dict, status: int) -> bytes | None:
     return p.value if fn["cuGetErrorName"](status, ctypes.byref(p)) == 0 else None
 
 
-def image(v: Variant, d: Device) -> tuple[Section | None, str]:
+def image(g: GpuVariant, d: Device) -> tuple[Section | None, str]:
     """(the section a CUDA device of this compute capability loads, or None; why / what it is). A cubin
     runs on its architecture's major version with an equal or higher minor; PTX on any newer device."""
+    v = g.variant
     if not (v.cpu.startswith("sm_") and v.cpu[3:].isdigit()):
         return None, f"unknown architecture {v.cpu!r}"
     want = int(v.cpu[3:])
-    if v.cubin is not None and d.capability // 10 == want // 10 and d.capability >= want:
-        return v.cubin, "cubin"
+    if g.cubin is not None and d.capability // 10 == want // 10 and d.capability >= want:
+        return g.cubin, "cubin"
     if d.capability >= want:
         return v.section, "PTX, compiled by the driver"
     return None, f"needs compute capability {want // 10}.{want % 10}"

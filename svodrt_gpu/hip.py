@@ -6,10 +6,11 @@ from __future__ import annotations
 from ctypes import c_char_p, c_int
 from typing import TYPE_CHECKING
 
-from svodrt.bundle import Section, Variant
+from svodrt.bundle import Section
 
 if TYPE_CHECKING:
     from svodrt_gpu.device import Device
+    from svodrt_gpu.plan import GpuVariant
 
 API = "HIP"
 LIBRARIES = ("libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6", "/opt/rocm/lib/libamdhip64.so")
@@ -35,8 +36,8 @@ def error_name(fn: dict, status: int) -> bytes | None:
     return fn["hipGetErrorName"](status)
 
 
-def image(v: Variant, d: Device) -> tuple[Section | None, str]:
-    return v.section, "code object"
+def image(g: GpuVariant, d: Device) -> tuple[Section | None, str]:
+    return g.variant.section, "code object"
 
 
 def describe(d: Device) -> str:

@@ -19,6 +19,7 @@ from svodrt.runner import Runner, real_output
 from svodrt.trust import TrustSpec
 from svodrt_gpu.abi import launch_blocks
 from svodrt_gpu.device import CAPTURE_THREAD_LOCAL, Device, parse_device
+from svodrt_gpu.plan import GpuVariant, gpu_variant
 
 
 class GpuModel(Runner):
@@ -32,8 +33,9 @@ class GpuModel(Runner):
         program = Program(source, verify_weights, trust, variant)
         try:
             self.bundle, self.signer, self.weights_verified = program.bundle, program.signer, program.weights_verified
-            self.device = Device(kind, ordinal)
-            self._load(program, variant, graph)
+            gpus = {v.index: gpu_variant(self.bundle, v) for v in self.bundle.variants if v.kind == kind}  # checked
+            self.device = Device(kind, ordinal)  # then the driver
+            self._load(program, gpus, variant, graph)
         except BaseException:
             self.close()
             raise
@@ -41,13 +43,13 @@ class GpuModel(Runner):
             program.close()
         self._set_io()
 
-    def _choose(self, program: Program, index: int | None) -> tuple[Variant, str]:
+    def _choose(self, program: Program, gpus: dict[int, GpuVariant], index: int | None) -> tuple[GpuVariant, str]:
         d, reasons = self.device, []
         for v in self.bundle.variants if index is None else [self.bundle.variants[index]]:
             if v.kind != d.kind:
                 reasons.append(f"{v.describe()} (not a {d.kind} variant)")
                 continue
-            sec, what = d.driver.image(v, d)
+            sec, what = d.driver.image(g := gpus[v.index], d)
             if sec is None:
                 reasons.append(f"{v.describe()} ({what})")
                 continue
@@ -57,15 +59,16 @@ class GpuModel(Runner):
             except DeviceError as e:
                 reasons.append(f"{v.describe()} ({e})")
                 continue
-            return v, what
+            return g, what
         raise UnsupportedHostError(f"no variant of this bundle runs on {d.kind}:{d.ordinal} ({d.name}"
                                    f"{d.driver.describe(d)}): "
                                    f"{'; '.join(reasons) or 'the bundle has no variants'}. Recompile with a "
                                    f"--target for this GPU")
 
-    def _load(self, program: Program, index: int | None, graph: bool) -> None:
+    def _load(self, program: Program, gpus: dict[int, GpuVariant], index: int | None, graph: bool) -> None:
         d, b = self.device, self.bundle
-        self.variant, self.code_kind = self._choose(program, index)
+        gpu, self.code_kind = self._choose(program, gpus, index)
+        self.variant: Variant = gpu.variant
         host_weights, weights_address = program.weights()
         self._stream = d.handle("stream", 0)
         io_sizes = (t.nbytes for t in (*b.inputs, *b.outputs))
@@ -83,7 +86,7 @@ class GpuModel(Runner):
 
         self._io = io
         self._launches, self._scales = [], []
-        for x in self.variant.launches:
+        for x in gpu.launches:
             ptrs = [address(p) for p in b.kernels[x.kernel].params] + ([self._dims] if b.dims else [])
             values = (ctypes.c_uint64 * len(ptrs))(*ptrs)
             args = (ctypes.c_void_p * len(ptrs))(*(ctypes.addressof(values) + 8 * i for i in range(len(ptrs))))

@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from svodrt.bundle import Bundle, Source, parse_bundle
+from svodrt.format import GPU_KINDS
 from svodrt.host import Host, detect_host
 from svodrt.model import variant_problem
+from svodrt_gpu.plan import gpu_variant
 
 
 def _size(n: float) -> str:
@@ -36,8 +38,10 @@ def describe_bundle(b: Bundle, host: Host | None = None, verbose: bool = False) 
     chosen = None
     for v in b.variants:
         if v.kind != "cpu":
-            cubin = f" + cubin {_size(v.cubin.length)}" if v.cubin else ""
-            lines.append(f"  {v.describe()}  code {_size(v.section.length)}{cubin}, {len(v.launches)} launches; "
+            g = gpu_variant(b, v) if v.kind in GPU_KINDS else None  # a later format's kind: its code only
+            cubin = f" + cubin {_size(g.cubin.length)}" if g and g.cubin else ""
+            launches = len(g.launches) if g else 0
+            lines.append(f"  {v.describe()}  code {_size(v.section.length)}{cubin}, {launches} launches; "
                          f"load with device='{v.kind}:N'")
             continue
         mark = "*" if chosen is None and variant_problem(v, host) is None else " "

@@ -14,12 +14,13 @@ import numpy as np
 from svodrt import load
 from svodrt.bundle import Bundle, Record, Source, TensorInfo, check_section, parse_bundle, unpack_bounded
 from svodrt.errors import BundleFormatError, SvodError
-from svodrt.format import BITS_OF, DTYPES, FLOAT_FORMATS, MAX_TEST_VECTORS, STRING
+from svodrt.format import BITS_OF, DTYPES, FLOAT_FORMATS, GPU_KINDS, MAX_TEST_VECTORS, STRING
 from svodrt.host import Host, detect_host
 from svodrt.model import select_variant, variant_problem
 from svodrt.runner import Runner
 from svodrt.schema import fail, items
 from svodrt.trust import TrustSpec, check_signature, trusted_keys
+from svodrt_gpu.plan import gpu_variant
 from svodrt_strings.ids import StringTable
 
 BIT_FLOATS = frozenset(BITS_OF.values())
@@ -195,7 +196,8 @@ def _check_variants(data: bytes, bundle: Bundle, vectors: list[TestVector], host
             report.add("skip", f"{label}: cannot run on this host ({problem})")
             continue
         runnable += 1
-        code = (v.kind, v.section.sha256, v.cubin and v.cubin.sha256, v.entry, v.kernels, v.fixups, v.launches)
+        gpu = gpu_variant(bundle, v)[1:] if v.kind in GPU_KINDS else ()  # (launches, cubin)
+        code = (v.kind, v.section.sha256, v.entry, v.kernels, v.fixups, gpu)
         if code in seen:
             report.add("ok", f"{label}: the same code as variant {seen[code]}, checked there")
             continue

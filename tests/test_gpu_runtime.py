@@ -41,9 +41,10 @@ def test_gpu_path_computes_the_model(stub, small_gpu, device, graph):
 
 def _manifest_launches(bundle: bytes, kind: str) -> list[str]:
     from svodrt.bundle import parse_bundle
+    from svodrt_gpu.plan import gpu_variant
 
-    v = next(v for v in parse_bundle(bundle).variants if v.kind == kind)
-    return [x.symbol for x in v.launches]
+    b = parse_bundle(bundle)
+    return [x.symbol for x in gpu_variant(b, next(v for v in b.variants if v.kind == kind)).launches]
 
 
 def test_cuda_call_sequence(stub, small_gpu):

@@ -27,8 +27,8 @@ from svodrt.abi import (
     WEIGHTS_SLOT,
 )
 from svodrt.errors import BundleFormatError
-from svodrt.session import InferenceSession, SessionOptions
 from svodrt.team import LEAD_FN, SERVE_FN
+from svodrt_session import InferenceSession, SessionOptions
 from tests.bundle_tools import manifest_of, old_runtime_load, repack
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
