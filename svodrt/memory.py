@@ -30,6 +30,9 @@ _mremap.restype = ctypes.c_void_p
 _mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
 MREMAP_MAYMOVE_FIXED = 3  # MREMAP_MAYMOVE | MREMAP_FIXED
 MAP_FAILED = ctypes.c_void_p(-1).value
+# statfs f_type of the file systems where every writer goes through this kernel, so breaks the lease (linux/magic.h:
+# ext4, xfs, btrfs, f2fs, tmpfs, ramfs, overlay). Not NFS, FUSE, virtiofs, 9p, CIFS: a writer elsewhere breaks none.
+LEASE_FILE_SYSTEMS = frozenset((0xEF53, 0x58465342, 0x9123683E, 0xF2F52010, 0x01021994, 0x858458F6, 0x794C7630))
 PAGE = mmap.PAGESIZE
 
 _RISCV_FLUSH_ICACHE = 259  # __NR_riscv_flush_icache (asm-generic numbering, riscv64 only)
@@ -96,14 +99,17 @@ class FileWeights(Mapping):
     over the mapping (mremap: one step for threads reading it) before it lets go, so what was mapped never changes and
     a truncate is no SIGBUS. The handler runs on the main thread between bytecodes; the kernel waits for it up to
     /proc/sys/fs/lease-break-time (45 s). OSError or ValueError (off the main thread, before the handler is in place)
-    where the lease cannot be had: the caller copies the bytes instead."""
+    where the lease cannot be had: the caller copies the bytes instead. lost: why the bytes are gone (runs refuse)."""
 
     def __init__(self, fd: int, offset: int, length: int, unchanged: Callable[[int], bool]):
         self.address, self.size, self.lock, self.fd = 0, length, threading.Lock(), None
+        self.unchanged, self.pending, self.lost = unchanged, False, ""
         if not _PREVIOUS:
             _PREVIOUS.append(signal.signal(signal.SIGIO, _on_lease_break))
         try:  # OSError: not the file's owner (no CAP_LEASE), open for writing elsewhere, a file system without leases
-            self.fd = os.dup(fd)  # its own descriptor: the lease's
+            self.fd, fs = os.dup(fd), ctypes.create_string_buffer(256)  # its own descriptor: the lease's
+            if _libc.fstatfs(self.fd, fs) != 0 or ctypes.c_uint32.from_buffer(fs).value not in LEASE_FILE_SYSTEMS:
+                raise OSError("not on a file system whose writers all break leases")  # f_type: 4 bytes (LE, s390x)
             fcntl.fcntl(self.fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
             address = _mmap(None, length, mmap.PROT_READ, mmap.MAP_PRIVATE, self.fd, offset) or 0
             self.address = 0 if address == MAP_FAILED else address
@@ -112,28 +118,39 @@ class FileWeights(Mapping):
         except BaseException:
             self.close()
             raise
-        _LEASED.add(self)
-        with self.lock:  # a break that began before the add found nothing to detach
-            self.follow()
+        global _LEASED
+        with _REGISTERING:  # replaced, never changed in place: the handler iterates whichever tuple it finds
+            _LEASED = (*(r for r in _LEASED if getattr(r(), "fd", None) is not None), weakref.ref(self))
+        self.settle(blocking=True)  # a break that began before the registration found nothing to detach
 
-    def follow(self) -> None:
-        """Detach if the lease is being broken (self.lock held)."""
-        if self.fd is not None and fcntl.fcntl(self.fd, fcntl.F_GETLEASE) != fcntl.F_RDLCK:
-            self.detach()
+    def settle(self, blocking: bool) -> None:
+        """Detach if the lease is being broken. A break signalled while another caller holds the lock (pending set
+        before the try) is followed by that caller once it lets go (pending cleared under the lock, then checked)."""
+        self.pending = True
+        while self.pending and self.lock.acquire(blocking):
+            try:
+                self.pending = False
+                if self.fd is not None and fcntl.fcntl(self.fd, fcntl.F_GETLEASE) != fcntl.F_RDLCK:
+                    self.detach()
+            finally:
+                self.lock.release()
 
     def detach(self) -> None:
-        """Put a private copy where the file's bytes are mapped, then let the file go (self.lock held)."""
-        copy = Mapping(self.size, "the weights' private copy")
-        ctypes.memmove(copy.address, self.address, self.size)
-        _mprotect(copy.address, copy.size, mmap.PROT_READ)
-        if _mremap(copy.address, copy.size, copy.size, MREMAP_MAYMOVE_FIXED, self.address) != self.address:
-            raise RuntimeFailure(f"cannot move the weights' copy over their file mapping: "
-                                 f"{os.strerror(ctypes.get_errno())}")
-        copy.address, self.size = 0, copy.size  # moved: the copy is this mapping now
+        """Put a private copy where the file's bytes are mapped, then let the file go (self.lock held). Not a file
+        already changed: the kernel's wait ran out before the handler ran (a main thread held in native code)."""
+        if not self.unchanged(self.fd):  # fstat: copying a truncated file's pages would be a SIGBUS
+            self.lost = "its file was rewritten while loaded and the lease's 45 s ran out before its bytes were copied"
+        else:
+            copy = Mapping(self.size, "the weights' private copy")
+            ctypes.memmove(copy.address, self.address, self.size)
+            _mprotect(copy.address, copy.size, mmap.PROT_READ)
+            if _mremap(copy.address, copy.size, copy.size, MREMAP_MAYMOVE_FIXED, self.address) != self.address:
+                raise RuntimeFailure(f"cannot move the weights' copy over their file mapping: "
+                                     f"{os.strerror(ctypes.get_errno())}")
+            copy.address, self.size = 0, copy.size  # moved: the copy is this mapping now
         self._let_go()
 
     def _let_go(self) -> None:
-        _LEASED.discard(self)
         if self.fd is not None:
             with contextlib.suppress(OSError):  # explicitly: a forked child's mapping keeps the open file alive
                 fcntl.fcntl(self.fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
@@ -146,18 +163,16 @@ class FileWeights(Mapping):
             super().close()
 
 
-_LEASED: weakref.WeakSet[FileWeights] = weakref.WeakSet()  # weak: a model dropped unclosed unmaps and lets go
+_LEASED: tuple[weakref.ref[FileWeights], ...] = ()  # weak: a model dropped unclosed unmaps and lets go
+_REGISTERING = threading.Lock()
 _PREVIOUS: list[object] = []  # [the SIGIO handler ours replaced] once ours is in place
 
 
 def _on_lease_break(signum: int, frame: object) -> None:
-    for w in list(_LEASED):  # its lock taken: close() is letting go of it anyway
-        if w.lock.acquire(blocking=False):
-            try:
-                with contextlib.suppress(OSError, RuntimeFailure):  # never raise into the code the signal interrupted
-                    w.follow()
-            finally:
-                w.lock.release()
+    for ref in _LEASED:
+        if (w := ref()) is not None:
+            with contextlib.suppress(OSError, RuntimeFailure):  # never raise into the code the signal interrupted
+                w.settle(blocking=False)
     if callable(_PREVIOUS[0]):
         _PREVIOUS[0](signum, frame)
 
@@ -165,12 +180,16 @@ def _on_lease_break(signum: int, frame: object) -> None:
 def _lease_in_child() -> None:
     """A forked child shares its parent's open file, whose lease signals the parent: the child takes its own on a new
     open of the same file (/proc/self/fd names the file itself, even renamed or unlinked), or copies the bytes."""
-    for w in list(_LEASED):
+    global _REGISTERING
+    _REGISTERING = threading.Lock()  # a parent's thread may have held it
+    for w in filter(None, (r() for r in _LEASED)):
+        if w.fd is None:
+            continue
         inherited, w.fd, w.lock, leased = w.fd, None, threading.Lock(), False  # a parent's thread may hold the lock
         with contextlib.suppress(OSError):
             w.fd = os.open(f"/proc/self/fd/{inherited}", os.O_RDONLY | os.O_CLOEXEC)
             leased = fcntl.fcntl(w.fd, fcntl.F_SETLEASE, fcntl.F_RDLCK) == 0
-        os.close(inherited)  # type: ignore[arg-type]  # not unlocked: the lease is the parent's
+        os.close(inherited)
         if not leased:
             w.detach()
 

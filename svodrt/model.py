@@ -93,7 +93,12 @@ class Model(Runner):
             self._code = memory.map_code(program.source.read(sec.offset, sec.length), self.variant.fixups, sec.sha256,
                                          f"code section {sec.name!r} at offset {sec.offset}")
             self._weights, self.weights_address = program.weights()
+            self._lease = self._weights if isinstance(self._weights, memory.FileWeights) else None
             self._arenas = [aligned_empty(arena, "arena")]  # at load: a host without the memory says so now
+        except BaseException:  # the code and weights' mappings (and a lease) go now, not when the traceback does
+            for keep in (getattr(self, "_code", None), getattr(self, "_weights", None)):
+                getattr(keep, "close", lambda: None)()
+            raise
         finally:
             program.close()
         self._entry = ENTRY_FN(self._code.address + self.variant.entry)
@@ -119,6 +124,8 @@ class Model(Runner):
         with self._state:
             if self._closed:
                 raise ModelClosedError("this model was closed; load the bundle again to run it")
+            if self._lease is not None and self._lease.lost:
+                raise RuntimeFailure(f"the weights of this model are lost: {self._lease.lost}; load the bundle again")
             self._active += 1
             return self._arenas.pop() if arena and self._arenas else None
 
@@ -196,7 +203,7 @@ class Model(Runner):
                 self._state.wait()
         if self._helpers is None or self._helpers.close():  # else (a collection on a helper) the Team unmaps it
             self._code.close()
-        self._weights = self._arenas = self._helpers = None  # type: ignore[assignment]  # exit stops no Team twice
+        self._weights = self._lease = self._arenas = self._helpers = None  # type: ignore[assignment]  # exit stops no Team twice
 
 
 def _address(a: np.ndarray) -> int:  # ~3x cheaper than a.ctypes.data (an object per call), a third of the floor

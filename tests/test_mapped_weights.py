@@ -10,6 +10,8 @@ import gc
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import onnx
@@ -146,7 +148,7 @@ def test_damaged_mapped_weights_are_refused_and_the_lease_let_go(versions, tmp_p
     with pytest.raises(svodrt.BundleFormatError, match="fails its sha256"):
         svodrt.load(path, verify_weights=True)
     gc.collect()
-    assert not any(lease.fd is not None and lease.size == w.length for lease in memory._LEASED)
+    assert not any(getattr(r(), "fd", None) is not None and r().size == w.length for r in memory._LEASED)
 
 
 def test_a_handler_that_was_there_before_is_still_called(loaded, versions):
@@ -161,3 +163,72 @@ def test_a_handler_that_was_there_before_is_still_called(loaded, versions):
         memory._PREVIOUS[0] = previous
     assert calls and m._weights.fd is None
     assert np.array_equal(m.run({"x": x})["y"], outs[0])
+
+
+def test_a_break_signalled_while_another_caller_holds_the_lock_is_followed_by_it(loaded):
+    """The handler finds the lock taken (here by a thread settling, as a load off the main thread does): it leaves
+    the break pending, and that thread detaches once it lets go; the writer is not held for the kernel's 45 s."""
+    m, path, x, outs = loaded
+    w, writers = m._weights, []
+
+    class SlowToLetGo:  # the settling thread's first release waits until a break came while it held the lock
+        def __init__(self, inner):
+            self.inner, self.acquire, self.first = inner, inner.acquire, True
+
+        def release(self):
+            if self.first:
+                self.first = False
+                code = "import sys; open(sys.argv[1], 'r+b').close()"  # opens to write: breaks the lease
+                writers.append(subprocess.Popen([sys.executable, "-c", code, str(path)]))
+                while not w.pending:  # set by the handler, on the main thread, which found the lock taken
+                    time.sleep(0.01)
+            self.inner.release()
+
+    lock, w.lock = w.lock, SlowToLetGo(w.lock)
+    try:
+        settling = threading.Thread(target=w.settle, kwargs={"blocking": True})
+        settling.start()
+        while settling.is_alive():  # the main thread runs bytecode: the handler runs within 10 ms of the signal
+            time.sleep(0.01)
+        assert writers[0].wait(timeout=WRITER_TIMEOUT_S) == 0
+    finally:
+        w.lock = lock
+    assert w.fd is None and np.array_equal(m.run({"x": x})["y"], outs[0])
+
+
+def test_weights_whose_file_changed_before_their_copy_are_lost_not_read(loaded):
+    """Past the kernel's wait (a main thread held in native code) the file may already be other bytes or shorter:
+    detach copies nothing from it and the model refuses to run instead of reading them."""
+    m, path, x, _ = loaded
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # no open: no break, but the file's identity moved
+    with m._weights.lock:
+        m._weights.detach()  # what the handler does once the lease breaks
+    assert m._weights.fd is None
+    with pytest.raises(svodrt.RuntimeFailure, match="weights of this model are lost: its file was rewritten"):
+        m.run({"x": x})
+
+
+def test_a_load_that_fails_after_mapping_lets_the_lease_go_at_once(versions, tmp_path, monkeypatch):
+    """Not when the traceback (which holds the half-made model) is dropped: a writer is not held meanwhile."""
+    path = tmp_path / "m.svod"
+    path.write_bytes(versions[0][0])
+
+    def no_arena(*args):
+        raise MemoryError("no arena")
+
+    monkeypatch.setattr("svodrt.model.aligned_empty", no_arena)
+    with pytest.raises(MemoryError) as failed:
+        svodrt.load(path)
+    assert failed.value and not [r for r in memory._LEASED if getattr(r(), "fd", None) is not None]
+
+
+def test_a_file_system_not_known_to_break_leases_for_every_writer_is_copied(versions, tmp_path, monkeypatch):
+    """NFS, FUSE, virtiofs: a writer on another machine (or the host) breaks no lease here, so nothing is mapped."""
+    bundles, x, outs = versions
+    path = tmp_path / "m.svod"
+    path.write_bytes(bundles[0])
+    monkeypatch.setattr(memory, "LEASE_FILE_SYSTEMS", frozenset())
+    with svodrt.load(path) as m:
+        assert not isinstance(m._weights, FileWeights)
+        assert np.array_equal(m.run({"x": x})["y"], outs[0])
