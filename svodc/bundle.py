@@ -41,8 +41,8 @@ from svodrt.format import (
     team_binding,
     variant_binding,
 )
-from svodrt.trust import signed_message
 from svodrt_gpu.plan import gpu_binding
+from svodrt_trust import signed_message
 
 ZSTD_LEVEL = 10
 # Informational manifest entries no runtime check depends on (docs/bundle-format.md "Optional entries"):
@@ -150,7 +150,7 @@ def _byte_order(images: list[tuple[Target, CodeImage]], gpu_images: list[GpuImag
 
 
 def _signature(manifest: dict, key_path: str | os.PathLike) -> dict:
-    """The manifest's `signature` (svodrt/trust.py): Ed25519 by the PEM private key at key_path, over
+    """The manifest's `signature` (svodrt_trust/): Ed25519 by the PEM private key at key_path, over
     the message the runtime computes from the manifest it parses (hence the msgpack round trip)."""
     try:
         from cryptography.hazmat.primitives import serialization

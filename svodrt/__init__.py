@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from svodrt.bundle import TrustSpec
 from svodrt.errors import (
     BundleFormatError,
     BundleVersionError,
@@ -20,7 +21,6 @@ from svodrt.errors import (
 from svodrt.host import Host, detect_host
 from svodrt.model import Model
 from svodrt.runner import Runner
-from svodrt.trust import TrustSpec
 
 if TYPE_CHECKING:
     from svodrt_session import InferenceSession, NodeArg, SessionOptions

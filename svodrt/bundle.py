@@ -10,7 +10,7 @@ import ctypes
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 import numpy as np
@@ -21,7 +21,6 @@ from svodrt.abi import BUFFER_ALIGN
 from svodrt.errors import BundleFormatError, BundleVersionError, RuntimeFailure
 from svodrt.features import BYTE_ORDER
 from svodrt.schema import Bundle, KernelInfo, Section, TensorInfo, Variant
-from svodrt.trust import TrustSpec, check_signature, trusted_keys
 
 __all__ = ["Bundle", "KernelInfo", "Program", "Section", "Source", "TensorInfo", "Variant",
            "check_section", "parse_bundle"]
@@ -30,6 +29,8 @@ MANIFEST_EXPANSION, MANIFEST_FLOOR = 64, 4 << 20  # raw manifest <= 64 x stored 
 OBJECTS_PER_BYTE, OBJECTS_FLOOR = 1, 1 << 16  # real bundles: < 0.1 msgpack objects per file byte
 MAX_MAP = fmt.MAX_ITEMS  # keys in any manifest map (node_ops has one per ONNX node); the object budget bounds the sum
 RECORD_AGE_NS = 2_000_000_000  # a Record is written only for a file unchanged this long when opened (FAT: 2 s)
+PLAN_KEYS = frozenset(("buffers", "kernels", "node_ops", "options"))  # what a load reads nothing of when deferred
+TrustSpec = str | os.PathLike | bytes | Iterable[str | os.PathLike | bytes]  # keys: svodrt_trust.trusted_keys
 RECORDS = {"weights": ("", "v1"), "plan": (".plan", "v1")}  # name suffix, version: new when what it checks changes
 
 
@@ -116,9 +117,10 @@ def read_header(data: bytes | memoryview | Source) -> fmt.Header:
     return h
 
 
-def unpack_bounded(raw: bytes | memoryview, file_size: int) -> object:
+def unpack_bounded(raw: bytes | memoryview, file_size: int, packed: frozenset[str] = frozenset()) -> object:
     """msgpack with every length capped and at most OBJECTS_PER_BYTE objects per file byte: the hooks
-    count each list and map as it is built (with its items), so a bomb stops before it is built."""
+    count each list and map as it is built (with its items), so a bomb stops before it is built. packed: keys of
+    the top map whose values are skipped, not built, and kept as msgpack (sc.Packed: Bundle.manifest unpacks them)."""
     import msgpack  # here, not at `import svodrt`: imports are most of a cold start
     budget = [OBJECTS_PER_BYTE * file_size + OBJECTS_FLOOR]
 
@@ -131,15 +133,26 @@ def unpack_bounded(raw: bytes | memoryview, file_size: int) -> object:
     # Each object takes a byte at least and is counted at most twice (an item of its container, a container
     # itself): within the budget the hooks cannot fire, and (a Python call per container) cost 30 % of the unpack.
     hooks = {} if 2 * len(raw) <= budget[0] else {"list_hook": count, "object_hook": count}
-    try:  # unpackb reads `raw` in place (an Unpacker copies it first) and refuses bytes after the map
-        return msgpack.unpackb(raw, raw=False, strict_map_key=True, max_str_len=4 * fmt.MAX_STRING,
-                               max_bin_len=len(raw), max_array_len=fmt.MAX_ITEMS, max_map_len=MAX_MAP, max_ext_len=0,
-                               **hooks)
-    except msgpack.ExtraData as e:
-        raise ValueError(f"{len(e.extra)} bytes follow the manifest's map") from None
+    u = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=len(raw), max_str_len=4 * fmt.MAX_STRING,
+                         max_bin_len=len(raw), max_array_len=fmt.MAX_ITEMS, max_map_len=MAX_MAP, max_ext_len=0, **hooks)
+    u.feed(raw)
+    if not packed:
+        out = u.unpack()
+    else:  # the map's values one by one: those packed skipped (no objects made: a deferred load's plan)
+        out = {}
+        for _ in range(u.read_map_header()):
+            if (key := u.unpack()) in packed:
+                start = u.tell()
+                u.skip()
+                out[key] = sc.Packed(bytes(raw[start: u.tell()]), file_size)
+            else:
+                out[key] = u.unpack()
+    if u.tell() != len(raw):
+        raise ValueError(f"{len(raw) - u.tell()} bytes follow the manifest's map")
+    return out
 
 
-def read_manifest(data: bytes | memoryview | Source, h: fmt.Header) -> dict:
+def read_manifest(data: bytes | memoryview | Source, h: fmt.Header, packed: frozenset[str] = frozenset()) -> dict:
     import hashlib
     src = as_source(data)
     raw = stored = src.read(h.manifest_offset, h.manifest_size)
@@ -155,7 +168,7 @@ def read_manifest(data: bytes | memoryview | Source, h: fmt.Header) -> dict:
         raise _fail(f"manifest at offset {h.manifest_offset} fails its checksum (header offset 56): the file is "
                     "damaged")
     try:
-        m = unpack_bounded(raw, src.size)
+        m = unpack_bounded(raw, src.size, packed)
     except Exception as e:  # msgpack raises several types for malformed input
         why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__  # StackError says nothing more
         raise _fail(f"manifest at offset {h.manifest_offset} is not valid msgpack: {why}") from None
@@ -250,7 +263,7 @@ def parse_bundle(data: bytes | memoryview | Source, recorded: Callable[[fmt.Head
     src = as_source(data)
     h = read_header(src)
     deferred = recorded is not None and recorded(h)
-    m = read_manifest(src, h)
+    m = read_manifest(src, h, PLAN_KEYS if deferred else frozenset())
     try:
         fmt = sc.field(m, "format", list, "manifest")
         if fmt != [h.major, h.minor]:
@@ -301,7 +314,10 @@ class Program:
             return trust is None and not verify_weights and Record.of(self.source, h, "plan").exists()
         try:
             self.bundle: Bundle = parse_bundle(self.source, recorded)
-            self.signer = check_signature(self.bundle.manifest, None if trust is None else trusted_keys(trust))
+            self.signer = None  # unsigned, no policy: nothing to check
+            if trust is not None or "signature" in self.bundle.head:
+                from svodrt_trust import check_signature, trusted_keys
+                self.signer = check_signature(self.bundle.manifest, None if trust is None else trusted_keys(trust))
             if variant is not None and not 0 <= variant < (n := len(self.bundle.variants)):
                 raise ValueError(f"variant {variant} does not exist (the bundle has {n})")
             # Weights up to fmt.WEIGHTS_CHECK_LIMIT are checked at a file's first load (damage is an error, not a
@@ -317,12 +333,6 @@ class Program:
         except BaseException:
             self.close()
             raise
-
-    def image(self, sec: Section) -> bytes | memoryview:
-        """A section's bytes, private and checked against its sha256."""
-        data = self.source.read(sec.offset, sec.length)
-        check_section(self.source, sec, data)
-        return data
 
     def weights(self) -> tuple[object, int]:
         """The weights section, checked if check_weights: mapped from the file under a read lease (svodrt/memory.py

@@ -43,11 +43,11 @@ YIELD_FN = ctypes.cast(_libc.sched_yield, ctypes.c_void_p).value
 
 
 class Mapping:
-    """An anonymous read+write mapping of `length` bytes rounded up to pages, unmapped on close()."""
+    """An anonymous read+write mapping of `length` bytes rounded up to pages, populated, unmapped on close()."""
 
     def __init__(self, length: int, what: str):
         self.size = max(PAGE, (length + PAGE - 1) // PAGE * PAGE)
-        rw, private = mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+        rw, private = mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE
         self.address = _mmap(None, self.size, rw, private, -1, 0) or 0
         if self.address in (0, MAP_FAILED):
             self.address = 0
@@ -63,15 +63,17 @@ class Mapping:
         self.close()
 
 
-def map_code(data: bytes | memoryview, fixups: tuple[int, ...], sha256: bytes, what: str) -> Mapping:
-    """Copy a code image into fresh anonymous memory, check its sha256 there, apply base fixups, make it
-    read+execute: the bytes that run are the bytes checked, and no file change can reach them (no SIGBUS)."""
+def map_code(data: bytes | memoryview | Callable[[memoryview], object], fixups: tuple[int, ...], sha256: bytes,
+             what: str, length: int | None = None) -> Mapping:
+    """Copy a code image (data(view) reads `length` bytes) into fresh anonymous memory, check its sha256 there, apply
+    base fixups, make it read+execute: the bytes that run are the bytes checked, and no file change reaches them."""
     import hashlib  # here, not at `import svodrt`
-    length = len(data)
+    length = len(data) if length is None else length  # type: ignore[arg-type]
     m = Mapping(length, what)
     try:  # every failure unmaps before it raises
-        ctypes.memmove(m.address, bytes(data), length)
-        if hashlib.sha256(memoryview((ctypes.c_char * length).from_address(m.address))).digest() != sha256:
+        view = memoryview((ctypes.c_char * length).from_address(m.address)).cast("B")
+        data(view) if callable(data) else view.__setitem__(slice(None), data)  # read into it: one copy, no buffer
+        if hashlib.sha256(view).digest() != sha256:
             raise BundleFormatError(f"{what} fails its sha256 checksum: the file is damaged; nothing of it was run")
         for off in fixups:  # verified earlier: inside the image, 8 bytes apart
             word = ctypes.c_uint64.from_address(m.address + off)

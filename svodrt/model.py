@@ -13,13 +13,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from svodrt.abi import ARENA_SLOT, FIRST_IO_SLOT, SYNC_SIZE, SYNC_YIELD, WEIGHTS_SLOT, table_slots
-from svodrt.bundle import Bundle, Program, Variant, aligned_empty, host_memory
+from svodrt.bundle import Bundle, Program, TrustSpec, Variant, aligned_empty, host_memory
 from svodrt.errors import ModelClosedError, RuntimeFailure, UnsupportedHostError
 from svodrt.features import feature_names
 from svodrt.format import GPU_KINDS
 from svodrt.host import Host, detect_host
 from svodrt.runner import Runner, check_dims_status, check_input, real_output  # noqa: F401 (check_input: API)
-from svodrt.trust import TrustSpec
 
 if TYPE_CHECKING:
     from svodrt.team import Team
@@ -90,15 +89,11 @@ class Model(Runner):
                                      f"this host's {host_memory()} bytes of memory")
             from svodrt import memory  # at load, not at `import svodrt`: mmap, libc through ctypes
             sec, self._yield = self.variant.section, memory.YIELD_FN
-            self._code = memory.map_code(program.source.read(sec.offset, sec.length), self.variant.fixups, sec.sha256,
-                                         f"code section {sec.name!r} at offset {sec.offset}")
-            self._weights, self.weights_address = program.weights()
-            self._lease = self._weights if isinstance(self._weights, memory.FileWeights) else None
+            self._code = memory.map_code(lambda view: program.source.readinto(sec.offset, view), self.variant.fixups,
+                                         sec.sha256, f"code section {sec.name!r} at offset {sec.offset}", sec.length)
             self._arenas = [aligned_empty(arena, "arena")]  # at load: a host without the memory says so now
-        except BaseException:  # the code and weights' mappings (and a lease) go now, not when the traceback does
-            for keep in (getattr(self, "_code", None), getattr(self, "_weights", None)):
-                getattr(keep, "close", lambda: None)()
-            raise
+            self._weights, self.weights_address = program.weights()  # last: no failure after it keeps a lease
+            self._lease = self._weights if isinstance(self._weights, memory.FileWeights) else None
         finally:
             program.close()
         self._entry = ENTRY_FN(self._code.address + self.variant.entry)

@@ -172,6 +172,12 @@ def _edge(m: dict, key: str, parser: str, *args) -> tuple:
     return getattr(svodrt_strings, parser)(items(m, key, "manifest"), *args)
 
 
+class Packed(NamedTuple):
+    """A value of the manifest's map left as msgpack at load: the plan, where a record stood for its checks."""
+    raw: bytes
+    file_size: int  # the budget of objects it may unpack into is the file's (unpack_bounded)
+
+
 class _Fields(NamedTuple):
     inputs: list[TensorInfo]
     outputs: list[TensorInfo]
@@ -184,7 +190,7 @@ class _Fields(NamedTuple):
     zipmaps: tuple[tuple[str, tuple], ...]  # format 1.6: (output, keys) returned as a list of dicts
     edge_outputs: tuple[tuple, ...]  # formats 1.6/1.8: the string program's steps (svodrt_strings)
     header: fmt.Header
-    manifest: dict
+    head: dict  # the manifest's map, the plan's values still Packed where `deferred`
     sections: list[Section]
     weights: Section
     deferred: bool  # the plan's buffers and kernels not checked yet: a record of an earlier load's checks stood for it
@@ -196,9 +202,18 @@ class Bundle(_Fields):
     variant's code needs neither, the GPU executor and the tools do."""
 
     @functools.cached_property
+    def manifest(self) -> dict:
+        """The manifest's map whole: its Packed values unpacked (svodrt/bundle.py unpack_bounded)."""
+        from svodrt.bundle import unpack_bounded
+        try:
+            return {k: unpack_bounded(v.raw, v.file_size) if type(v) is Packed else v for k, v in self.head.items()}
+        except Exception as e:  # msgpack raises several types for malformed input
+            raise BundleFormatError(f"manifest at offset {self.header.manifest_offset}: {e!r}") from None
+
+    @functools.cached_property
     def _plan(self) -> tuple[list[KernelInfo], dict[int, tuple[str, int]]]:
         try:
-            return checked_plan(self.manifest, self.arena_size, self.weights_size)
+            return entry_per_kernel(checked_plan(self.manifest, self.arena_size, self.weights_size), self.variants)
         except BundleFormatError as e:  # as at load (svodrt/bundle.py parse_bundle)
             raise BundleFormatError(f"{e} (manifest at offset {self.header.manifest_offset})") from None
 
@@ -304,7 +319,7 @@ def check_arena_liveness(kernels: list[KernelInfo], buffers: dict[int, _Buffer])
         owner.insert(i, b)
 
 
-def _variant(m: dict, i: int, sections: list[Section], n_kernels: int) -> Variant:
+def _variant(m: dict, i: int, sections: list[Section]) -> Variant:
     v = m["variants"][i]
     where = f"variants[{i}]"
     si = uint(v, "section", where, len(sections))
@@ -328,8 +343,6 @@ def _variant(m: dict, i: int, sections: list[Section], n_kernels: int) -> Varian
                            f"({sec.length} bytes at offset {sec.offset})")
     if any(b - a < 8 for a, b in itertools.pairwise(fixups)):
         raise fail(f"{where}.fixups", "must be sorted and at least 8 bytes apart")
-    if len(kernels) != n_kernels:
-        raise fail(f"{where}.kernels", f"has {len(kernels)} offsets for {n_kernels} kernels")
     if field(v, "binding", bytes, where) != fmt.variant_binding(v, sec.sha256, m):  # the code's tie to the plan: always
         raise fail(f"{where}.binding", f"does not match {arch}:{cpu}'s code, entry points, features and "
                    "the plan they were compiled for: the manifest is damaged or was edited")
@@ -356,11 +369,10 @@ def parse_plan(m: dict, h: fmt.Header, sections: list[Section], weights: Section
     weights_size = uint(m, "weights_size", "manifest", fmt.MAX_BYTES)
     if weights.length < weights_size:
         raise fail("weights_size", f"{weights_size} is more than the weights section holds ({weights.length})")
-    plan = None if deferred else checked_plan(m, arena, weights_size)
+    plan = None if deferred else checked_plan(m, arena, weights_size)  # before the variants' bindings
     # Read before the variants: their bindings cover it.
     vocab = _edge(m, "vocabulary", "parse_vocabulary") if any(t.dtype == fmt.STRING for t in inputs + outputs) else ()
-    n_kernels = len(items(m, "kernels", "manifest"))
-    variants = [_variant(m, i, sections, n_kernels) for i in range(len(items(m, "variants", "manifest")))]
+    variants = [_variant(m, i, sections) for i in range(len(items(m, "variants", "manifest")))]
     if not variants:
         raise fail("variants", "the bundle has no code variant")
     zipmaps = _edge(m, "zipmaps", "parse_zipmaps", outputs) if "zipmaps" in m else ()
@@ -368,8 +380,16 @@ def parse_plan(m: dict, h: fmt.Header, sections: list[Section], weights: Section
     bundle = Bundle(inputs, outputs, variants, arena, weights_size, vocab, tuple(dims.values()), zipmaps, steps, h, m,
                     sections, weights, deferred)
     if plan is not None:
-        bundle.__dict__["_plan"] = plan  # the cached_property's value
+        bundle.__dict__["_plan"] = entry_per_kernel(plan, variants)  # the cached_property's value
     return bundle
+
+
+def entry_per_kernel(plan: tuple[list[KernelInfo], dict], variants: list[Variant]) -> tuple[list[KernelInfo], dict]:
+    """The plan, once each variant is seen to have an entry point per kernel (a check of the plan's)."""
+    for v in variants:
+        if len(v.kernels) != len(plan[0]):
+            raise fail(f"variants[{v.index}].kernels", f"has {len(v.kernels)} offsets for {len(plan[0])} kernels")
+    return plan
 
 
 def checked_plan(m: dict, arena: int, weights_size: int) -> tuple[list[KernelInfo], dict[int, tuple[str, int]]]:

@@ -13,10 +13,9 @@ from collections.abc import Mapping as MappingT
 import numpy as np
 
 from svodrt.abi import DIM_SIZE
-from svodrt.bundle import Program, Variant
+from svodrt.bundle import Program, TrustSpec, Variant, check_section
 from svodrt.errors import DeviceError, ModelClosedError, UnsupportedHostError
 from svodrt.runner import Runner, real_output
-from svodrt.trust import TrustSpec
 from svodrt_gpu.abi import launch_blocks
 from svodrt_gpu.device import CAPTURE_THREAD_LOCAL, Device, parse_device
 from svodrt_gpu.plan import GpuVariant, gpu_variant
@@ -53,7 +52,8 @@ class GpuModel(Runner):
             if sec is None:
                 reasons.append(f"{v.describe()} ({what})")
                 continue
-            image = bytes(program.image(sec))  # the bytes loaded are the bytes checked
+            image = bytes(program.source.read(sec.offset, sec.length))  # private: the bytes loaded are those checked
+            check_section(program.source, sec, image)
             try:
                 self._module = d.handle("load", image)
             except DeviceError as e:

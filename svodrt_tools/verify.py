@@ -19,9 +19,9 @@ from svodrt.host import Host, detect_host
 from svodrt.model import select_variant, variant_problem
 from svodrt.runner import Runner
 from svodrt.schema import fail, items
-from svodrt.trust import TrustSpec, check_signature, trusted_keys
 from svodrt_gpu.plan import gpu_variant
 from svodrt_strings.ids import StringTable
+from svodrt_trust import TrustSpec, check_signature, trusted_keys
 
 BIT_FLOATS = frozenset(BITS_OF.values())
 

@@ -175,8 +175,8 @@ def test_3_the_hooks_are_left_out_only_where_they_cannot_fire(small_bundle, monk
 
     from svodrt.bundle import OBJECTS_FLOOR, unpack_bounded
 
-    seen, unpackb = [], msgpack.unpackb
-    monkeypatch.setattr(msgpack, "unpackb", lambda data, **kw: seen.append("list_hook" in kw) or unpackb(data, **kw))
+    seen, unpacker = [], msgpack.Unpacker
+    monkeypatch.setattr(msgpack, "Unpacker", lambda **kw: seen.append("list_hook" in kw) or unpacker(**kw))
     svodrt.load(path_bytes(small_bundle)).close()  # a real manifest: far within its budget
     n = (OBJECTS_FLOOR >> 1) - 2  # n + 1 lists in n + 3 bytes: 2 * (n + 3) is over the budget of a 0-byte file
     unpack_bounded(b"\xdc" + n.to_bytes(2, "big") + b"\x90" * n, 0)  # so counted (2n + 1), and within it

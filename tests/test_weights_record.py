@@ -15,7 +15,8 @@ import pytest
 import svodrt
 import svodrt.bundle
 import svodrt.format
-from svodrt.bundle import Program, Record, Source, parse_bundle, read_header
+from svodrt.bundle import PLAN_KEYS, Program, Record, Source, parse_bundle, read_header
+from svodrt.schema import Packed
 from svodrt_tools.verify import verify
 from tests.bundle_tools import manifest_of, repack
 
@@ -216,14 +217,53 @@ def test_a_deferred_plan_is_still_checked_when_it_is_used(bundle_file):
     path, _ = bundle_file
     m = manifest_of(path.read_bytes())
     m["buffers"][0]["offset"] = m["arena_size"] + m["weights_size"]  # outside either area
-    path.write_bytes(repack(path.read_bytes(), m, rebind=True))
-    with pytest.raises(svodrt.BundleFormatError, match=r"buffers\[0\].*lies outside"):
+    _refused_at_load_and_at_first_use(path, m, r"buffers\[0\].*lies outside",
+                                      r"buffers\[0\].*lies outside.*\(manifest at offset")
+
+
+def test_a_deferred_load_leaves_the_plan_packed_and_unpacks_it_whole_when_asked(bundle_file):
+    """What a CPU load reads nothing of (the plan's buffers and kernels, node_ops, options) stays msgpack: skipped,
+    not built, at load; Bundle.manifest is then the map a full parse gives, key for key and in order."""
+    path, _ = bundle_file
+    svodrt.load(path).close()
+    program = Program(path)
+    try:
+        head = program.bundle.head
+        assert program.bundle.deferred and {k for k, v in head.items() if type(v) is Packed} == set(PLAN_KEYS) & set(head)
+        assert "kernels" in head and "manifest" not in vars(program.bundle)
+        full = parse_bundle(path.read_bytes()).manifest  # bytes: never deferred
+        assert program.bundle.manifest == full and list(program.bundle.manifest) == list(full)
+    finally:
+        program.close()
+
+
+def _refused_at_load_and_at_first_use(path, manifest: dict, at_load: str, at_use: str) -> None:
+    """The edited manifest (rebound) is refused by a full load; under a forged plan record the load defers and the
+    plan's first use refuses it."""
+    path.write_bytes(repack(path.read_bytes(), manifest, rebind=True))
+    with pytest.raises(svodrt.BundleFormatError, match=at_load):
         svodrt.load(path)
     _forge_plan_record(path)
     program = Program(path)
     try:
         assert program.bundle.deferred
-        with pytest.raises(svodrt.BundleFormatError, match=r"buffers\[0\].*lies outside.*\(manifest at offset"):
+        with pytest.raises(svodrt.BundleFormatError, match=at_use):
             program.bundle.kernels  # noqa: B018
     finally:
         program.close()
+
+
+def test_a_packed_plan_that_is_not_valid_msgpack_fails_at_its_first_use(bundle_file):
+    """Under a forged record the plan is not even unpacked at load: unpacking it is then a check like the others."""
+    path, _ = bundle_file
+    m = manifest_of(path.read_bytes())
+    m["kernels"] = {1: 2}  # an integer map key: refused by the runtime's msgpack (strict_map_key)
+    _refused_at_load_and_at_first_use(path, m, "not valid msgpack", r"manifest at offset \d+: ValueError")
+
+
+def test_a_variant_without_an_entry_point_per_kernel_fails_when_the_plan_is_used(bundle_file):
+    path, _ = bundle_file
+    m = manifest_of(path.read_bytes())
+    m["variants"][0]["kernels"].pop()
+    _refused_at_load_and_at_first_use(path, m, r"variants\[0\]\.kernels: has \d+ offsets for \d+ kernels",
+                                      r"variants\[0\]\.kernels: has \d+ offsets")

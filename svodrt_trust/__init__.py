@@ -1,15 +1,14 @@
-"""Signed bundles (docs/bundle-format.md "Trust model": the signature, what it covers, the policy). `cryptography`
-(the svod[sign] extra) is imported only to check a signature."""
+"""Signed bundles (docs/bundle-format.md "Trust model": the signature, what it covers, the policy), beside the runtime:
+svodrt imports it only for a signed bundle or a load under a trust policy. `cryptography` (the svod[sign] extra) is
+imported only to check a signature."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 
+from svodrt.bundle import TrustSpec
 from svodrt.errors import BundleFormatError, UntrustedBundleError
 from svodrt.format import msgpack_sha256
-
-TrustSpec = str | os.PathLike | bytes | Iterable[str | os.PathLike | bytes]
 
 
 def signed_message(manifest: dict) -> bytes:
