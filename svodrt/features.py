@@ -1,6 +1,7 @@
 """The CPU feature table, defined once here and frozen (a feature keeps its bit forever; new ones are appended):
 each feature as LLVM spells it (svodc) and as Linux reports it (host.py), per architecture, never per CPU model."""
 
+import functools
 from typing import NamedTuple
 
 
@@ -56,8 +57,13 @@ def feature_names(arch: str) -> list[str]:
     return [f.name for f in FEATURES.get(arch, ())]
 
 
+@functools.cache  # read at every load (schema.py _variant)
+def bit_of(arch: str) -> dict[str, int]:
+    return {f.name: i for i, f in enumerate(FEATURES[arch])}
+
+
 def to_bits(arch: str, names: list[str] | tuple[str, ...]) -> int:
-    index = {f.name: i for i, f in enumerate(FEATURES[arch])}
+    index = bit_of(arch)
     if unknown := [n for n in names if n not in index]:
         raise ValueError(f"unknown {arch} feature {unknown[0]!r}")
     return sum(1 << index[n] for n in set(names))

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 from svodrt import format as fmt
 from svodrt.errors import BundleFormatError
-from svodrt.features import FEATURES, to_bits
+from svodrt.features import FEATURES, bit_of, to_bits
 from svodrt.format import DTYPES, MAX_BYTES, MAX_ITEMS, MAX_NAME, MAX_RANK
 
 
@@ -328,10 +328,10 @@ def _variant(m: dict, i: int, sections: list[Section]) -> Variant:
     sec = sections[si]
     arch, cpu = name(v, "arch", where), name(v, "cpu", where)
     feats = items(v, "features", where, 1024)
-    if not all(isinstance(f, str) and f for f in feats) or len(set(feats)) != len(feats):
+    if not set(map(type, feats)) <= {str} or not all(feats) or len(set(feats)) != len(feats):
         raise fail(f"{where}.features", "must be a list of distinct feature names")
     bits = uint(v, "feature_bits", where, (1 << 64) - 1)
-    if arch in FEATURES and set(feats) <= {x.name for x in FEATURES[arch]} and bits != to_bits(arch, feats):
+    if arch in FEATURES and set(feats) <= bit_of(arch).keys() and bits != to_bits(arch, feats):
         raise fail(f"{where}.feature_bits", f"{bits:#x} disagrees with features {feats}")
     entry = uint(v, "entry", where)
     kernels = uints(v, "kernels", where)

@@ -12,11 +12,15 @@ import zstandard
 from svodrt.format import FLAG_MANIFEST_ZSTD, HEADER_SIZE, team_binding, unpack_header, variant_binding
 
 
-def manifest_of(data: bytes) -> dict:
+def manifest_bytes(data: bytes) -> bytes:
+    """The raw (msgpack) manifest, stored plain or zstd-compressed."""
     _, h = unpack_header(data[:HEADER_SIZE])
     stored = data[h.manifest_offset: h.manifest_offset + h.manifest_size]
-    raw = zstandard.ZstdDecompressor().decompress(stored) if h.flags & FLAG_MANIFEST_ZSTD else stored
-    return msgpack.unpackb(raw, raw=False)
+    return zstandard.ZstdDecompressor().decompress(stored) if h.flags & FLAG_MANIFEST_ZSTD else stored
+
+
+def manifest_of(data: bytes) -> dict:
+    return msgpack.unpackb(manifest_bytes(data), raw=False)
 
 
 def repack(data: bytes, manifest: object, rebind: bool = False, body: bytes | None = None) -> bytes:

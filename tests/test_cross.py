@@ -8,12 +8,8 @@ architectures with their vector extensions run under qemu-user in tests/test_cro
 
 from __future__ import annotations
 
-import hashlib
-
-import msgpack
 import numpy as np
 import pytest
-import zstandard
 from onnx import TensorProto, helper
 
 import svodc
@@ -21,10 +17,11 @@ import svodrt
 from svodc.arches import ARCHES
 from svodc.errors import TargetError
 from svodc.target import parse_target
-from svodrt.bundle import parse_bundle, read_header, read_manifest
+from svodrt.bundle import parse_bundle
 from svodrt.features import FEATURES
-from svodrt.format import FORMAT_MINOR, Header
+from svodrt.format import FORMAT_MINOR
 from svodrt.host import detect_host, features_from_hwcap, features_from_riscv_isa
+from tests.bundle_tools import manifest_of, repack
 from tests.cross.transformer import transformer_model
 from tests.cross.unicorn_run import run_unicorn
 from tests.onnx_util import make_model, reference
@@ -157,14 +154,9 @@ def test_big_endian_bundle_holds_big_endian_weights(tiny_model):
 
 def _with_manifest(data: bytes, change) -> bytes:
     """The bundle with its manifest changed by `change(manifest)`, header and digest made consistent."""
-    h = read_header(data)
-    m = read_manifest(data, h)
+    m = manifest_of(data)
     change(m)
-    raw = msgpack.packb(m, use_bin_type=True)
-    stored = zstandard.ZstdCompressor().compress(raw)
-    header = Header(h.major, h.minor, h.header_size, h.flags, 0, h.manifest_offset + len(stored), h.manifest_offset,
-                    len(stored), len(raw), hashlib.sha256(raw).digest()[:8])
-    return header.pack() + data[len(header.pack()): h.manifest_offset] + stored
+    return repack(data, m)
 
 
 def test_runtime_refuses_data_in_the_wrong_byte_order(tiny_model):

@@ -21,7 +21,7 @@ from svodrt.bundle import Source, parse_bundle
 from svodrt.format import WEIGHTS_CHECK_LIMIT
 from svodrt_tools.profile import kernel_times
 from svodrt_tools.verify import verify
-from tests.bundle_tools import manifest_of, repack
+from tests.bundle_tools import manifest_bytes, manifest_of, repack
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts" / "v1.4"
 
@@ -152,14 +152,9 @@ def test_3_the_hooks_count_at_most_two_objects_per_manifest_byte(small_bundle, r
     """Why unpack_bounded leaves its counting hooks out when 2 * len(raw) is within the budget: they count each
     container's items and the container itself, and every object takes at least one byte, so they could not fire."""
     import msgpack
-    import zstandard
-
-    from svodrt.bundle import read_header
 
     if raw is None:
-        data = path_bytes(small_bundle)
-        h = read_header(data)
-        raw = zstandard.ZstdDecompressor().decompress(data[h.manifest_offset: h.manifest_offset + h.manifest_size])
+        raw = manifest_bytes(path_bytes(small_bundle))
     counted = [0]
 
     def count(x):

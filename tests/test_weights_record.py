@@ -267,3 +267,36 @@ def test_a_variant_without_an_entry_point_per_kernel_fails_when_the_plan_is_used
     m["variants"][0]["kernels"].pop()
     _refused_at_load_and_at_first_use(path, m, r"variants\[0\]\.kernels: has \d+ offsets for \d+ kernels",
                                       r"variants\[0\]\.kernels: has \d+ offsets")
+
+
+def _with_padding_byte(path) -> None:
+    """A non-zero byte in the first padding after a section (same size: a rewrite, the identity moves)."""
+    data = bytearray(path.read_bytes())
+    sections = parse_bundle(bytes(data)).sections
+    ends = [s.offset + s.length for s in sections]
+    starts = [s.offset for s in sections[1:]] + [read_header(bytes(data)).manifest_offset]
+    gap = next(end for end, start in zip(ends, starts, strict=True) if end < start)
+    data[gap] = 1
+    path.write_bytes(bytes(data))
+
+
+def test_padding_is_checked_at_a_first_load_and_by_verify_not_under_a_record(bundle_file):
+    """Nothing reads padding: a record of the file version's checks stands for it, as for the plan."""
+    path, feeds = bundle_file
+    _with_padding_byte(path)
+    with pytest.raises(svodrt.BundleFormatError, match=r"padding \[\d+, \d+\) before .* is not zero"):
+        svodrt.load(path)
+    assert not verify(path).ok
+    _forge_plan_record(path)
+    with svodrt.load(path) as m:
+        assert m.bundle.deferred and m.run(feeds)["y"].shape
+    assert not verify(path).ok
+
+
+def test_small_manifests_are_stored_plain_and_compressed_ones_still_load(bundle_file):
+    path, feeds = bundle_file
+    data = path.read_bytes()
+    assert read_header(data).flags == 0  # svodc: up to MANIFEST_PLAIN_MAX plain
+    with svodrt.load(data) as plain, svodrt.load(repack(data, manifest_of(data))) as compressed:
+        assert compressed.bundle.header.flags == 1
+        assert np.array_equal(plain.run(feeds)["y"], compressed.run(feeds)["y"])

@@ -16,7 +16,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from svodrt.format import HEADER, HEADER_SIZE, unpack_header
+from svodrt.format import FLAG_MANIFEST_ZSTD, HEADER, HEADER_SIZE, unpack_header
 from tests.bundle_tools import manifest_of, repack
 
 INT_EDGES = [0, 1, 2, 7, 8, 63, 64, 65, 4095, 4096, 65535, 65536, 2**31 - 1, 2**31, 2**32 - 1, 2**32,
@@ -197,7 +197,7 @@ def _repack_raw(t: Target, raw: bytes) -> bytes:
     h = t.header
     stored = zstandard.ZstdCompressor(level=3).compress(raw)
     body = t.data[:h.manifest_offset]
-    fields = (h.major, h.minor, h.header_size, h.flags, h.reserved, len(body) + len(stored), h.manifest_offset,
+    fields = (h.major, h.minor, h.header_size, FLAG_MANIFEST_ZSTD, h.reserved, len(body) + len(stored), h.manifest_offset,
               len(stored), len(raw), hashlib.sha256(raw).digest()[:8])
     return HEADER.pack(t.data[:8], *fields) + body[HEADER_SIZE:] + stored
 
