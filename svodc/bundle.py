@@ -45,7 +45,7 @@ from svodrt_gpu.plan import gpu_binding
 from svodrt_trust import signed_message
 
 ZSTD_LEVEL = 10
-# Manifests up to this size are stored plain: decompressing costs a load more (Zen 4: squeezenet's 13.8 KB, ~20 us
+# Manifests up to this size are stored plain: decompressing costs a load more (Zen 4: squeezenet's 13.8 KB, ~17 us
 # with the decompressor's setup; the zstandard import at a first load, ~0.6 ms) than their bytes cost to read.
 MANIFEST_PLAIN_MAX = 64 << 10
 # Informational manifest entries no runtime check depends on (docs/bundle-format.md "Optional entries"):

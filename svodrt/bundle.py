@@ -345,7 +345,7 @@ class Program:
 
     def weights(self) -> tuple[object, int]:
         """The weights section, checked if check_weights: mapped from the file under a read lease (svodrt/memory.py
-        FileWeights) where it has one, is large enough to be page-aligned and the lease can be had, else read into
+        FileWeights) where it has one, is at least MAP_MIN (so page-aligned) and the lease can be had, else read into
         private, aligned memory. (what keeps them, their address)"""
         from svodrt.memory import FileWeights
         w, fd, keep = self.bundle.weights, self.source.fd, None

@@ -191,7 +191,7 @@ def _lease_in_child() -> None:
         with contextlib.suppress(OSError):
             w.fd = os.open(f"/proc/self/fd/{inherited}", os.O_RDONLY | os.O_CLOEXEC)
             leased = fcntl.fcntl(w.fd, fcntl.F_SETLEASE, fcntl.F_RDLCK) == 0
-        os.close(inherited)
+        os.close(inherited)  # not unlocked: the lease is the parent's
         if not leased:
             w.detach()
 
