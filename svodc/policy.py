@@ -56,10 +56,15 @@ STACK_BUFFER_BYTES = 256 * 1024
 def gemm_blocking(target: Target) -> GemmBlocking:
     """A CPU target's blocking, from its facts (svodc/target.py).
 
-    Accumulators: at most 16 (8x2 vectors: enough independent FMA chains to cover two FMA pipes of
-    4-5 cycles latency; AVX-512 Zen 4, which runs a 512-bit FMA as two 256-bit halves, needs only
-    half as many, Zen 5 and Intel the 16), and at most the registers less four (for the loaded
-    vectors and a broadcast): 12 on AVX2 and rv64gc (16 registers). Lane tiles go innermost where a
+    Accumulators: 16 (8x2 vectors: enough independent FMA chains to cover two FMA pipes of 4-5 cycles
+    latency; AVX-512 Zen 4, which runs a 512-bit FMA as two 256-bit halves, needs only half as many),
+    and at most the registers less four (for the loaded vectors and a broadcast): 12 on AVX2 and rv64gc
+    (16 registers). Where two pipes run whole 512-bit FMAs (Target.fma_bits) the loads limit first: an
+    8x2 tile loads 10 operands per 16 FMAs, and from L2 (a panel past L1) ran at 100 GFLOP/s where 8x3
+    (11 loads per 24 FMAs) ran 120 and 6x4 108, so such targets keep 24 (Intel server core under KVM,
+    family 6 model 167, one micro-kernel over k = 1024 from L2: 8x3 +20 %; in L1 +9 %; an encoder's
+    attention and projections -12 %, the 64 x 576 x 3136 GEMM -15 %, 2048 -> 512 1x1 over 7x7 -27 %
+    with the host's caches). Lane tiles go innermost where a
     vector panel is within a quarter of L1d and the whole vector side within half of L2: each row tile's
     sweep then re-reads it from L2 (past that, from L3 once per row tile: 256x64x3136 on one Zen 3 core
     ran at about 30 GFLOP/s that way, 58 with row tiles innermost).
@@ -73,7 +78,8 @@ def gemm_blocking(target: Target) -> GemmBlocking:
     tiles innermost (gemm_plan.py copy_all). The software prefetches (prefetch_c, prefetch_next_panel) are on
     for every target: llvm.prefetch is a hint, dropped where a target has no prefetch instruction."""
     regs = target.vector_regs
-    return GemmBlocking(accumulators=min(16, regs - 4), vector_regs=regs, max_rows=8, k_unroll=4,
+    accumulators = 24 if target.fma_bits >= 512 else 16
+    return GemmBlocking(accumulators=min(accumulators, regs - 4), vector_regs=regs, max_rows=8, k_unroll=4,
                         lanes_first_max_panel=target.l1d_bytes // 4, lanes_first_max_operand=target.l2_bytes // 2,
                         k_block_bytes=target.l1d_bytes // 2,
                         scalar_block_bytes=max(target.l1d_bytes * 4, target.l2_bytes // 2),

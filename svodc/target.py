@@ -35,6 +35,11 @@ class Target:
     triple: str  # LLVM triple
     cpu: str  # what the user asked for, resolved ("znver4", "x86-64-v3", "generic+dotprod")
     features: tuple[str, ...]  # our feature names, in table order: exactly what the code may use
+    # (L1d, L2) bytes per core as this machine reports them, for a `host` target (host_caches); 0 where
+    # unknown: the tuned CPU's table entry then. A hypervisor may show the guest a CPU model that names
+    # another CPU (an Intel server core seen as "rocketlake"), while the cache sizes it reports are the
+    # ones the code will meet.
+    caches: tuple[int, int] = (0, 0)
 
     @property
     def spec(self) -> ArchSpec:
@@ -109,15 +114,17 @@ class Target:
 
     @property
     def l1d_bytes(self) -> int:
-        """L1 data cache per core: the tuned CPU's where L1D_BYTES knows it, else the architecture's
-        common size (for blocking only: a wrong guess costs speed, never correctness)."""
-        return L1D_BYTES.get(self.tune_cpu, L1D_BYTES[self.arch])
+        """L1 data cache per core: the host's own for a `host` target, else the tuned CPU's where L1D_BYTES
+        knows it, else the architecture's common size (for blocking only: a wrong guess costs speed, never
+        correctness)."""
+        return self.caches[0] or L1D_BYTES.get(self.tune_cpu, L1D_BYTES[self.arch])
 
     @property
     def l2_bytes(self) -> int:
-        """L2 cache per core: the tuned CPU's where L2_BYTES knows it, else the architecture's common size
+        """L2 cache per core: the host's own for a `host` target, else the tuned CPU's where L2_BYTES knows
+        it, else the architecture's common size
         (for blocking only, like l1d_bytes)."""
-        return L2_BYTES.get(self.tune_cpu, L2_BYTES[self.arch])
+        return self.caches[1] or L2_BYTES.get(self.tune_cpu, L2_BYTES[self.arch])
 
     def describe(self) -> str:
         return f"{self.arch}:{self.cpu}"
@@ -147,7 +154,43 @@ def host_target() -> Target:
     host = llvm.get_host_cpu_features()
     names = {f.name for f in FEATURES[arch] if host.get(f.llvm, False)} | set(BASELINE[arch])
     spec = ARCHES[arch]
-    return Target(arch, spec.triple, llvm.get_host_cpu_name(), spec.closure(names))
+    return Target(arch, spec.triple, llvm.get_host_cpu_name(), spec.closure(names), host_caches())
+
+
+def host_caches(root: str = "/sys/devices/system/cpu/cpu0/cache") -> tuple[int, int]:
+    """(L1d, L2) bytes of this machine's first CPU from Linux's sysfs (0 for a level it does not report:
+    no sysfs, or an unreadable entry). Read by `host` only: a named CPU is compiled for whatever machine
+    the bundle will run on."""
+    import os
+
+    found = {}
+    try:
+        entries = os.listdir(root)
+    except OSError:
+        return 0, 0
+    for entry in entries:
+        if not entry.startswith("index"):
+            continue
+        try:
+            with open(os.path.join(root, entry, "level")) as f:
+                level = int(f.read())
+            with open(os.path.join(root, entry, "type")) as f:
+                kind = f.read().strip()
+            with open(os.path.join(root, entry, "size")) as f:
+                size = _cache_size(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if (level, kind) in ((1, "Data"), (2, "Unified")):
+            found[level] = size
+    return found.get(1, 0), found.get(2, 0)
+
+
+def _cache_size(text: str) -> int:
+    """sysfs's cache size ("48K", "2048K", "1M") in bytes."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    if text and text[-1] in units:
+        return int(text[:-1]) * units[text[-1]]
+    return int(text)
 
 
 def _host_arch() -> str:

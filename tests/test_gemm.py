@@ -194,8 +194,8 @@ def test_register_tiles_fit_the_registers_and_the_panels():
         assert A_PANEL % plan.rows == 0  # a tile never crosses a packed panel of A
         assert plan.rows * nvec <= blocking.accumulators
         assert plan.rows * nvec + nvec + 1 <= target.vector_regs
-    avx2, avx512 = (cpu_plan(arg, t, gemm_blocking(t)) for t in parse_target("x86_64:x86-64-v3,x86-64-v4"))
-    assert (avx2.rows * avx2.lanes // avx2.vw, avx512.rows * avx512.lanes // avx512.vw) == (12, 16)
+    avx2, avx512, zen4 = (cpu_plan(arg, t, gemm_blocking(t)) for t in parse_target("x86_64:x86-64-v3,x86-64-v4,znver4"))
+    assert [p.rows * p.lanes // p.vw for p in (avx2, avx512, zen4)] == [12, 24, 16]  # 512-bit FMAs: 24 (policy.py)
     transposed = gemm_kernels(make_model([helper.make_node("MatMul", ["a", "b"], ["y"])], {"b": (np.float32, [256, 7])},
                                          ["y"], {"a": rand(128, 256)}))[0]
     assert transposed.transposed  # n = 7: lanes along m, the vector side is A, packed in B_PANEL-wide panels

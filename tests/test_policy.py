@@ -196,3 +196,37 @@ def test_winograd_needs_more_tiles_where_fmas_are_512_bits_and_a_bundle_takes_it
                 kernels[targets] = len(m.bundle.kernels)
                 np.testing.assert_allclose(m.run(feeds)["y"], want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
     assert kernels["x86_64:x86-64-v3,x86-64-v4"] > kernels["x86_64:x86-64-v4,x86-64-v3"]  # the transforms' kernels
+
+
+def test_gemm_blocking_follows_the_fma_width_and_a_host_targets_own_caches(tmp_path):
+    """24 accumulators where two pipes run whole 512-bit FMAs (loads limit an 8x2 tile there), 16 on
+    Zen 4's halves and 12 on 16-register targets; a `host` target's L1d and L2 are the machine's own
+    (sysfs), which win over the CPU name's table entry (a hypervisor may name another CPU)."""
+    import dataclasses
+
+    from svodc.gemm_plan import _register_tile
+    from svodc.ir.ops import GemmArg, GemmOperand
+    from svodc.policy import gemm_blocking
+    from svodc.target import host_caches, parse_target
+
+    v3, v4, zen4, zen5 = parse_target("x86_64:x86-64-v3,x86-64-v4,znver4,znver5")
+    assert [gemm_blocking(t).accumulators for t in (v3, v4, zen4, zen5)] == [12, 24, 16, 24]
+    assert gemm_blocking(v4).k_block_bytes == 16 << 10  # the x86-64 table's 32 KiB L1d, halved
+    mine = dataclasses.replace(v4, caches=(48 << 10, 2 << 20))
+    assert (mine.l1d_bytes, mine.l2_bytes, gemm_blocking(mine).k_block_bytes) == (48 << 10, 2 << 20, 24 << 10)
+    # the 24 accumulators make an 8 x 3 tile on a wide GEMM, within the registers (24 + 3 loads + 1 broadcast)
+    packed = GemmOperand((), 0, 0, packed=True)
+    arg = GemmArg((), 1024, 1024, 1024, packed, packed, GemmOperand((), 1024, 1))
+    assert _register_tile(arg, 1024, 1024, 16, gemm_blocking(v4)) == (8, 3)
+    assert _register_tile(arg, 1024, 1024, 16, gemm_blocking(zen4)) == (8, 2)
+
+    for index, (level, kind, size) in enumerate([(1, "Data", "48K"), (1, "Instruction", "32K"), (2, "Unified", "2048K"),
+                                                 (3, "Unified", "480M")]):
+        entry = tmp_path / f"index{index}"
+        entry.mkdir()
+        for name, value in (("level", str(level)), ("type", kind), ("size", size)):
+            (entry / name).write_text(value + "\n")
+    assert host_caches(str(tmp_path)) == (48 << 10, 2 << 20)
+    (tmp_path / "index2" / "size").write_text("garbled\n")
+    assert host_caches(str(tmp_path)) == (48 << 10, 0)  # an unreadable level is unknown: the table's then
+    assert host_caches(str(tmp_path / "absent")) == (0, 0)

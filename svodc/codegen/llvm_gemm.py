@@ -59,10 +59,10 @@ class Side:
 
 
 def micro_kernel_name(rows: int, nvec: int, vw: int, unroll: int, masked: bool, packed: bool, scatter: bool,
-                      returns: bool = False, prefetch_c: bool = False) -> str:
+                      returns: bool = False, prefetch_c: bool = False, s_row: int = 1) -> str:
     modes = (f"{'m' if masked else ''}{'p' if packed else ''}{'s' if scatter else ''}{'r' if returns else ''}"
              f"{'c' if prefetch_c else ''}")
-    return f"svod.mk.{rows}x{nvec}v{vw}u{unroll}{modes}"
+    return f"svod.mk.{rows}x{nvec}v{vw}u{unroll}{modes}.r{s_row}"
 
 
 def tile_type(rows: int, nvec: int, vw: int) -> str:
@@ -71,13 +71,18 @@ def tile_type(rows: int, nvec: int, vw: int) -> str:
 
 
 def micro_kernel(rows: int, nvec: int, vw: int, unroll: int, masked: bool, packed: bool, scatter: bool,
-                 intrinsics: set[str], returns: bool = False, prefetch_c: bool = False) -> str:
-    """void mk(ptr s, ptr v, ptr c, i64 k, i64 s_k, i64 s_row, i64 v_k, i64 v_panel, i64 c_row,
+                 intrinsics: set[str], returns: bool = False, prefetch_c: bool = False, s_row: int = 1) -> str:
+    """void mk(ptr s, ptr v, ptr c, i64 k, i64 s_k, i64 v_k, i64 v_panel, i64 c_row,
     i64 c_lane, i64 tail, i1 accumulate): C tile (rows x nvec vectors) = S[rows, :k] x V[:k, lanes]
     (+= with accumulate), its k loop unrolled `unroll` times (plus a loop for the k % unroll steps left).
 
-    Specialized only on its shape (rows, vectors) and modes, so kernels share micro-kernels; sizes and
-    strides are arguments. masked: the last vector has `tail` valid lanes (masked loads of V unless
+    Specialized on its shape (rows, vectors), modes and the scalar side's row stride `s_row` (1 for a
+    packed A, a packed block and a transposed GEMM's B), so kernels share micro-kernels; sizes and the
+    other strides are arguments. The row stride is a constant so that each row's broadcast loads at an
+    immediate offset from one pointer per k step: as an argument, LLVM's strength reduction chained the
+    rows' addresses, one dependent add per row, 8 a k step (no speed change measured on an Intel server
+    core, within its noise of a few %, but the k loop is that many instructions shorter).
+    masked: the last vector has `tail` valid lanes (masked loads of V unless
     V is packed and zero-padded; masked stores). scatter: C lanes are c_lane apart (transposed GEMM;
     masked gather/scatter, which x86 targets lower to scalar loads and stores: +prefer-no-gather/scatter).
     returns: the tile is returned (tile_type) instead of stored, for the epilogue in registers.
@@ -93,10 +98,10 @@ def micro_kernel(rows: int, nvec: int, vw: int, unroll: int, masked: bool, packe
     intrinsics.add(f"declare void @llvm.masked.scatter.v{vw}f32.v{vw}p0({vt}, <{vw} x ptr>, i32, {mt})")
     intrinsics.add(f"declare {vt} @llvm.masked.gather.v{vw}f32.v{vw}p0(<{vw} x ptr>, i32, {mt}, {vt})")
     iota = "<" + ", ".join(f"i64 {i}" for i in range(vw)) + ">"
-    name = micro_kernel_name(rows, nvec, vw, unroll, masked, packed, scatter, returns, prefetch_c)
+    name = micro_kernel_name(rows, nvec, vw, unroll, masked, packed, scatter, returns, prefetch_c, s_row)
     ret = tile_type(rows, nvec, vw) if returns else "void"
     L = [f"define internal {ret} @{name}(ptr noalias %s, ptr noalias %v, ptr noalias %c, i64 %kn, i64 %s_k, "
-         "i64 %s_row, i64 %v_k, i64 %v_panel, i64 %c_row, i64 %c_lane, i64 %tail, i1 %accumulate) #0 {", "entry:"]
+         "i64 %v_k, i64 %v_panel, i64 %c_row, i64 %c_lane, i64 %tail, i1 %accumulate) #0 {", "entry:"]
     if prefetch_c and not scatter:  # one prefetch per 16 floats (a 64-byte line) of each row and its last float
         intrinsics.add("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
         for i in range(rows):
@@ -119,13 +124,13 @@ def micro_kernel(rows: int, nvec: int, vw: int, unroll: int, masked: bool, packe
           "  %any = icmp ugt i64 %kmain, 0", "  br i1 %any, label %main, label %mid", "main:",
           "  %k = phi i64 [ 0, %entry ], [ %k.next, %main ]"]
     zero = [["zeroinitializer"] * nvec for _ in range(rows)]
-    out = _k_loop_body(L, "m", "%k", unroll, (zero, "%entry"), "%main", rows, nvec, vw, masked, packed)
+    out = _k_loop_body(L, "m", "%k", unroll, (zero, "%entry"), "%main", rows, nvec, vw, masked, packed, s_row)
     L += [f"  %k.next = add nuw i64 %k, {unroll}", "  %more = icmp ult i64 %k.next, %kmain",
           "  br i1 %more, label %main, label %mid", "mid:", "  %kr = phi i64 [ 0, %entry ], [ %k.next, %main ]"]
     mid = _phis(L, "mid", vt, [(zero, "%entry"), (out, "%main")])
     L += ["  %left = icmp ult i64 %kr, %kn", "  br i1 %left, label %rest, label %done", "rest:",
           "  %k1 = phi i64 [ %kr, %mid ], [ %k1.next, %rest ]"]
-    rest = _k_loop_body(L, "r", "%k1", 1, (mid, "%mid"), "%rest", rows, nvec, vw, masked, packed)
+    rest = _k_loop_body(L, "r", "%k1", 1, (mid, "%mid"), "%rest", rows, nvec, vw, masked, packed, s_row)
     L += ["  %k1.next = add nuw i64 %k1, 1", "  %more1 = icmp ult i64 %k1.next, %kn",
           "  br i1 %more1, label %rest, label %done", "done:"]
     _phis(L, "c", vt, [(mid, "%mid"), (rest, "%rest")])
@@ -194,7 +199,7 @@ def _phis(L: list[str], name: str, vt: str, incoming: list[tuple[list[list[str]]
 
 
 def _k_loop_body(L: list[str], tag: str, k: str, steps: int, start: tuple[list[list[str]], str], block: str,
-                 rows: int, nvec: int, vw: int, masked: bool, packed: bool) -> list[list[str]]:
+                 rows: int, nvec: int, vw: int, masked: bool, packed: bool, s_row: int) -> list[list[str]]:
     """One iteration of a k loop in `block`: the accumulator phis (from `start`, or from this block's
     own last step), then `steps` k steps from k; returns the accumulators after them."""
     vt = f"<{vw} x float>"
@@ -220,8 +225,7 @@ def _k_loop_body(L: list[str], tag: str, k: str, steps: int, start: tuple[list[l
                 L.append(f"  %{p}vv{j} = load {vt}, ptr %{p}vp{j}, align 4")
         L.append(f"  %{p}sk = mul nsw i64 {ku}, %s_k")
         for i in range(rows):
-            L.append(f"  %{p}sr{i} = mul nsw i64 %s_row, {i}")
-            L.append(f"  %{p}so{i} = add nsw i64 %{p}sk, %{p}sr{i}")
+            L.append(f"  %{p}so{i} = add nsw i64 %{p}sk, {i * s_row}")
             L.append(f"  %{p}sp{i} = getelementptr inbounds float, ptr %s, i64 %{p}so{i}")
             L.append(f"  %{p}ss{i} = load float, ptr %{p}sp{i}, align 4")
             L.append(f"  %{p}si{i} = insertelement {vt} poison, float %{p}ss{i}, i64 0")
@@ -321,20 +325,20 @@ def emit_gemm(em: KernelEmitter, node: UOp, target: Target, blocking: GemmBlocki
         if arg.n_var is not None:  # the last lane tile: nvec vectors, the last one masked to vec_tail lanes
             for nvec in range(1, lanes // vw + 1):
                 mode = (True, v_side.packed_panels, c_lane != 1)
-                name = micro_kernel_name(r, nvec, vw, unroll, *mode, False, prefetch_c)
+                name = micro_kernel_name(r, nvec, vw, unroll, *mode, False, prefetch_c, s_side.row_stride)
                 em.shared_functions[name] = micro_kernel(r, nvec, vw, unroll, *mode, em.uses_intrinsics, False,
-                                                         prefetch_c)
-                calls[(r, -nvec)] = (f"@{name}", f"i64 {k_size}, i64 {s_side.k_stride}, i64 {s_side.row_stride}, "
+                                                         prefetch_c, s_side.row_stride)
+                calls[(r, -nvec)] = (f"@{name}", f"i64 {k_size}, i64 {s_side.k_stride}, "
                                                  f"i64 {v_side.k_stride}, i64 {v_side.panel_stride}, i64 {c_row}, "
                                                  f"i64 {c_lane}, i64 {vec_tail}, i1 {accumulate}")
         for c in {lanes, lanes_tail}:
             nvec = -(-c // vw)
             tail = c - (nvec - 1) * vw
             mode = (tail != vw, v_side.packed_panels, c_lane != 1)
-            name = micro_kernel_name(r, nvec, vw, unroll, *mode, vepi is not None, prefetch_c)
+            name = micro_kernel_name(r, nvec, vw, unroll, *mode, vepi is not None, prefetch_c, s_side.row_stride)
             em.shared_functions[name] = micro_kernel(r, nvec, vw, unroll, *mode, em.uses_intrinsics,
-                                                     vepi is not None, prefetch_c)
-            calls[(r, c)] = (f"@{name}", f"i64 {k_size}, i64 {s_side.k_stride}, i64 {s_side.row_stride}, "
+                                                     vepi is not None, prefetch_c, s_side.row_stride)
+            calls[(r, c)] = (f"@{name}", f"i64 {k_size}, i64 {s_side.k_stride}, "
                                          f"i64 {v_side.k_stride}, i64 {v_side.panel_stride}, i64 {c_row}, "
                                          f"i64 {c_lane}, i64 {tail}, i1 {accumulate}")
 
