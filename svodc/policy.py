@@ -151,7 +151,7 @@ class OptimizationPolicy:
 
     @property
     def winograd_tiles(self) -> int:
-        """winograd_min_tiles, or where a pass runs with a policy no bundle resolved (tests), the 256-bit one."""
+        """winograd_min_tiles, or where a pass runs with a policy no bundle resolved (tests), the common one."""
         return WINOGRAD_MIN_TILES if self.winograd_min_tiles is None else self.winograd_min_tiles
 
     def blocking(self, target: Target) -> GemmBlocking:
@@ -170,18 +170,25 @@ class OptimizationPolicy:
 DEFAULT_POLICY = OptimizationPolicy()
 
 
-# Winograd's output tiles where the target's FMAs run 256 bits at once, and 512 (Target.fma_bits): at 512 its
-# GEMMs run about twice as fast while the transforms, passes over memory, do not, so the direct im2col GEMM
-# wins up to larger images. Zen 5, F(2x2, 3x3) / direct per layer: 28x28 and 27x27 outputs (196 tiles) 0.72-0.90,
-# 14x14 and 13x13 0.61-1.02, 7x7 0.88-1.22; 40x40 1.41, 56x56 1.26-1.58, 80x80 1.54 (squeezenet, densenet121,
-# resnet50, inception_v2, ppocrv4_det). 16 was measured on Zen 3 (AVX2).
+# Winograd's output tiles. On Zen 5 (512-bit FMAs at once) the direct im2col GEMM won up to larger images: its
+# GEMMs ran about twice as fast as on 256-bit cores while the transforms, passes over memory, did not. Zen 5,
+# F(2x2, 3x3) speed over direct per layer: 28x28 and 27x27 outputs (196 tiles) 0.72-0.90, 14x14 and 13x13
+# 0.61-1.02, 7x7 0.88-1.22; 40x40 1.41, 56x56 1.26-1.58, 80x80 1.54 (squeezenet, densenet121, resnet50,
+# inception_v2, ppocrv4_det). An Intel server core (AVX-512, two 512-bit FMA pipes too; family 6 model 167 under
+# KVM, 24 accumulators) did not: single layers, direct -> Winograd, 512 channels at 7x7 2.30 -> 1.59 ms, 256 at
+# 14x14 1.97 -> 1.28, 128 at 28x28 1.99 -> 1.23; whole models with the gate at 16 instead of 256 (same process,
+# alternating, medians, against onnxruntime) resnet50 1.12 -> 1.10 / 1.24 -> 1.15 (1 / 2 threads), inception_v2
+# 1.31 -> 1.13 / 1.49 -> 1.24, densenet121 0.82 -> 0.79, yolo_like_320 0.98 -> 0.94. So only a target tuned
+# for Zen 5 takes the larger gate; Zen 4 (256-bit halves), Intel and a generic x86-64-v4 keep 16, which was
+# measured on Zen 3 (AVX2).
 WINOGRAD_MIN_TILES = 16
-WINOGRAD_MIN_TILES_FMA512 = 256
+WINOGRAD_MIN_TILES_ZEN5 = 256
 
 
 def winograd_min_tiles_for(target) -> int:
     """A target's own Winograd tile threshold (a GPU keeps convolutions direct anyway: svodc/api.py)."""
-    return WINOGRAD_MIN_TILES_FMA512 if isinstance(target, Target) and target.fma_bits >= 512 else WINOGRAD_MIN_TILES
+    zen5 = isinstance(target, Target) and target.tune_cpu == "znver5"
+    return WINOGRAD_MIN_TILES_ZEN5 if zen5 else WINOGRAD_MIN_TILES
 
 
 # LLVM's loop vectorizer counts an inner loop of fewer constant iterations than its -vectorizer-min-trip-count

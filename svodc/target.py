@@ -99,7 +99,7 @@ class Target:
         """The width one FMA executes at, as far as the target names the CPU: vector_bits, except on Zen 4
         (znver4), which runs a 512-bit operation as two 256-bit halves. A generic x86-64-v4 counts as 512
         (Zen 5 desktop and server, Intel server cores); Zen 4, Zen 5 mobile and Intel client parts running
-        such a variant get 512-bit choices they may not gain from (svodc/policy.py's Winograd gate)."""
+        such a variant get 512-bit choices they may not gain from (svodc/policy.py's GEMM accumulators)."""
         return 256 if self.tune_cpu == "znver4" else self.vector_bits
 
     @property

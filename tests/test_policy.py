@@ -158,15 +158,15 @@ def test_an_expensive_input_of_a_normalization_is_computed_once():
     np.testing.assert_allclose(compile_and_run(model, feeds)["y"], reference(model, feeds)[0], rtol=1e-4, atol=1e-5)
 
 
-def test_winograd_needs_more_tiles_where_fmas_are_512_bits_and_a_bundle_takes_its_first_cpu_variants_gate():
-    """Zen 5's and Intel's AVX-512 FMAs run 512 bits at once, Zen 4's two halves: the first two take the
-    stricter Winograd gate. The gate is a threshold the policy leaves to the target (None), so variants
+def test_winograd_needs_more_tiles_on_zen5_and_a_bundle_takes_its_first_cpu_variants_gate():
+    """Zen 5 takes the stricter Winograd gate (its direct GEMMs won to 28x28); Zen 4, Intel and a generic
+    x86-64-v4 keep 16. The gate is a threshold the policy leaves to the target (None), so variants
     whose own gates differ still share one program, the first CPU variant's; a policy naming it wins."""
     import dataclasses
 
     from svodc.api import bundle_policy
     from svodc.gpu_target import parse_targets
-    from svodc.policy import WINOGRAD_MIN_TILES, WINOGRAD_MIN_TILES_FMA512, gemm_blocking
+    from svodc.policy import WINOGRAD_MIN_TILES, WINOGRAD_MIN_TILES_ZEN5, gemm_blocking
     from svodc.target import host_target, parse_target
     from tests.test_winograd import _conv_model
 
@@ -176,26 +176,28 @@ def test_winograd_needs_more_tiles_where_fmas_are_512_bits_and_a_bundle_takes_it
     def gate(targets: str, **policies) -> int:
         return bundle_policy(parse_targets(targets), CompileOptions(policies=policies)).winograd_min_tiles
 
-    assert gate("x86_64:x86-64-v3,x86-64-v4") == gate("x86_64:znver4") == WINOGRAD_MIN_TILES
-    assert gate("x86_64:x86-64-v4,x86-64-v3") == gate("x86_64:znver5,sm_90") == WINOGRAD_MIN_TILES_FMA512
-    assert gate("x86_64:x86-64-v4", **{"*": DEFAULT_POLICY}) == WINOGRAD_MIN_TILES_FMA512  # built from the default
-    assert gate("x86_64:x86-64-v4", **{"*": dataclasses.replace(DEFAULT_POLICY, winograd_min_tiles=16)}) == 16
+    assert gate("x86_64:x86-64-v3,znver5") == gate("x86_64:znver4") == gate("x86_64:x86-64-v4") == WINOGRAD_MIN_TILES
+    assert gate("x86_64:sapphirerapids") == WINOGRAD_MIN_TILES
+    assert gate("x86_64:znver5,x86-64-v3") == gate("x86_64:znver5,sm_90") == WINOGRAD_MIN_TILES_ZEN5
+    assert gate("x86_64:znver5", **{"*": DEFAULT_POLICY}) == WINOGRAD_MIN_TILES_ZEN5  # built from the default
+    assert gate("x86_64:znver5", **{"*": dataclasses.replace(DEFAULT_POLICY, winograd_min_tiles=16)}) == 16
     # a blocking named for one variant, a GPU variant's policy named: still one bundle
     blocking = dataclasses.replace(DEFAULT_POLICY, cpu_gemm=gemm_blocking(v3))
-    assert gate("x86_64:x86-64-v4,x86-64-v3", **{"x86_64:x86-64-v3": blocking}) == WINOGRAD_MIN_TILES_FMA512
-    assert gate("x86_64:x86-64-v4,sm_90", **{"cuda:sm_90": DEFAULT_POLICY}) == WINOGRAD_MIN_TILES_FMA512
+    assert gate("x86_64:znver5,x86-64-v3", **{"x86_64:x86-64-v3": blocking}) == WINOGRAD_MIN_TILES_ZEN5
+    assert gate("x86_64:znver5,sm_90", **{"cuda:sm_90": DEFAULT_POLICY}) == WINOGRAD_MIN_TILES_ZEN5
 
-    model, feeds = _conv_model(64, 64, 24, 24, 1)  # 144 output tiles: Winograd under the 256-bit gate only
+    model, feeds = _conv_model(64, 64, 24, 24, 1)  # 144 output tiles: Winograd under the common gate only
     want = reference(model, feeds)[0]
     kernels = {}
-    for targets in ("x86_64:x86-64-v3,x86-64-v4", "x86_64:x86-64-v4,x86-64-v3"):
+    runs_zen5 = set(zen5.features) <= set(host_target().features)
+    for targets in ("x86_64:x86-64-v3,znver5", "x86_64:znver5,x86-64-v3"):
         bundle = svodc.compile(model, target=targets)
         names = targets.removeprefix("x86_64:").split(",")
-        for variant in (0, 1) if "avx512f" in host_target().features else (names.index("x86-64-v3"),):  # runs here
+        for variant in (0, 1) if runs_zen5 else (names.index("x86-64-v3"),):  # the variants that run here
             with svodrt.load(bundle, variant=variant) as m:
                 kernels[targets] = len(m.bundle.kernels)
                 np.testing.assert_allclose(m.run(feeds)["y"], want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
-    assert kernels["x86_64:x86-64-v3,x86-64-v4"] > kernels["x86_64:x86-64-v4,x86-64-v3"]  # the transforms' kernels
+    assert kernels["x86_64:x86-64-v3,znver5"] > kernels["x86_64:znver5,x86-64-v3"]  # the transforms' kernels
 
 
 def test_gemm_blocking_follows_the_fma_width_and_a_host_targets_own_caches(tmp_path):
