@@ -178,17 +178,24 @@ DEFAULT_POLICY = OptimizationPolicy()
 # KVM, 24 accumulators) did not: single layers, direct -> Winograd, 512 channels at 7x7 2.30 -> 1.59 ms, 256 at
 # 14x14 1.97 -> 1.28, 128 at 28x28 1.99 -> 1.23; whole models with the gate at 16 instead of 256 (same process,
 # alternating, medians, against onnxruntime) resnet50 1.12 -> 1.10 / 1.24 -> 1.15 (1 / 2 threads), inception_v2
-# 1.31 -> 1.13 / 1.49 -> 1.24, densenet121 0.82 -> 0.79, yolo_like_320 0.98 -> 0.94. So only a target tuned
-# for Zen 5 takes the larger gate; Zen 4 (256-bit halves), Intel and a generic x86-64-v4 keep 16, which was
-# measured on Zen 3 (AVX2).
+# 1.31 -> 1.13 / 1.49 -> 1.24, densenet121 0.82 -> 0.79, yolo_like_320 0.98 -> 0.94. There, only 7x7 outputs (16
+# tiles) were better direct: their batched GEMMs read 16/9 of the weights for 16 columns, so each transformed
+# weight feeds 16 multiply-adds against 49 direct, and 512-channel layers (9.4 MB of weights) stream them from
+# memory at FMA rates twice those of 256-bit cores (resnet50 with the gate at 17: 1.07 -> 1.03 / 1.14 -> 1.10,
+# inception_v2 unchanged). So a target tuned for Zen 5 takes 256, other 512-bit-FMA targets (Intel, a generic
+# x86-64-v4) 17, and 256-bit ones (Zen 4's halves included) keep 16, which was measured on Zen 3 (AVX2).
 WINOGRAD_MIN_TILES = 16
+WINOGRAD_MIN_TILES_FMA512 = 17
 WINOGRAD_MIN_TILES_ZEN5 = 256
 
 
 def winograd_min_tiles_for(target) -> int:
     """A target's own Winograd tile threshold (a GPU keeps convolutions direct anyway: svodc/api.py)."""
-    zen5 = isinstance(target, Target) and target.tune_cpu == "znver5"
-    return WINOGRAD_MIN_TILES_ZEN5 if zen5 else WINOGRAD_MIN_TILES
+    if not isinstance(target, Target):
+        return WINOGRAD_MIN_TILES
+    if target.tune_cpu == "znver5":
+        return WINOGRAD_MIN_TILES_ZEN5
+    return WINOGRAD_MIN_TILES_FMA512 if target.fma_bits >= 512 else WINOGRAD_MIN_TILES
 
 
 # LLVM's loop vectorizer counts an inner loop of fewer constant iterations than its -vectorizer-min-trip-count

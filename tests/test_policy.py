@@ -159,14 +159,14 @@ def test_an_expensive_input_of_a_normalization_is_computed_once():
 
 
 def test_winograd_needs_more_tiles_on_zen5_and_a_bundle_takes_its_first_cpu_variants_gate():
-    """Zen 5 takes the stricter Winograd gate (its direct GEMMs won to 28x28); Zen 4, Intel and a generic
-    x86-64-v4 keep 16. The gate is a threshold the policy leaves to the target (None), so variants
+    """Zen 5 takes the strictest Winograd gate (its direct GEMMs won to 28x28), other 512-bit-FMA targets
+    (Intel, a generic x86-64-v4) leave 7x7 outputs direct, 256-bit ones (Zen 4) keep 16. The gate is a threshold the policy leaves to the target (None), so variants
     whose own gates differ still share one program, the first CPU variant's; a policy naming it wins."""
     import dataclasses
 
     from svodc.api import bundle_policy
     from svodc.gpu_target import parse_targets
-    from svodc.policy import WINOGRAD_MIN_TILES, WINOGRAD_MIN_TILES_ZEN5, gemm_blocking
+    from svodc.policy import WINOGRAD_MIN_TILES, WINOGRAD_MIN_TILES_FMA512, WINOGRAD_MIN_TILES_ZEN5, gemm_blocking
     from svodc.target import host_target, parse_target
     from tests.test_winograd import _conv_model
 
@@ -176,8 +176,8 @@ def test_winograd_needs_more_tiles_on_zen5_and_a_bundle_takes_its_first_cpu_vari
     def gate(targets: str, **policies) -> int:
         return bundle_policy(parse_targets(targets), CompileOptions(policies=policies)).winograd_min_tiles
 
-    assert gate("x86_64:x86-64-v3,znver5") == gate("x86_64:znver4") == gate("x86_64:x86-64-v4") == WINOGRAD_MIN_TILES
-    assert gate("x86_64:sapphirerapids") == WINOGRAD_MIN_TILES
+    assert gate("x86_64:x86-64-v3,znver5") == gate("x86_64:znver4") == WINOGRAD_MIN_TILES
+    assert gate("x86_64:x86-64-v4") == gate("x86_64:sapphirerapids,x86-64-v3") == WINOGRAD_MIN_TILES_FMA512
     assert gate("x86_64:znver5,x86-64-v3") == gate("x86_64:znver5,sm_90") == WINOGRAD_MIN_TILES_ZEN5
     assert gate("x86_64:znver5", **{"*": DEFAULT_POLICY}) == WINOGRAD_MIN_TILES_ZEN5  # built from the default
     assert gate("x86_64:znver5", **{"*": dataclasses.replace(DEFAULT_POLICY, winograd_min_tiles=16)}) == 16
