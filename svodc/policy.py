@@ -63,8 +63,8 @@ def gemm_blocking(target: Target) -> GemmBlocking:
     8x2 tile loads 10 operands per 16 FMAs, and from L2 (a panel past L1) ran at 100 GFLOP/s where 8x3
     (11 loads per 24 FMAs) ran 120 and 6x4 108, so such targets keep 24 (Intel server core under KVM,
     family 6 model 167, one micro-kernel over k = 1024 from L2: 8x3 +20 %; in L1 +9 %; an encoder's
-    attention and projections -12 %, the 64 x 576 x 3136 GEMM -15 %, 2048 -> 512 1x1 over 7x7 -27 %
-    with the host's caches). Lane tiles go innermost where a
+    attention and projections -12 %, an m x k x n = 3136 x 576 x 64 GEMM -16 to -18 %, 2048 -> 512 1x1
+    over 7x7 -27 % with the host's caches). Lane tiles go innermost where a
     vector panel is within a quarter of L1d and the whole vector side within half of L2: each row tile's
     sweep then re-reads it from L2 (past that, from L3 once per row tile: 256x64x3136 on one Zen 3 core
     ran at about 30 GFLOP/s that way, 58 with row tiles innermost).
@@ -175,15 +175,17 @@ DEFAULT_POLICY = OptimizationPolicy()
 # F(2x2, 3x3) speed over direct per layer: 28x28 and 27x27 outputs (196 tiles) 0.72-0.90, 14x14 and 13x13
 # 0.61-1.02, 7x7 0.88-1.22; 40x40 1.41, 56x56 1.26-1.58, 80x80 1.54 (squeezenet, densenet121, resnet50,
 # inception_v2, ppocrv4_det). An Intel server core (AVX-512, two 512-bit FMA pipes too; family 6 model 167 under
-# KVM, 24 accumulators) did not: single layers, direct -> Winograd, 512 channels at 7x7 2.30 -> 1.59 ms, 256 at
-# 14x14 1.97 -> 1.28, 128 at 28x28 1.99 -> 1.23; whole models with the gate at 16 instead of 256 (same process,
+# KVM) did not: single layers (16 accumulators), direct -> Winograd, 512 channels at 7x7 2.30 -> 1.59 ms, 256 at
+# 14x14 1.97 -> 1.28, 128 at 28x28 1.99 -> 1.23 (but squeezenet's 64 -> 256 at 13x13 0.38 -> 0.40 and 32 -> 128 at
+# 27x27 0.43 -> 0.46); whole models (24 accumulators) with the gate at 16 instead of 256 (same process,
 # alternating, medians, against onnxruntime) resnet50 1.12 -> 1.10 / 1.24 -> 1.15 (1 / 2 threads), inception_v2
 # 1.31 -> 1.13 / 1.49 -> 1.24, densenet121 0.82 -> 0.79, yolo_like_320 0.98 -> 0.94. There, only 7x7 outputs (16
 # tiles) were better direct: their batched GEMMs read 16/9 of the weights for 16 columns, so each transformed
 # weight feeds 16 multiply-adds against 49 direct, and 512-channel layers (9.4 MB of weights) stream them from
-# memory at FMA rates twice those of 256-bit cores (resnet50 with the gate at 17: 1.07 -> 1.03 / 1.14 -> 1.10,
-# inception_v2 unchanged). So a target tuned for Zen 5 takes 256, other 512-bit-FMA targets (Intel, a generic
-# x86-64-v4) 17, and 256-bit ones (Zen 4's halves included) keep 16, which was measured on Zen 3 (AVX2).
+# memory at FMA rates twice those of 256-bit cores (resnet50 with the gate at 17: 1.14 -> 1.09 and 1.07 -> 1.03 in
+# two runs at one thread, 1.14 -> 1.10 at two; inception_v2 unchanged). So a target tuned for Zen 5 takes 256,
+# other 512-bit-FMA targets (Intel, a generic x86-64-v4) 17, and 256-bit ones (Zen 4's halves included) keep 16,
+# which was measured on Zen 3 (AVX2).
 WINOGRAD_MIN_TILES = 16
 WINOGRAD_MIN_TILES_FMA512 = 17
 WINOGRAD_MIN_TILES_ZEN5 = 256

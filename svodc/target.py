@@ -21,6 +21,7 @@ or all big-endian (s390x).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from svodc.arches import ARCHES, BASELINE, ArchSpec
 from svodc.errors import TargetError
@@ -122,8 +123,7 @@ class Target:
     @property
     def l2_bytes(self) -> int:
         """L2 cache per core: the host's own for a `host` target, else the tuned CPU's where L2_BYTES knows
-        it, else the architecture's common size
-        (for blocking only, like l1d_bytes)."""
+        it, else the architecture's common size (for blocking only, like l1d_bytes)."""
         return self.caches[1] or L2_BYTES.get(self.tune_cpu, L2_BYTES[self.arch])
 
     def describe(self) -> str:
@@ -161,36 +161,15 @@ def host_caches(root: str = "/sys/devices/system/cpu/cpu0/cache") -> tuple[int, 
     """(L1d, L2) bytes of this machine's first CPU from Linux's sysfs (0 for a level it does not report:
     no sysfs, or an unreadable entry). Read by `host` only: a named CPU is compiled for whatever machine
     the bundle will run on."""
-    import os
-
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     found = {}
-    try:
-        entries = os.listdir(root)
-    except OSError:
-        return 0, 0
-    for entry in entries:
-        if not entry.startswith("index"):
-            continue
+    for entry in Path(root).glob("index*"):
         try:
-            with open(os.path.join(root, entry, "level")) as f:
-                level = int(f.read())
-            with open(os.path.join(root, entry, "type")) as f:
-                kind = f.read().strip()
-            with open(os.path.join(root, entry, "size")) as f:
-                size = _cache_size(f.read().strip())
+            level, kind, size = ((entry / name).read_text().strip() for name in ("level", "type", "size"))
+            found[(int(level), kind)] = int(size[:-1]) * units[size[-1]] if size[-1:] in units else int(size)
         except (OSError, ValueError):
             continue
-        if (level, kind) in ((1, "Data"), (2, "Unified")):
-            found[level] = size
-    return found.get(1, 0), found.get(2, 0)
-
-
-def _cache_size(text: str) -> int:
-    """sysfs's cache size ("48K", "2048K", "1M") in bytes."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    if text and text[-1] in units:
-        return int(text[:-1]) * units[text[-1]]
-    return int(text)
+    return found.get((1, "Data"), 0), found.get((2, "Unified"), 0)
 
 
 def _host_arch() -> str:
