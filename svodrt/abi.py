@@ -38,12 +38,18 @@ DIM_SIZE = 8
 DIMS_STATUS_WORDS = 3
 
 # sync: SYNC_SIZE bytes, zeroed by the caller before each call, shared by the call's threads. One
-# cache line: two calls' blocks never share one. The caller writes only SYNC_YIELD; the rest is the
-# code's. Format 1.0 code used [0, 8) for a barrier; [24, SYNC_SIZE) is reserved (zero).
+# cache line: two calls' blocks never share one. The caller writes only SYNC_YIELD (and a profiler SYNC_TRACE);
+# the rest is the code's. Format 1.0 code used [0, 8) for a barrier; [32, SYNC_SIZE) is reserved (zero).
 SYNC_SIZE = 64
 SYNC_YIELD = 8  # void (*)(void): the host's sched_yield, called by a thread that has spun long enough
 SYNC_NEXT = 16  # uint32: the work queue's next ticket to claim (svodc/codegen/module.py)
 SYNC_DONE = 20  # uint32: tickets finished; kernel i starts when every ticket of kernels < i is done
+# A part trace (svodrt_tools/parts.py): where a profiler puts a pointer here (svodrt leaves it 0), x86_64 entries
+# since 2026-12-06 append a record per kernel part they call: after a uint64 count (atomic; past the uint64 capacity
+# that follows it still counts, writing none), TRACE_RECORD-byte records of int32 kernel, thread, part, parts, then
+# uint64 rdtsc before and after the call.
+SYNC_TRACE = 24
+TRACE_HEADER, TRACE_RECORD = 16, 32
 
 # The team (format 1.10, docs/bundle-format.md "The team"): a variant's `team` holds the offsets of svod_serve(box,
 # spins), which runs the calls posted to its box (returns how many after `spins` idle looks, at once after the stop

@@ -166,6 +166,18 @@ def cmd_profile(args: argparse.Namespace) -> None:
     import svodrt
     from svodrt_tools.profile import kernel_rows, kernel_times, print_table, write_chart, write_trace
 
+    if args.threads is not None and args.threads > 1:
+        from svodrt_tools.parts import NoPartTrace, part_trace, print_parts
+
+        traces = []
+        for n in (1, args.threads):
+            with svodrt.load(_bundle(args.bundle), threads=n) as model:
+                try:
+                    traces.append(part_trace(model, drop_fixed_inputs(model, load_inputs(args.input)), args.repeat))
+                except NoPartTrace as e:
+                    raise SvodError(f"{args.bundle}: {e}; recompile it to see its parts") from None
+        print_parts(*traces, args.top)
+        return
     with svodrt.load(_bundle(args.bundle), threads=1) as model:
         feeds = drop_fixed_inputs(model, load_inputs(args.input))
         rows = kernel_rows(model, kernel_times(model, feeds, repeat=args.repeat))
@@ -221,13 +233,15 @@ def parser() -> argparse.ArgumentParser:
                          "this Ed25519 public key (repeatable; docs/bundle-format.md \"Trust model\")")
         cmd.add_argument("--as-cpu", metavar="LEVEL", help="choose code as if this machine were only an x86-64 "
                          "LEVEL (x86-64, x86-64-v2, -v3, -v4): to try a fat bundle's smaller variants")
-    pr = sub.add_parser("profile", help="time every kernel on its own (one thread)")
+    pr = sub.add_parser("profile", help="time every kernel on its own (one thread), or each kernel's parts on N")
     pr.add_argument("bundle")
     pr.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy|FILE.npz")
     pr.add_argument("--repeat", type=int, default=10, help="runs per kernel; the median is shown")
     pr.add_argument("--top", type=int, default=25, help="show the slowest N kernels")
     pr.add_argument("--trace", metavar="TRACE.json", help="write a Chrome/Perfetto trace (one event per kernel)")
     pr.add_argument("--chart", metavar="PROFILE.svg", help="draw time by op type and the slowest kernels (SVG)")
+    pr.add_argument("--threads", type=int, help="N > 1: run whole calls on one thread and on N, each kernel's parts "
+                    "traced, and show what each kernel loses on N (x86_64 bundles; --repeat calls each)")
     pr.set_defaults(fn=cmd_profile)
     i = sub.add_parser("info", help="describe a bundle")
     i.add_argument("bundle")

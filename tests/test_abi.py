@@ -62,7 +62,8 @@ def test_entry_ir_uses_the_contract_offsets():
     from svodc.target import parse_target
 
     text = entry_module([("k0", 4, 4), ("k1", 1, 4)], parse_target("x86_64:x86-64")[0])
-    for offset in (abi.SYNC_YIELD, abi.SYNC_NEXT, abi.SYNC_DONE):
+    for offset in (abi.SYNC_YIELD, abi.SYNC_NEXT, abi.SYNC_DONE, abi.SYNC_TRACE):
         assert f"ptr %sync, i64 {offset}" in text
     assert f"@{abi.ENTRY}(" in text
-    assert abi.SYNC_DONE + 4 <= abi.SYNC_SIZE and abi.SYNC_NEXT + 4 <= abi.SYNC_DONE
+    assert abi.SYNC_DONE + 4 <= abi.SYNC_TRACE and abi.SYNC_NEXT + 4 <= abi.SYNC_DONE
+    assert abi.SYNC_TRACE % 8 == 0 and abi.SYNC_TRACE + 8 <= abi.SYNC_SIZE

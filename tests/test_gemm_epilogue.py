@@ -232,6 +232,24 @@ def test_a_loop_kernel_that_loads_more_per_element_is_cut_into_more_parts():
     assert parts(12) > 2 * parts(2) >= 2
 
 
+def test_a_loop_kernel_whose_index_arithmetic_costs_more_than_its_loads_is_cut_into_more_parts():
+    """module.parallel_parts counts a loop kernel's ALU ops per element too: SpaceToDepth loads once per element
+    but computes its source index with divisions and remainders (inception_v2's Winograd tile gathers, one load
+    and ~30 index ops per element, ran 53 us in the one part an estimate by loads gave them)."""
+    from svodc.codegen.module import parallel_parts
+
+    target = host_target()
+
+    def parts(node, shape) -> int:
+        model = make_model([node], {"x": (np.float32, shape)}, ["y"])
+        (kernel,) = build_program(import_model(model), CompileOptions()).kernels
+        return parallel_parts(kernel, target, gemm_blocking(target))
+
+    copy = parts(helper.make_node("Relu", ["x"], ["y"]), [1, 4, 288, 288])
+    gather = parts(helper.make_node("SpaceToDepth", ["x"], ["y"], blocksize=3), [1, 4, 288, 288])
+    assert gather > copy >= 2
+
+
 def test_a_full_tiles_general_epilogue_is_straight_vector_code():
     """The general epilogue (no vector form: a sigmoid) over a full tile counts to constants (rows x lanes), so
     LLVM unrolls it into straight vector code: no vector loop is left in the kernel after O2. Its loops used to

@@ -245,7 +245,7 @@ RUNTIME_BUDGET = 2_000  # lines in svodrt/*.py (`wc -l`): ../shared/DESIGN.md, i
 # into svodrt_trust (+ 33), paid for by moving signature checks (the svod[sign] extra) beside the core: svodrt_trust/
 # (- 78), and a GPU section's image read by the GPU executor (- 6); + 15 for issue 13's load floor: padding left to
 # the plan's record, small weights copied rather than leased, the feature index cached, records read with os.read.
-RUNTIME_LINES_NOW = 1_955
+RUNTIME_LINES_NOW = 1_961
 
 
 def _runtime_lines() -> int:

@@ -51,11 +51,21 @@ from svodc.codegen.llvm_gemm_int8 import int8_plan
 from svodc.codegen.team import team_functions, wait_function
 from svodc.codegen.units import attributes, header
 from svodc.gemm_plan import cpu_plan
-from svodc.ir.ops import GemmArg, Ops, RangeKind
+from svodc.ir.ops import ALU, GemmArg, Ops, RangeKind
 from svodc.policy import GemmBlocking
 from svodc.program import BufferKind, Kernel, KernelGuard
 from svodc.target import Target
-from svodrt.abi import ARENA_SLOT, ENTRY, SYNC_DONE, SYNC_NEXT, input_slot, output_slot
+from svodrt.abi import (
+    ARENA_SLOT,
+    ENTRY,
+    SYNC_DONE,
+    SYNC_NEXT,
+    SYNC_TRACE,
+    TRACE_HEADER,
+    TRACE_RECORD,
+    input_slot,
+    output_slot,
+)
 
 SPIN_BEFORE_YIELD = 4000
 # Enough parts that a thread slowed by the OS leaves its share to the others; more cost claims and moving data
@@ -64,12 +74,16 @@ SPIN_BEFORE_YIELD = 4000
 PARTS_PER_THREAD = 2
 MAX_PARTS = 1 << 16
 # Work estimates that decide the parts (only their order of magnitude matters): a part is worth
-# PART_NS; an element of a loop nest costs NS_PER_ELEMENT, or NS_PER_LOAD per load where it loads more (a Winograd
-# output transform: 9-12 loads per element, 1.4 ns each, estimated 0.5 ns and left in one part of 34 us; loop
-# kernels of six CNNs and gpt2 took 0.06-0.15 ns per load, Zen 4), a GEMM multiply-add GEMM_NS_PER_MAC.
+# PART_NS; an element of a loop nest costs NS_PER_ELEMENT, or NS_PER_LOAD per load, or NS_PER_OP per ALU op
+# (index arithmetic included), whichever is more (a Winograd output transform: 9-12 loads per element, 1.4 ns each,
+# estimated 0.5 ns and left in one part of 34 us; loop kernels of six CNNs and gpt2 took 0.06-0.15 ns per load,
+# Zen 4. inception_v2's Winograd tile gathers, one load and ~30 ALU ops of index arithmetic per element, took
+# 1.6 ns each, estimated 0.5 and left in one part of 53 us; its output transforms at 7x7, 9 loads and ~30 ALU
+# ops, 1.5 ns: one part of 24 us. Intel Xeon, family 6 model 167), a GEMM multiply-add GEMM_NS_PER_MAC.
 PART_NS = 10_000
 NS_PER_ELEMENT = 0.5
 NS_PER_LOAD = 0.12
+NS_PER_OP = 0.05
 GEMM_NS_PER_MAC = 0.02
 # A GEMM whose every part first copies a share of its operands that does not shrink with the part (copy_all: the
 # whole vector side; a packed block of the scalar side: gemm_plan.py) pays that copy once per part: about
@@ -103,6 +117,27 @@ def _spin_hint(target: Target) -> tuple[str, str]:
     return "", ""
 
 
+def _trace_functions() -> list[str]:
+    """svod_clock(trace): the cycle counter, or 0 without a trace; svod_record(trace, kernel, thread, part, parts, t0):
+    appends a record (svodrt/abi.py SYNC_TRACE) where there is a trace. Without one each costs a test and a branch."""
+    fields = [(4, "i32 %thread"), (8, "i32 %part"), (12, "i32 %parts"), (16, "i64 %t0"), (24, "i64 %t1")]
+    return ["", "declare i64 @llvm.readcyclecounter()", "",
+            "define internal i64 @svod_clock(ptr %trace) #0 {", "entry:", "  %on = icmp ne ptr %trace, null",
+            "  br i1 %on, label %read, label %off", "read:", "  %t = call i64 @llvm.readcyclecounter()",
+            "  ret i64 %t", "off:", "  ret i64 0", "}", "",
+            "define internal void @svod_record(ptr %trace, i32 %kernel, i32 %thread, i32 %part, i32 %parts, i64 %t0) "
+            "#0 {", "entry:", "  %on = icmp ne ptr %trace, null", "  br i1 %on, label %count, label %done", "count:",
+            "  %t1 = call i64 @llvm.readcyclecounter()", "  %i = atomicrmw add ptr %trace, i64 1 monotonic",
+            "  %capp = getelementptr inbounds i8, ptr %trace, i64 8", "  %cap = load i64, ptr %capp, align 8",
+            "  %fits = icmp ult i64 %i, %cap", "  br i1 %fits, label %write, label %done", "write:",
+            f"  %at = mul i64 %i, {TRACE_RECORD}", f"  %off = add i64 %at, {TRACE_HEADER}",
+            "  %rec = getelementptr inbounds i8, ptr %trace, i64 %off", "  store i32 %kernel, ptr %rec, align 4",
+            *(line for j, (at, value) in enumerate(fields) for line in (
+                f"  %f{j} = getelementptr inbounds i8, ptr %rec, i64 {at}",
+                f"  store {value}, ptr %f{j}, align {4 if value.startswith('i32') else 8}")),
+            "  br label %done", "done:", "  ret void", "}"]
+
+
 def parallel_parts(kernel: Kernel, target: Target, blocking: GemmBlocking) -> int:
     """How many parts kernel's work is worth cutting into: about PART_NS of estimated work each, never
     more than its shortest parallel loop has iterations (a part of nothing only costs a claim)."""
@@ -116,7 +151,7 @@ def parallel_parts(kernel: Kernel, target: Target, blocking: GemmBlocking) -> in
             trips.append(int8_plan(arg, target, blocking)[2] if arg.quant else cpu_plan(arg, target, blocking).tiles)
             work_ns += _gemm_ns(arg)
             continue
-        sizes, loads = [], 0
+        sizes, loads, alu = [], 0, 0
         for u in stmt.toposort():
             if u.op is Ops.RANGE:
                 size = u.src[0].vmax  # a run-time trip count (a bounded dim) is estimated at its bound
@@ -125,7 +160,9 @@ def parallel_parts(kernel: Kernel, target: Target, blocking: GemmBlocking) -> in
                     trips.append(size)
             elif u.op is Ops.LOAD:
                 loads += 1
-        work_ns += math.prod(sizes) * max(NS_PER_ELEMENT, loads * NS_PER_LOAD)
+            elif u.op in ALU:
+                alu += 1
+        work_ns += math.prod(sizes) * max(NS_PER_ELEMENT, loads * NS_PER_LOAD, alu * NS_PER_OP)
     if not trips:
         return 1
     return max(1, min(min(trips), int(work_ns // PART_NS), MAX_PARTS))
@@ -204,23 +241,38 @@ def entry_module(kernels: list[tuple[str, int, int]], target: Target, guards: li
     ends = {end - 1: j for j, (_, end, _) in enumerate(loops)}
     step_of = {i: j for j, (first, end, _) in enumerate(loops) for i in range(first, end)}
     decl, hint = _spin_hint(target)
+    traced = target.arch == "x86_64"  # the cycle counter every x86-64 reads in user mode (rdtsc)
+    calls = iter(range(1 << 30))
+
+    def call_lines(i: int, part: str, nparts: str) -> list[str]:
+        """Kernel i's call for this part, recorded in the caller's part trace where there is one (abi.SYNC_TRACE)."""
+        call = f"  call void @{kernels[i][0]}(ptr %bufs, ptr %dims, i32 {part}, i32 {nparts})"
+        if not traced:
+            return [call]
+        u = next(calls)
+        return [f"  %ta{u} = call i64 @svod_clock(ptr %trace)", call,
+                f"  call void @svod_record(ptr %trace, i32 {i}, i32 %thread, i32 {part}, i32 {nparts}, i64 %ta{u})"]
+
     lines = [*header(target, "entry"), decl]
     lines += [f"declare void @{k}(ptr, ptr, i32, i32)" for k, _, _ in kernels]
     lines += ["", f"define void @{ENTRY}(ptr %bufs, ptr %dims, i32 %thread, i32 %nthreads, ptr %sync) #0 {{",
-              "entry:", "  %multi = icmp sgt i32 %nthreads, 1", "  br i1 %multi, label %queue, label %solo",
-              "solo:"]
-    for i, ((k, _, _), guard) in enumerate(zip(kernels, guards, strict=True)):
+              "entry:"]
+    if traced:
+        lines += [f"  %tracep = getelementptr inbounds i8, ptr %sync, i64 {SYNC_TRACE}",
+                  "  %trace = load ptr, ptr %tracep, align 8"]
+    lines += ["  %multi = icmp sgt i32 %nthreads, 1", "  br i1 %multi, label %queue, label %solo", "solo:"]
+    for i, guard in enumerate(guards):
         if i in starts:
             j = starts[i][0]
             lines += [f"  br label %sl{j}.pre", f"sl{j}.pre:", f"  br label %sl{j}.head", f"sl{j}.head:",
                       f"  %st{j} = phi i32 [0, %sl{j}.pre], [%st{j}.next, %sl{j}.latch]"]
         part = f"%st{step_of[i]}" if i in step_of else "0"
-        call = f"  call void @{k}(ptr %bufs, ptr %dims, i32 {part}, i32 1)"
+        call = call_lines(i, part, "1")
         if not guard:
-            lines.append(call)
+            lines += call
         else:
             lines += [*_guard_test(guard, f"s{i}"), f"  br i1 %s{i}, label %s{i}.run, label %s{i}.next",
-                      f"s{i}.run:", call, f"  br label %s{i}.next", f"s{i}.next:"]
+                      f"s{i}.run:", *call, f"  br label %s{i}.next", f"s{i}.next:"]
         if i in ends:
             j = ends[i]
             lines += [f"  br label %sl{j}.latch", f"sl{j}.latch:", f"  %st{j}.next = add i32 %st{j}, 1",
@@ -232,7 +284,7 @@ def entry_module(kernels: list[tuple[str, int, int]], target: Target, guards: li
               "  %caller = icmp eq i32 %thread, 0",
               "  br label %k0.start"]
     base = "0"
-    for i, ((k, cap, per_thread), guard) in enumerate(zip(kernels, guards, strict=True)):
+    for i, ((_, cap, per_thread), guard) in enumerate(zip(kernels, guards, strict=True)):
         # a step loop's last kernel goes on to the loop's latch, which runs the next step or leaves
         nxt = f"%r{ends[i]}.latch" if i in ends else f"%k{i + 1}.start"
         lines.append(f"k{i}.start:")
@@ -248,12 +300,12 @@ def entry_module(kernels: list[tuple[str, int, int]], target: Target, guards: li
                       f"k{i}.solo:"]
             if i:
                 lines.append(f"  call void @svod_wait(ptr %donep, i32 {base}, ptr %sync)")
-            call = f"  call void @{k}(ptr %bufs, ptr %dims, i32 {step or 0}, i32 1)"
+            call = call_lines(i, step or "0", "1")
             if guard:  # read after the wait above, by the one thread that reads it
                 lines += [*_guard_test(guard, f"q{i}"), f"  br i1 %q{i}, label %k{i}.run, label %k{i}.done",
-                          f"k{i}.run:", call, f"  br label %k{i}.done", f"k{i}.done:"]
+                          f"k{i}.run:", *call, f"  br label %k{i}.done", f"k{i}.done:"]
             else:
-                lines.append(call)
+                lines += call
             lines += [f"  %c{i} = atomicrmw add ptr %nextp, i32 1 monotonic",
                       f"  %d{i} = atomicrmw add ptr %donep, i32 1 release", f"  br label {nxt}"]
         else:
@@ -277,7 +329,7 @@ def entry_module(kernels: list[tuple[str, int, int]], target: Target, guards: li
                       f"  br i1 %ok{i}, label %k{i}.run, label %k{i}.claim",
                       f"k{i}.run:",
                       f"  %part{i} = sub i32 %c{i}, {base}", *coded,
-                      f"  call void @{k}(ptr %bufs, ptr %dims, i32 {f'%pk{i}' if step else f'%part{i}'}, i32 %n{i})",
+                      *call_lines(i, f"%pk{i}" if step else f"%part{i}", f"%n{i}"),
                       f"  %d{i} = atomicrmw add ptr %donep, i32 1 release",
                       f"  br label %k{i}.claim"]
         base = f"%end{i}"
@@ -287,6 +339,7 @@ def entry_module(kernels: list[tuple[str, int, int]], target: Target, guards: li
                       f"  %ra{j} = icmp ult i32 %t{j}.next, {loops[j][2]}",
                       f"  br i1 %ra{j}, label %r{j}.head, label %k{i + 1}.start"]
     lines += [f"k{len(kernels)}.start:", "  ret void", "}", ""]
+    lines += _trace_functions() if traced else []
     lines += wait_function("svod_wait", "uge", hint, SPIN_BEFORE_YIELD)
     lines += [*team_functions(hint, SPIN_BEFORE_YIELD), "", *attributes(target), ""]
     return "\n".join(lines)
